@@ -1,0 +1,34 @@
+# Set-up is idempotent: the stamp is rebuilt only when pyproject.toml changes.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fragbench-installed
+MODEL_DIR := models/tiny-llama
+# The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: setup test lint model clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/pip install -q torch; else $(BIN)/pip install -q $(TORCH_CPU); fi
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+model: $(MODEL_DIR)/config.json
+
+$(MODEL_DIR)/config.json: $(STAMP)
+	$(BIN)/fragbench model build --preset tiny-llama --out $(MODEL_DIR)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check engines workloads harness tests benchmarks
+
+clean:
+	rm -rf $(VENV) models

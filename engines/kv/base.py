@@ -1,0 +1,115 @@
+"""The interface every KV policy offers the scheduler, and the vLLM paper's Figure-2 accounting."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import torch
+
+from engines.memory import DeviceMemory, OutOfMemory
+
+CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+
+class SeqLike(Protocol):
+    seq_id: str
+    token_ids: list[int]  # prompt and output so far
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def final_len(self) -> int:
+        """The length it will end at: prompt + max_tokens unless it stops early."""
+        ...
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes of KV capacity in each Figure-2 category; they sum to the capacity."""
+
+    token_states_bytes: int
+    reservation_bytes: int
+    internal_fragmentation_bytes: int
+    external_fragmentation_bytes: int
+    free_bytes: int
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(asdict(self).values())
+
+    def shares(self) -> dict[str, float]:
+        cap = self.capacity_bytes or 1
+        return {f"{c}_share": v / cap for c, v in zip(CATEGORIES, asdict(self).values(), strict=True)}
+
+
+@dataclass(frozen=True)
+class KVStats:
+    kv_capacity_bytes: int
+    allocated_bytes: int  # owned by live sequences (free cached prefix blocks count as free)
+    free_bytes: int
+    largest_free_bytes: int
+    num_seqs: int
+
+
+def seq_accounting(allocated_tokens: int, live_tokens: int, final_len: int) -> tuple[int, int, int]:
+    """(token states, reservation, internal fragmentation) of one allocation, in tokens."""
+    used_eventually = min(allocated_tokens, max(final_len, live_tokens))
+    return live_tokens, used_eventually - live_tokens, allocated_tokens - used_eventually
+
+
+class KVPolicy(ABC):
+    """Holds KV slots for sequences. `allocate` raises OutOfMemory; the scheduler decides what follows."""
+
+    name: str
+    memory: DeviceMemory
+    kv_bytes_per_token: int
+
+    @abstractmethod
+    def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
+        """What the engine can know before trying: a GPU engine sees free bytes, not the largest extent."""
+
+    @abstractmethod
+    def allocate(self, seq: SeqLike, num_tokens: int) -> None:
+        """Hold slots for positions [0, num_tokens) of seq."""
+
+    @abstractmethod
+    def free(self, seq: SeqLike) -> None: ...
+
+    @abstractmethod
+    def fork(self, parent: SeqLike, child: SeqLike) -> None:
+        """Give child the parent's KV (shared where the policy can share)."""
+
+    @abstractmethod
+    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        """Row indices in `store()` of positions [start, end)."""
+
+    @abstractmethod
+    def store(self) -> torch.Tensor:
+        """The bytes the slots index, as a uint8 tensor of whole token rows."""
+
+    @abstractmethod
+    def breakdown(self, seqs: list[SeqLike]) -> Breakdown: ...
+
+    @abstractmethod
+    def stats(self) -> KVStats: ...
+
+    @abstractmethod
+    def memory_map(self) -> list[dict]:
+        """Extents or blocks with their owners, for the report's checkerboard."""
+
+    def num_cached_tokens(self, seq: SeqLike) -> int:
+        """Leading tokens whose KV the policy already holds (prefix cache hits)."""
+        return 0
+
+    def holds(self, seq: SeqLike) -> bool:
+        return False
+
+    def try_allocate(self, seq: SeqLike, num_tokens: int) -> OutOfMemory | None:
+        try:
+            self.allocate(seq, num_tokens)
+        except OutOfMemory as oom:
+            return oom
+        return None

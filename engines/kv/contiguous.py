@@ -1,0 +1,90 @@
+"""What static and growth share: one contiguous arena allocation per sequence."""
+
+from __future__ import annotations
+
+import torch
+
+from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.memory import Allocation, Arena, DeviceMemory
+
+
+class ContiguousKV(KVPolicy):
+    def __init__(self, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int):
+        self.memory = memory
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.max_seq_len = max_seq_len
+        self.allocs: dict[str, Allocation] = {}
+
+    def holds(self, seq: SeqLike) -> bool:
+        return seq.seq_id in self.allocs
+
+    def capacity_tokens(self, seq: SeqLike) -> int:
+        alloc = self.allocs.get(seq.seq_id)
+        return alloc.requested // self.kv_bytes_per_token if alloc else 0
+
+    def free(self, seq: SeqLike) -> None:
+        alloc = self.allocs.pop(seq.seq_id, None)
+        if alloc is not None:
+            self.memory.free(alloc)
+
+    def fork(self, parent: SeqLike, child: SeqLike) -> None:
+        """Contiguous buffers cannot share: the child gets its own copy of the parent's tokens."""
+        self.allocate(child, parent.num_tokens)
+        self.memory.copy(
+            self.allocs[parent.seq_id], 0, self.allocs[child.seq_id], 0, parent.num_tokens * self.kv_bytes_per_token
+        )
+
+    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        offset = self.allocs[seq.seq_id].offset
+        assert offset % self.kv_bytes_per_token == 0, "allocation not aligned to whole token rows"
+        base = offset // self.kv_bytes_per_token
+        return list(range(base + start, base + end))
+
+    def store(self) -> torch.Tensor:
+        if not isinstance(self.memory, Arena) or self.memory.backing is None:
+            raise RuntimeError("contiguous KV on real tensors needs a backed arena")
+        return self.memory.backing
+
+    def breakdown(self, seqs: list[SeqLike]) -> Breakdown:
+        kvb = self.kv_bytes_per_token
+        tokens = reservation = internal = 0
+        for seq in seqs:
+            alloc = self.allocs.get(seq.seq_id)
+            if alloc is None:
+                continue
+            t, r, i = seq_accounting(alloc.size // kvb, seq.num_tokens, seq.final_len)
+            tokens, reservation = tokens + t * kvb, reservation + r * kvb
+            # rounding below a whole token row is allocated and never used
+            internal += i * kvb + alloc.size % kvb
+        mem = self.memory.stats()
+        return Breakdown(
+            token_states_bytes=tokens,
+            reservation_bytes=reservation,
+            internal_fragmentation_bytes=internal,
+            external_fragmentation_bytes=mem.free_bytes - mem.largest_free_bytes,
+            free_bytes=mem.largest_free_bytes,
+        )
+
+    def stats(self) -> KVStats:
+        mem = self.memory.stats()
+        return KVStats(
+            kv_capacity_bytes=mem.capacity_bytes,
+            allocated_bytes=mem.allocated_bytes,
+            free_bytes=mem.free_bytes,
+            largest_free_bytes=mem.largest_free_bytes,
+            num_seqs=len(self.allocs),
+        )
+
+    def memory_map(self) -> list[dict]:
+        return [
+            {"offset": o, "size": s, "owner": owner} for o, s, owner in self.memory.extents()
+        ]
+
+    def _replace(self, seq: SeqLike, tokens: int) -> None:
+        """Allocate the new buffer before freeing the old, as torch.cat does: both live at the peak."""
+        new = self.memory.allocate(tokens * self.kv_bytes_per_token, owner=seq.seq_id)
+        old = self.allocs.get(seq.seq_id)
+        if old is not None:
+            self.memory.copy(old, 0, new, 0, old.requested)
+            self.memory.free(old)
+        self.allocs[seq.seq_id] = new

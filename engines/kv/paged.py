@@ -1,0 +1,256 @@
+"""Fixed-size blocks from one pool: block tables, ref counts, prefix caching, copy-on-write, LRU reuse.
+
+Invariants (checked by tests/test_kv_paged.py):
+- a block with ref_count 0 is in the free queue, a block with ref_count > 0 is not;
+- ref_count equals the number of block tables holding the block;
+- a hashed block is reachable from `cached` under that hash, and only full blocks are hashed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    # chained hash of every token up to the end of this block; None until the block is full
+    block_hash: int | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # LRU order: the head is evicted first. Cached blocks stay here, reusable, until evicted.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def take(self) -> Block:
+        block = self.blocks[self.free_queue.popitem(last=False)[0]]
+        if block.block_hash is not None:  # evict its cached content
+            del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block
+
+    def touch(self, block: Block) -> None:
+        """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
+        if block.ref_count == 0:
+            del self.free_queue[block.block_id]
+        block.ref_count += 1
+
+    def release(self, block: Block) -> None:
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block.block_id} released more often than held"
+        if block.ref_count == 0:
+            self.free_queue[block.block_id] = None
+
+    def register(self, block: Block, block_hash: int) -> None:
+        if block.block_hash is None and block_hash not in self.cached:
+            block.block_hash = block_hash
+            self.cached[block_hash] = block.block_id
+
+
+def chain_hash(parent: int | None, tokens: list[int]) -> int:
+    return hash((parent, tuple(tokens)))
+
+
+class PagedKV(KVPolicy):
+    name = "paged"
+
+    def __init__(
+        self,
+        memory: DeviceMemory,
+        kv_bytes_per_token: int,
+        max_seq_len: int,
+        block_size: int = 16,
+        prefix_caching: bool = True,
+    ):
+        self.memory = memory
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.max_seq_len = max_seq_len
+        self.block_size = block_size
+        self.block_bytes = block_size * kv_bytes_per_token
+        num_blocks = memory.capacity_bytes // self.block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"KV budget {memory.capacity_bytes} B holds no block of {self.block_bytes} B")
+        # vLLM-style: one pool allocated up front; blocks are slices of it.
+        self.pool_alloc = memory.allocate(num_blocks * self.block_bytes, owner="kv-block-pool")
+        self.pool = BlockPool(num_blocks)
+        self.prefix_caching = prefix_caching
+        self.tables: dict[str, list[Block]] = {}
+        self.cached_tokens: dict[str, int] = {}
+        self.hash_chain: dict[str, tuple[int, int | None]] = {}  # seq -> (blocks hashed, last hash)
+        self.prefix_hits_tokens = 0
+        self.prefix_queries_tokens = 0
+
+    # -- what the scheduler calls
+    def holds(self, seq: SeqLike) -> bool:
+        return seq.seq_id in self.tables
+
+    def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
+        return self._blocks_needed(seq, num_tokens) <= self.pool.num_free
+
+    def allocate(self, seq: SeqLike, num_tokens: int) -> None:
+        need = self._blocks_needed(seq, num_tokens)
+        if need > self.pool.num_free:
+            free = self.pool.num_free * self.block_bytes
+            raise OutOfMemory(OOMEvent.classify(need * self.block_bytes, free, free, seq.seq_id))
+        table = self.tables.get(seq.seq_id)
+        if table is None:
+            table = self.tables[seq.seq_id] = self._match_prefix(seq, num_tokens)
+        self._copy_on_write(table, num_tokens)
+        while len(table) * self.block_size < num_tokens:
+            table.append(self.pool.take())
+        self._register_full_blocks(seq, table, num_tokens)
+
+    def free(self, seq: SeqLike) -> None:
+        # reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first
+        for block in reversed(self.tables.pop(seq.seq_id, [])):
+            self.pool.release(block)
+        self.cached_tokens.pop(seq.seq_id, None)
+        self.hash_chain.pop(seq.seq_id, None)
+
+    def fork(self, parent: SeqLike, child: SeqLike) -> None:
+        table = self.tables[parent.seq_id]
+        for block in table:
+            self.pool.touch(block)
+        self.tables[child.seq_id] = list(table)
+        self.cached_tokens[child.seq_id] = parent.num_tokens
+        if parent.seq_id in self.hash_chain:
+            self.hash_chain[child.seq_id] = self.hash_chain[parent.seq_id]
+
+    def num_cached_tokens(self, seq: SeqLike) -> int:
+        return self.cached_tokens.get(seq.seq_id, 0)
+
+    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        bs, table = self.block_size, self.tables[seq.seq_id]
+        return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
+
+    def block_table(self, seq: SeqLike) -> list[int]:
+        return [b.block_id for b in self.tables[seq.seq_id]]
+
+    def store(self) -> torch.Tensor:
+        return self.memory.view(self.pool_alloc)
+
+    # -- accounting
+    def breakdown(self, seqs: list[SeqLike]) -> Breakdown:
+        bs, kvb = self.block_size, self.kv_bytes_per_token
+        used_blocks = len(self.pool.blocks) - self.pool.num_free
+        tokens, reservation, internal = used_blocks * bs, 0, 0
+        seen: set[int] = set()
+        for seq in seqs:
+            table = self.tables.get(seq.seq_id)
+            if not table or table[-1].block_id in seen:
+                continue
+            seen.add(table[-1].block_id)
+            start = (len(table) - 1) * bs
+            live = seq.num_tokens - start
+            t, r, i = seq_accounting(bs, live, seq.final_len - start)
+            tokens += t - bs  # the last block was counted as full above
+            reservation, internal = reservation + r, internal + i
+        return Breakdown(
+            token_states_bytes=tokens * kvb,
+            reservation_bytes=reservation * kvb,
+            internal_fragmentation_bytes=internal * kvb,
+            external_fragmentation_bytes=0,  # any free block serves any request
+            free_bytes=self.pool.num_free * self.block_bytes,
+        )
+
+    def stats(self) -> KVStats:
+        free = self.pool.num_free * self.block_bytes
+        capacity = len(self.pool.blocks) * self.block_bytes
+        return KVStats(
+            kv_capacity_bytes=capacity,
+            allocated_bytes=capacity - free,
+            free_bytes=free,
+            largest_free_bytes=free,
+            num_seqs=len(self.tables),
+        )
+
+    def memory_map(self) -> list[dict]:
+        owners: dict[int, list[str]] = {}
+        for seq_id, table in self.tables.items():
+            for block in table:
+                owners.setdefault(block.block_id, []).append(seq_id)
+        return [
+            {
+                "block": b.block_id,
+                "owners": owners.get(b.block_id, []),
+                "ref_count": b.ref_count,
+                "cached": b.block_hash is not None,
+            }
+            for b in self.pool.blocks
+        ]
+
+    # -- internals
+    def _blocks_needed(self, seq: SeqLike, num_tokens: int) -> int:
+        table = self.tables.get(seq.seq_id)
+        total = -(-num_tokens // self.block_size)
+        if table is None:
+            hits = self._lookup_prefix(seq, num_tokens)
+            # a hit on a free cached block takes it from the free queue too
+            return total - len(hits) + sum(1 for b in hits if b.ref_count == 0)
+        return max(0, total - len(table)) + (1 if self._shared_tail(table, num_tokens) else 0)
+
+    def _lookup_prefix(self, seq: SeqLike, num_tokens: int) -> list[Block]:
+        if not self.prefix_caching:
+            return []
+        bs, hits, parent = self.block_size, [], None
+        # never the block holding the last known token: its logits must be computed
+        for i in range((min(num_tokens, len(seq.token_ids)) - 1) // bs):
+            parent = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
+            block_id = self.pool.cached.get(parent)
+            if block_id is None:
+                break
+            hits.append(self.pool.blocks[block_id])
+        return hits
+
+    def _match_prefix(self, seq: SeqLike, num_tokens: int) -> list[Block]:
+        hits = self._lookup_prefix(seq, num_tokens)
+        for block in hits:
+            self.pool.touch(block)
+        self.cached_tokens[seq.seq_id] = len(hits) * self.block_size
+        self.prefix_hits_tokens += len(hits) * self.block_size
+        self.prefix_queries_tokens += num_tokens
+        return hits
+
+    def _shared_tail(self, table: list[Block], num_tokens: int) -> bool:
+        """Whether the next write (position num_tokens - 1) lands in a block another sequence reads."""
+        idx = (num_tokens - 1) // self.block_size
+        return idx < len(table) and table[idx].ref_count > 1
+
+    def _copy_on_write(self, table: list[Block], num_tokens: int) -> None:
+        if not self._shared_tail(table, num_tokens):
+            return
+        idx = (num_tokens - 1) // self.block_size
+        old, new = table[idx], self.pool.take()
+        self.memory.copy(
+            self.pool_alloc, old.block_id * self.block_bytes, self.pool_alloc, new.block_id * self.block_bytes,
+            self.block_bytes,
+        )
+        self.pool.release(old)
+        table[idx] = new
+
+    def _register_full_blocks(self, seq: SeqLike, table: list[Block], num_tokens: int) -> None:
+        """Hash blocks as they fill; the chain so far is kept so each block is hashed once."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        done, parent = self.hash_chain.get(seq.seq_id, (0, None))
+        for i in range(done, min(num_tokens, len(seq.token_ids)) // bs):
+            parent = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
+            self.pool.register(table[i], parent)
+            done = i + 1
+        self.hash_chain[seq.seq_id] = (done, parent)

@@ -1,0 +1,71 @@
+"""A sequence: one sample of one request, as the scheduler and the KV policies see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # end-of-sequence token
+    LENGTH = "length"  # max_tokens or max_seq_len
+    ABORT = "abort"  # the client went away or cancelled
+    OOM = "oom"  # a KV allocation failed and the engine rejects rather than crashes
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_seq_len: int
+    request_id: str = ""
+    sample_index: int = 0
+    arrival_s: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed_tokens: int = 0  # tokens whose KV is written
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+        if not self.request_id:
+            self.request_id = self.seq_id
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids) :]
+
+    @property
+    def final_len(self) -> int:
+        """Where it ends unless it stops early: the KV accounting's 'final length'."""
+        return min(self.num_prompt_tokens + self.params.max_tokens, self.max_seq_len)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SeqStatus.FINISHED

@@ -1,0 +1,94 @@
+"""Model shapes: the numbers that decide KV and weight bytes, from a preset or a model directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class ModelNotFound(ValueError):
+    """Neither a preset name nor a model directory with a config.json."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_seq_len: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    config: dict
+
+    @classmethod
+    def from_config(cls, name: str, cfg: dict) -> ModelShape:
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        return cls(
+            name=name,
+            model_type=cfg["model_type"],
+            num_layers=cfg["num_hidden_layers"],
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            intermediate_size=cfg.get("intermediate_size") or cfg.get("ffn_dim"),
+            vocab_size=cfg["vocab_size"],
+            max_seq_len=cfg["max_position_embeddings"],
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False)),
+            config=cfg,
+        )
+
+    def kv_bytes_per_token(self, dtype: str = "float16") -> int:
+        """K and V, every layer, every KV head: 2 x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+    @property
+    def num_params(self) -> int:
+        h, v, f = self.hidden_size, self.vocab_size, self.intermediate_size
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.model_type == "opt":
+            # learned positions carry an offset of 2; every linear and layer norm has a bias
+            per_layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+            return v * h + (self.max_seq_len + 2) * h + self.num_layers * per_layer + 2 * h
+        attn = h * q_dim + 2 * h * kv_dim + q_dim * h
+        if self.qkv_bias:
+            attn += q_dim + 2 * kv_dim
+        per_layer = attn + 3 * h * f + 2 * h
+        lm_head = 0 if self.tied_embeddings else v * h
+        return v * h + lm_head + self.num_layers * per_layer + h
+
+    def weights_bytes(self, dtype: str = "float16") -> int:
+        return self.num_params * DTYPE_BYTES[dtype]
+
+
+def preset_names() -> list[str]:
+    files = resources.files("engines").joinpath("presets").iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
+def preset_config(name: str) -> dict:
+    if name not in preset_names():
+        raise ModelNotFound(f"unknown model preset {name!r}; presets: {', '.join(preset_names())}")
+    return json.loads(resources.files("engines").joinpath("presets", f"{name}.json").read_text())
+
+
+def load_shape(model: str) -> ModelShape:
+    """A preset name, or a model directory holding an HF config.json."""
+    if model in preset_names():
+        return ModelShape.from_config(model, preset_config(model))
+    cfg_path = Path(model) / "config.json"
+    if not cfg_path.is_file():
+        raise ModelNotFound(f"{model!r} is neither a model preset nor a directory with a config.json")
+    return ModelShape.from_config(Path(model).name, json.loads(cfg_path.read_text()))

@@ -1,0 +1,32 @@
+"""GPU presets: memory as nvidia-smi reports it, HBM bandwidth and dense bf16 peak (vendor data sheets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int
+    hbm_bytes_per_s: float
+    peak_bf16_flops: float
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("a100-40gb", 40960 * MiB, 1.555e12, 312e12),
+        GPU("a100-80gb", 81920 * MiB, 2.039e12, 312e12),
+        GPU("h100-80gb", 81559 * MiB, 3.35e12, 989e12),
+        GPU("h200-141gb", 143771 * MiB, 4.8e12, 989e12),
+    )
+}
+
+
+def gpu_preset(name: str) -> GPU:
+    if name not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
+    return GPUS[name]

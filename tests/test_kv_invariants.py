@@ -1,0 +1,157 @@
+"""Random allocate / append / fork / free / preempt sequences against every policy and both placements."""
+
+from collections import Counter
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engines.kv import GrowthKV, PagedKV, StaticKV
+from engines.memory import Arena, OutOfMemory
+from engines.sequence import SamplingParams, Sequence
+
+KVB = 512
+MAX_SEQ_LEN = 48
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    def make_policy(self):
+        raise NotImplementedError
+
+    def __init__(self):
+        super().__init__()
+        self.kv = self.make_policy()
+        self.seqs: dict[str, Sequence] = {}
+        self.counter = 0
+
+    def _new_seq(self, prompt: list[int], max_tokens: int) -> Sequence:
+        self.counter += 1
+        return Sequence(f"s{self.counter}", prompt, SamplingParams(max_tokens), MAX_SEQ_LEN)
+
+    @rule(
+        prompt=st.lists(st.integers(0, 3), min_size=1, max_size=24),  # a small alphabet shares prefixes
+        max_tokens=st.integers(1, 20),
+    )
+    def admit(self, prompt, max_tokens):
+        s = self._new_seq(prompt, max_tokens)
+        if self.kv.can_allocate(s, s.num_tokens) and self.kv.try_allocate(s, s.num_tokens) is None:
+            self.seqs[s.seq_id] = s
+        else:
+            self.kv.free(s)  # a failed admission must leave nothing behind
+            assert not self.kv.holds(s)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), token=st.integers(0, 3))
+    def append(self, data, token):
+        s = data.draw(st.sampled_from(sorted(self.seqs)))
+        s = self.seqs[s]
+        if s.num_tokens >= s.final_len:
+            return
+        s.token_ids.append(token)
+        try:
+            self.kv.allocate(s, s.num_tokens)
+        except OutOfMemory:
+            self._drop(s)  # preempt: give everything back
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = self.seqs[data.draw(st.sampled_from(sorted(self.seqs)))]
+        child = self._new_seq(parent.prompt_ids, parent.params.max_tokens)
+        child.token_ids = list(parent.token_ids)
+        try:
+            self.kv.fork(parent, child)
+        except OutOfMemory:
+            self.kv.free(child)
+            return
+        self.seqs[child.seq_id] = child
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def finish(self, data):
+        self._drop(self.seqs[data.draw(st.sampled_from(sorted(self.seqs)))])
+
+    def _drop(self, s):
+        self.kv.free(s)
+        del self.seqs[s.seq_id]
+
+    @invariant()
+    def categories_sum_to_capacity(self):
+        bd = self.kv.breakdown(list(self.seqs.values()))
+        assert bd.capacity_bytes == self.kv.stats().kv_capacity_bytes
+        assert min(bd.__dict__.values()) >= 0
+
+    @invariant()
+    def every_live_sequence_has_its_slots(self):
+        for s in self.seqs.values():
+            slots = self.kv.slots(s, 0, s.num_tokens)
+            assert len(slots) == s.num_tokens
+
+    def teardown(self):
+        for s in list(self.seqs.values()):
+            self._drop(s)
+        assert self.kv.stats().allocated_bytes == 0
+
+
+class PagedMachine(PolicyMachine):
+    def make_policy(self):
+        return PagedKV(Arena(64 * KVB, backing_device=None), KVB, MAX_SEQ_LEN, block_size=4)
+
+    @invariant()
+    def ref_counts_equal_owners_and_free_queue_is_exact(self):
+        owners = Counter(b.block_id for t in self.kv.tables.values() for b in t)
+        for b in self.kv.pool.blocks:
+            assert b.ref_count == owners.get(b.block_id, 0)
+            assert (b.ref_count == 0) == (b.block_id in self.kv.pool.free_queue)
+        for h, block_id in self.kv.pool.cached.items():
+            assert self.kv.pool.blocks[block_id].block_hash == h
+
+    @invariant()
+    def no_block_written_by_two_sequences(self):
+        # a write lands at the last position; its block must belong to that sequence alone after allocate
+        for s in self.seqs.values():
+            if s.num_tokens:
+                b = self.kv.tables[s.seq_id][(s.num_tokens - 1) // self.kv.block_size]
+                assert b.ref_count >= 1
+
+
+class ArenaPolicyMachine(PolicyMachine):
+    @invariant()
+    def no_byte_owned_twice(self):
+        extents = self.kv.memory.extents()
+        end = 0
+        for offset, size, _ in extents:
+            assert offset == end, "extents overlap or leave a gap"
+            end = offset + size
+        assert end == self.kv.memory.capacity_bytes
+
+
+class StaticMaxMachine(ArenaPolicyMachine):
+    def make_policy(self):
+        return StaticKV(Arena(200 * KVB, backing_device=None), KVB, MAX_SEQ_LEN, "max")
+
+
+class StaticPow2BuddyMachine(ArenaPolicyMachine):
+    def make_policy(self):
+        return StaticKV(Arena(256 * KVB, "buddy", backing_device=None), KVB, MAX_SEQ_LEN, "pow2")
+
+
+class StaticOracleMachine(ArenaPolicyMachine):
+    def make_policy(self):
+        return StaticKV(Arena(150 * KVB, backing_device=None), KVB, MAX_SEQ_LEN, "oracle")
+
+
+class GrowthMachine(ArenaPolicyMachine):
+    def make_policy(self):
+        return GrowthKV(Arena(150 * KVB, backing_device=None), KVB, MAX_SEQ_LEN)
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestPaged = PagedMachine.TestCase
+TestStaticMax = StaticMaxMachine.TestCase
+TestStaticPow2Buddy = StaticPow2BuddyMachine.TestCase
+TestStaticOracle = StaticOracleMachine.TestCase
+TestGrowth = GrowthMachine.TestCase
+for case in (TestPaged, TestStaticMax, TestStaticPow2Buddy, TestStaticOracle, TestGrowth):
+    case.settings = SETTINGS
+del case

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from engines.shapes import DTYPE_BYTES, ModelNotFound, load_shape, preset_names
@@ -95,6 +94,112 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- generate
+def prompt_ids_arg(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, not {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--prompt-ids is empty")
+    return ids
+
+
+def add_engine_args(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
+    p.add_argument("--engine", required=True, choices=engines)
+    p.add_argument("--model", required=True, help="model directory (fragbench model build)")
+    p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"))
+    p.add_argument("--max-seq-len", type=positive_int)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max", help="static engine")
+    p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
+    p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
+    p.add_argument("--max-num-seqs", type=positive_int, default=64)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--memory", choices=["arena", "cuda"], default="arena")
+    p.add_argument("--device", default="cpu")
+
+
+def engine_from_args(args: argparse.Namespace):
+    from engines.factory import EngineConfigError, EngineSpec, make_engine
+
+    if not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"--model {args.model!r} is not a model directory (no config.json)")
+    spec = EngineSpec(
+        engine=args.engine,
+        model_dir=args.model,
+        kv_budget_bytes=args.kv_budget,
+        max_seq_len=args.max_seq_len,
+        block_size=args.block_size,
+        reserve=args.reserve,
+        on_oom=args.on_oom,
+        max_num_seqs=args.max_num_seqs,
+        max_batch=args.max_batch,
+        prefix_caching=not args.no_prefix_caching,
+        memory=args.memory,
+        device=args.device,
+    )
+    quiet_transformers()
+    try:
+        return make_engine(spec)
+    except (EngineConfigError, RuntimeError) as e:
+        raise UsageError(str(e)) from None
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engines.offline import generate
+    from engines.sequence import SamplingParams
+
+    if bool(args.prompt) == bool(args.prompt_ids):
+        raise UsageError("give prompts either as --prompt TEXT or as --prompt-ids 1,2,3 (each may repeat)")
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, not {args.temperature}")
+    engine = engine_from_args(args)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = args.prompt_ids or [tok(t).input_ids for t in args.prompt]
+    for ids in prompts:
+        bad = [i for i in ids if not 0 <= i < engine.vocab_size]
+        if bad:
+            raise UsageError(f"--prompt-ids has ids outside the vocabulary of {engine.vocab_size}: {bad[:5]}")
+        if len(ids) + args.max_tokens > engine.max_seq_len:
+            raise UsageError(f"a prompt of {len(ids)} tokens + --max-tokens {args.max_tokens} exceeds "
+                             f"max_seq_len {engine.max_seq_len}")
+    if args.engine == "hf-cb" and args.temperature > 0:
+        raise UsageError("hf-cb decodes greedily: use --temperature 0")
+    params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed, args.ignore_eos)
+    peak: dict = {}
+
+    def track_peak() -> None:
+        s = engine.stats()
+        if s["allocated_bytes"] > peak.get("allocated_bytes", -1):
+            peak.update(s)
+
+    engine.poll = track_peak
+    results = generate(engine, prompts, params, args.n, after_step=track_peak)
+    getattr(engine, "close", lambda: None)()
+    outputs = [
+        {"prompt_ids": o.prompt_ids, "token_ids": o.token_ids, "text": tok.decode(o.token_ids),
+         "finish_reason": o.finish_reason, **({"sample": o.sample} if args.n > 1 else {})}
+        for per_prompt in results for o in per_prompt
+    ]
+    if args.json:
+        print(json.dumps({"engine": args.engine, "outputs": outputs, "peak_stats": peak, "stats": engine.stats()}))
+    else:
+        for o in outputs:
+            tag = f" [sample {o['sample']}]" if "sample" in o else ""
+            print(f"{len(o['prompt_ids'])} prompt tokens{tag} -> {o['text']!r} ({o['finish_reason']})")
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -121,10 +226,20 @@ def build_parser() -> Parser:
     plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
+
+    gen = sub.add_parser("generate", help="offline generation through any engine")
+    add_engine_args(gen, ("hf", "hf-cb", "static", "paged"))
+    gen.add_argument("--prompt", action="append", default=[])
+    gen.add_argument("--prompt-ids", type=prompt_ids_arg, action="append", default=[])
+    gen.add_argument("--max-tokens", type=positive_int, required=True)
+    gen.add_argument("--n", type=positive_int, default=1)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=fraction_arg, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--json", action="store_true")
+    gen.set_defaults(func=cmd_generate)
     return p
-
-
-VERBS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,236 @@
+"""An engine: requests in, tokens out, one `step()` at a time, and its memory state on demand.
+
+`ScheduledEngine` is the static and paged engines: the shared scheduler, the model runner and a KV
+policy. The server and `generate` drive any engine through the same methods.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engines.kv import KVPolicy, PagedKV
+from engines.memory import OOMEvent
+from engines.model import ModelRunner
+from engines.sampler import make_generator, sample
+from engines.scheduler import Scheduler, SchedulerConfig
+from engines.sequence import FinishReason, SamplingParams, Sequence, SeqStatus
+
+
+@dataclass
+class TokenEvent:
+    """One new token of one sample, or the end of that sample (token_id None when it ends without one)."""
+
+    seq: Sequence
+    token_id: int | None
+    finished: bool
+    request_done: bool = False  # every sample of the request has ended
+
+
+Sink = Callable[[TokenEvent], None]
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    arrival_s: float = field(default_factory=time.monotonic)
+
+
+class Engine(ABC):
+    """What the server needs of every engine."""
+
+    name: str
+    max_seq_len: int
+    vocab_size: int
+    eos_token_id: int | None
+
+    def __init__(self) -> None:
+        self.sink: Sink = lambda event: None
+        self.oom_events: list[tuple[float, OOMEvent]] = []
+        self.finished_total: dict[str, int] = {r.value: 0 for r in FinishReason}
+        self.abort_release_s: list[float] = []
+        self.by_request: dict[str, list[Sequence]] = {}
+
+    @abstractmethod
+    def add_request(self, request: Request) -> list[Sequence]: ...
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Free the request's KV in the current step."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """Advance: emit TokenEvents through `self.sink`."""
+
+    @abstractmethod
+    def has_work(self) -> bool: ...
+
+    @abstractmethod
+    def stats(self) -> dict:
+        """The samples columns of DESIGN.md, and whatever more the engine knows."""
+
+    def memory_map(self) -> list[dict]:
+        return []
+
+    def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
+        done = False
+        if finished:
+            self.finished_total[seq.finish_reason.value] += 1
+            self._forget(seq)
+            done = all(s.is_finished for s in self.by_request.get(seq.request_id, []))
+            if done:
+                self.by_request.pop(seq.request_id, None)
+        self.sink(TokenEvent(seq, token_id, finished, done))
+
+    def _forget(self, seq: Sequence) -> None:
+        """Drop per-sample state of a finished sample."""
+
+
+class ScheduledEngine(Engine):
+    def __init__(self, name: str, hf_model, kv: KVPolicy, config: SchedulerConfig, max_seq_len: int):
+        super().__init__()
+        self.name = name
+        self.kv = kv
+        self.scheduler = Scheduler(kv, config)
+        self.oom_events = self.scheduler.oom_events
+        self.runner = ModelRunner(hf_model, kv)
+        self.max_seq_len = max_seq_len
+        self.vocab_size = hf_model.config.vocab_size
+        eos = hf_model.config.eos_token_id
+        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.generators: dict[str, torch.Generator | None] = {}
+        self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
+        self.steps = 0
+
+    # -- requests
+    def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
+        seq = Sequence(
+            seq_id=f"{request.request_id}#{index}" if request.n > 1 else request.request_id,
+            prompt_ids=list(request.prompt_ids),
+            params=request.params,
+            max_seq_len=self.max_seq_len,
+            request_id=request.request_id,
+            sample_index=index,
+            arrival_s=request.arrival_s,
+            token_ids=list(token_ids or []),
+        )
+        self.generators[seq.seq_id] = make_generator(request.params, index)
+        self.by_request.setdefault(request.request_id, []).append(seq)
+        return seq
+
+    def add_request(self, request: Request) -> list[Sequence]:
+        seq = self._new_seq(request, 0)
+        if request.n > 1:
+            self.pending_forks[seq.seq_id] = request
+        self.scheduler.add(seq)
+        return [seq]
+
+    def abort(self, request_id: str) -> None:
+        t0 = time.monotonic()
+        for seq in list(self.by_request.get(request_id, [])):
+            if not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+                self._emit(seq, None, True)
+        self.abort_release_s.append(time.monotonic() - t0)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step
+    def step(self) -> None:
+        plan = self.scheduler.schedule()
+        for seq in plan.rejected:
+            self._emit(seq, None, True)
+        if not plan.chunks:
+            return
+        logits = self.runner.forward(plan.chunks)
+        self.steps += 1
+        for chunk, row in zip(plan.chunks, logits, strict=True):
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            if seq.seq_id in self.pending_forks:
+                self._fork(seq, row)
+            self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
+
+    def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
+        """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""
+        request = self.pending_forks.pop(parent.seq_id)
+        for i in range(1, request.n):
+            child = self._new_seq(request, i, parent.token_ids)
+            child.num_computed_tokens = parent.num_computed_tokens
+            oom = None
+            try:
+                self.kv.fork(parent, child)
+            except Exception as e:  # contiguous policies copy, and the copy may not fit
+                oom = e
+            token = sample(logits, child.params, self.generators[child.seq_id])
+            if oom is None:
+                self.scheduler.add_running(child)
+                self._append(child, token)
+            else:
+                child.token_ids.append(token)
+                self._emit(child, token, False)
+                self.scheduler.add(child)  # recomputes its prompt when there is room
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.token_ids.append(token)
+        reason = None
+        if not seq.params.ignore_eos and token == self.eos_token_id:
+            reason = FinishReason.STOP
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+        self._emit(seq, token, reason is not None)
+
+    def _forget(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+        # a parent that ends before its prefill takes its unborn samples with it
+        self.pending_forks.pop(seq.seq_id, None)
+
+    # -- what it reports
+    def stats(self) -> dict:
+        kv = self.kv.stats()
+        live = self.scheduler.live()
+        bd = self.kv.breakdown(live)
+        out = {
+            "engine": self.name,
+            "policy": self.kv.name,
+            "kv_capacity_bytes": kv.kv_capacity_bytes,
+            "token_states_bytes": bd.token_states_bytes,
+            "reservation_bytes": bd.reservation_bytes,
+            "internal_fragmentation_bytes": bd.internal_fragmentation_bytes,
+            "external_fragmentation_bytes": bd.external_fragmentation_bytes,
+            "allocated_bytes": kv.allocated_bytes,
+            "free_bytes": kv.free_bytes,
+            "largest_free_bytes": kv.largest_free_bytes,
+            "running": len(live),
+            "waiting": len(self.scheduler.waiting),
+            "preempted_total": self.scheduler.preempted_total,
+            "live_tokens": sum(s.num_tokens for s in live),
+            "kv_bytes_per_token": self.kv.kv_bytes_per_token,
+            "oom_total": len(self.oom_events),
+            "oom_fragmentation": sum(1 for _, e in self.oom_events if e.cause == "fragmentation"),
+            "steps": self.steps,
+        }
+        if isinstance(self.kv, PagedKV):
+            refs = [b.ref_count for b in self.kv.pool.blocks]
+            out.update(
+                block_size=self.kv.block_size,
+                num_blocks=len(refs),
+                shared_blocks=sum(1 for r in refs if r > 1),
+                max_block_ref_count=max(refs),
+                prefix_cache_hit_tokens=self.kv.prefix_hits_tokens,
+                prefix_cache_query_tokens=self.kv.prefix_queries_tokens,
+            )
+        return out
+
+    def memory_map(self) -> list[dict]:
+        return self.kv.memory_map()

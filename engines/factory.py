@@ -1,0 +1,82 @@
+"""Build any in-house engine from the same model directory and the same KV budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engines.kv import PagedKV, StaticKV
+from engines.memory import make_memory
+from engines.scheduler import OnOOM, SchedulerConfig
+
+ENGINES = ("hf", "hf-cb", "static", "paged")
+
+
+class EngineConfigError(ValueError):
+    """A configuration that cannot serve: said at start, before any request."""
+
+
+@dataclass
+class EngineSpec:
+    engine: str
+    model_dir: str
+    kv_budget_bytes: int
+    max_seq_len: int | None = None
+    block_size: int = 16
+    reserve: Literal["max", "pow2", "oracle"] = "max"
+    on_oom: OnOOM | None = None  # crash for hf, reject otherwise
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    max_batch: int = 8  # hf: requests per static batch
+    prefix_caching: bool = True
+    memory: str = "arena"
+    device: str = "cpu"
+
+
+def make_engine(spec: EngineSpec):
+    from engines.model import load_hf_model
+
+    if spec.engine not in ENGINES:
+        raise EngineConfigError(f"unknown engine {spec.engine!r}; engines: {', '.join(ENGINES)}")
+    if not (Path(spec.model_dir) / "config.json").is_file():
+        raise EngineConfigError(f"model directory {spec.model_dir!r} has no config.json")
+    hf_model = load_hf_model(spec.model_dir, spec.device)
+    cfg = hf_model.config
+    max_seq_len = spec.max_seq_len or cfg.max_position_embeddings
+    if max_seq_len > cfg.max_position_embeddings:
+        raise EngineConfigError(
+            f"--max-seq-len {max_seq_len} exceeds the model's context of {cfg.max_position_embeddings}"
+        )
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kvb = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * hf_model.dtype.itemsize
+    need = max_seq_len * kvb
+    if spec.kv_budget_bytes < need:
+        raise EngineConfigError(
+            f"KV budget {spec.kv_budget_bytes} B cannot hold one sequence of max_seq_len {max_seq_len} "
+            f"({need} B at {kvb} B per token)"
+        )
+    if spec.engine == "hf":
+        from engines.hf import HFEngine
+
+        return HFEngine(hf_model, spec, max_seq_len, kvb)
+    if spec.engine == "hf-cb":
+        from engines.hf_cb import HFContinuousBatchingEngine
+
+        return HFContinuousBatchingEngine(hf_model, spec, max_seq_len, kvb)
+    from engines.engine import ScheduledEngine
+
+    memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
+    if spec.engine == "paged":
+        kv = PagedKV(memory, kvb, max_seq_len, spec.block_size, spec.prefix_caching)
+    else:
+        kv = StaticKV(memory, kvb, max_seq_len, spec.reserve)
+    config = SchedulerConfig(
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),
+        on_oom=spec.on_oom or "reject",
+    )
+    return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)
+
+
+__all__ = ["ENGINES", "EngineConfigError", "EngineSpec", "make_engine"]

@@ -1,0 +1,141 @@
+"""transformers' own continuous batching with its paged cache, as a second paged peer.
+
+The manager runs its own generation thread; `step()` drains its streamed outputs. Its cache is its
+own (not the arena), sized to the same KV budget; memory state comes from the cache's block pool.
+It decodes greedily: transformers' per-request sampling needs processors fixed at start.
+"""
+
+from __future__ import annotations
+
+import time
+
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+from engines.engine import Engine, Request
+from engines.sequence import FinishReason, Sequence, SeqStatus
+
+
+class HFContinuousBatchingEngine(Engine):
+    greedy_only = True
+
+    def __init__(self, hf_model, spec, max_seq_len: int, kv_bytes_per_token: int):
+        super().__init__()
+        self.name = "hf-cb"
+        self.max_seq_len = max_seq_len
+        self.vocab_size = hf_model.config.vocab_size
+        eos = hf_model.config.eos_token_id
+        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.kv_bytes_per_token = kv_bytes_per_token
+        page = spec.block_size
+        cb_config = ContinuousBatchingConfig(
+            page_size=page,
+            num_blocks=spec.kv_budget_bytes // (page * kv_bytes_per_token),
+            max_batch_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),
+            max_requests_per_batch=spec.max_num_seqs,
+            auto_switch_to_flash=False,
+            allow_block_sharing=spec.prefix_caching,
+        )
+        # eos -1: rows end on our terms (ignore_eos per request), checked as tokens arrive
+        gen_config = GenerationConfig(max_new_tokens=max_seq_len, do_sample=False, eos_token_id=-1)
+        self.manager = hf_model.init_continuous_batching(generation_config=gen_config,
+                                                         continuous_batching_config=cb_config)
+        self.manager.start()
+        self.seqs: dict[str, Sequence] = {}  # manager request id -> sample
+        self.steps = 0
+        self.poll = lambda: None
+
+    def add_request(self, request: Request) -> list[Sequence]:
+        seqs = []
+        for i in range(request.n):
+            seq = Sequence(
+                seq_id=f"{request.request_id}#{i}" if request.n > 1 else request.request_id,
+                prompt_ids=list(request.prompt_ids),
+                params=request.params,
+                max_seq_len=self.max_seq_len,
+                request_id=request.request_id,
+                sample_index=i,
+                arrival_s=request.arrival_s,
+            )
+            seq.status = SeqStatus.RUNNING
+            self.seqs[seq.seq_id] = seq
+            max_new = min(request.params.max_tokens, self.max_seq_len - seq.num_prompt_tokens)
+            self.manager.add_request(seq.prompt_ids, request_id=seq.seq_id, max_new_tokens=max_new, streaming=True)
+            seqs.append(seq)
+        self.by_request[request.request_id] = seqs
+        return seqs
+
+    def abort(self, request_id: str, requested_at: float | None = None) -> None:
+        t0 = requested_at or time.monotonic()
+        for seq in list(self.by_request.get(request_id, [])):
+            if not seq.is_finished:
+                self.manager.cancel_request(seq.seq_id)
+                self._end(seq, FinishReason.ABORT, None)
+        self.abort_release_s.append(time.monotonic() - t0)
+
+    def has_work(self) -> bool:
+        return bool(self.seqs)
+
+    def step(self) -> None:
+        result = self.manager.get_result(timeout=0.01)
+        while result is not None:
+            self._deliver(result)
+            result = self.manager.get_result(timeout=0)
+
+    def _deliver(self, result) -> None:
+        seq = self.seqs.get(result.request_id)
+        if seq is None or seq.is_finished:
+            return
+        if result.error:
+            self._end(seq, FinishReason.OOM, None)
+            return
+        for token in result.generated_tokens[len(seq.output_ids) :]:
+            seq.token_ids.append(token)
+            self.steps += 1
+            if not seq.params.ignore_eos and token == self.eos_token_id:
+                self.manager.cancel_request(seq.seq_id)
+                return self._end(seq, FinishReason.STOP, token)
+            if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+                return self._end(seq, FinishReason.LENGTH, token)
+            self._emit(seq, token, False)
+        if result.is_finished():
+            self._end(seq, FinishReason.LENGTH, None)
+
+    def _end(self, seq: Sequence, reason: FinishReason, token: int | None) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.seqs.pop(seq.seq_id, None)
+        self._emit(seq, token, True)
+
+    def stats(self) -> dict:
+        cache = self.manager.batch_processor.cache if self.manager.batch_processor else None
+        capacity = cache.num_sectors * cache.bytes_per_sector if cache else 0
+        free = int(cache.compute_free_capacity(relative=False)) if cache else 0
+        live = [s for s in self.seqs.values() if not s.is_finished]
+        live_tokens = sum(s.num_tokens for s in live)
+        allocated = capacity - free
+        token_states = min(allocated, live_tokens * self.kv_bytes_per_token)
+        return {
+            "engine": self.name,
+            "policy": "paged (transformers)",
+            "kv_capacity_bytes": capacity,
+            "token_states_bytes": token_states,
+            "reservation_bytes": 0,
+            # transformers keeps finished requests' blocks for prefix sharing: counted here, not as free
+            "internal_fragmentation_bytes": allocated - token_states,
+            "external_fragmentation_bytes": 0,
+            "allocated_bytes": allocated,
+            "free_bytes": free,
+            "largest_free_bytes": free,
+            "running": len(live),
+            "waiting": 0,
+            "preempted_total": 0,
+            "live_tokens": live_tokens,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "oom_total": 0,
+            "oom_fragmentation": 0,
+            "steps": self.steps,
+        }
+
+    def close(self) -> None:
+        self.manager.stop(block=True)

@@ -1,0 +1,30 @@
+"""Greedy, or temperature / top-p with one seeded generator per sample (reproducible under batching)."""
+
+from __future__ import annotations
+
+import torch
+
+from engines.sequence import SamplingParams
+
+
+def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
+    if params.temperature == 0:
+        return None
+    g = torch.Generator()
+    if params.seed is None:
+        g.seed()
+    else:
+        g.manual_seed(params.seed * 1_000_003 + sample_index)
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from one row of fp32 logits."""
+    if params.temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.cpu() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < params.top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -53,6 +53,7 @@ class Engine(ABC):
 
     def __init__(self) -> None:
         self.sink: Sink = lambda event: None
+        self.poll: Callable[[], None] = lambda: None  # the server's hook: called between steps and inside long ones
         self.oom_events: list[tuple[float, OOMEvent]] = []
         self.finished_total: dict[str, int] = {r.value: 0 for r in FinishReason}
         self.abort_release_s: list[float] = []
@@ -62,8 +63,8 @@ class Engine(ABC):
     def add_request(self, request: Request) -> list[Sequence]: ...
 
     @abstractmethod
-    def abort(self, request_id: str) -> None:
-        """Free the request's KV in the current step."""
+    def abort(self, request_id: str, requested_at: float | None = None) -> None:
+        """Free the request's KV in the current step; `requested_at` (monotonic) times the release."""
 
     @abstractmethod
     def step(self) -> None:
@@ -132,8 +133,8 @@ class ScheduledEngine(Engine):
         self.scheduler.add(seq)
         return [seq]
 
-    def abort(self, request_id: str) -> None:
-        t0 = time.monotonic()
+    def abort(self, request_id: str, requested_at: float | None = None) -> None:
+        t0 = requested_at or time.monotonic()
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
                 self.scheduler.finish(seq, FinishReason.ABORT)

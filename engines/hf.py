@@ -94,7 +94,6 @@ class HFEngine(Engine):
         self.batch: list[Sequence] = []
         self.aborted_at: dict[str, float] = {}
         self.steps = 0
-        self.poll = lambda: None
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = [

@@ -43,7 +43,6 @@ class HFContinuousBatchingEngine(Engine):
         self.manager.start()
         self.seqs: dict[str, Sequence] = {}  # manager request id -> sample
         self.steps = 0
-        self.poll = lambda: None
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = []

@@ -200,6 +200,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if args.engine == "vllm":
+        from engines.vllm_peer import serve_vllm
+
+        return serve_vllm(args, UsageError)
+    from transformers import AutoTokenizer
+
+    from engines.server import CompletionServer, serve
+
+    engine = engine_from_args(args)
+    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), Path(args.model).name, args.api_key)
+
+    def ready(port: int) -> None:
+        print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
+
+    try:
+        asyncio.run(serve(server, args.host, args.port, ready))
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -239,6 +264,13 @@ def build_parser() -> Parser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--json", action="store_true")
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine")
+    add_engine_args(srv, ("hf", "hf-cb", "static", "paged", "vllm"))
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    srv.set_defaults(func=cmd_serve)
     return p
 
 

@@ -66,6 +66,9 @@ class KVPolicy(ABC):
     name: str
     memory: DeviceMemory
     kv_bytes_per_token: int
+    # The store is laid out [planes, rows, kv_bytes_per_token / planes]: the runner uses one plane per layer
+    # and K/V (as vLLM keeps one cache tensor per layer), so one layer's rows gather contiguously.
+    planes: int = 1
 
     @abstractmethod
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
@@ -86,6 +89,11 @@ class KVPolicy(ABC):
     def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
         """Row indices in `store()` of positions [start, end)."""
 
+    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
+        """[B, max(lengths)] rows of positions [0, length) of each sequence, padded with row 0."""
+        width = max(lengths)
+        return torch.tensor([self.slots(s, 0, n) + [0] * (width - n) for s, n in zip(seqs, lengths, strict=True)])
+
     @abstractmethod
     def store(self) -> torch.Tensor:
         """The bytes the slots index, as a uint8 tensor of whole token rows."""
@@ -99,6 +107,17 @@ class KVPolicy(ABC):
     @abstractmethod
     def memory_map(self) -> list[dict]:
         """Extents or blocks with their owners, for the report's checkerboard."""
+
+    def plane_view(self) -> torch.Tensor:
+        store = self.store()
+        rows = store.numel() // self.kv_bytes_per_token
+        return store[: rows * self.kv_bytes_per_token].view(self.planes, rows, self.kv_bytes_per_token // self.planes)
+
+    def copy_rows(self, src: int, dst: int, n: int) -> None:
+        """Copy n token rows of every plane; a no-op for bookkeeping-only memory."""
+        if n and self.memory.backed:
+            view = self.plane_view()
+            view[:, dst : dst + n] = view[:, src : src + n]
 
     def num_cached_tokens(self, seq: SeqLike) -> int:
         """Leading tokens whose KV the policy already holds (prefix cache hits)."""

@@ -30,15 +30,22 @@ class ContiguousKV(KVPolicy):
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
         """Contiguous buffers cannot share: the child gets its own copy of the parent's tokens."""
         self.allocate(child, parent.num_tokens)
-        self.memory.copy(
-            self.allocs[parent.seq_id], 0, self.allocs[child.seq_id], 0, parent.num_tokens * self.kv_bytes_per_token
-        )
+        self.copy_rows(self._base_row(parent), self._base_row(child), parent.num_tokens)
 
-    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+    def _base_row(self, seq: SeqLike) -> int:
         offset = self.allocs[seq.seq_id].offset
         assert offset % self.kv_bytes_per_token == 0, "allocation not aligned to whole token rows"
-        base = offset // self.kv_bytes_per_token
+        return offset // self.kv_bytes_per_token
+
+    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        base = self._base_row(seq)
         return list(range(base + start, base + end))
+
+    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
+        base = torch.tensor([self._base_row(s) for s in seqs])
+        pos = torch.arange(max(lengths))
+        rows = base[:, None] + pos[None, :]
+        return rows.masked_fill(pos[None, :] >= torch.tensor(lengths)[:, None], 0)
 
     def store(self) -> torch.Tensor:
         if not isinstance(self.memory, Arena) or self.memory.backing is None:
@@ -84,7 +91,8 @@ class ContiguousKV(KVPolicy):
         """Allocate the new buffer before freeing the old, as torch.cat does: both live at the peak."""
         new = self.memory.allocate(tokens * self.kv_bytes_per_token, owner=seq.seq_id)
         old = self.allocs.get(seq.seq_id)
-        if old is not None:
-            self.memory.copy(old, 0, new, 0, old.requested)
-            self.memory.free(old)
         self.allocs[seq.seq_id] = new
+        if old is not None:
+            kvb = self.kv_bytes_per_token
+            self.copy_rows(old.offset // kvb, new.offset // kvb, old.requested // kvb)
+            self.memory.free(old)

@@ -138,6 +138,16 @@ class PagedKV(KVPolicy):
         bs, table = self.block_size, self.tables[seq.seq_id]
         return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
 
+    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
+        """Block tables padded into one tensor, expanded to rows with tensor arithmetic."""
+        bs, width = self.block_size, max(lengths)
+        num_blocks = -(-width // bs)
+        tables = [[b.block_id for b in self.tables[s.seq_id][:num_blocks]] for s in seqs]
+        table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables])
+        pos = torch.arange(width)
+        rows = table[:, pos // bs] * bs + pos % bs
+        return rows.masked_fill(pos[None, :] >= torch.tensor(lengths)[:, None], 0)
+
     def block_table(self, seq: SeqLike) -> list[int]:
         return [b.block_id for b in self.tables[seq.seq_id]]
 
@@ -236,10 +246,7 @@ class PagedKV(KVPolicy):
             return
         idx = (num_tokens - 1) // self.block_size
         old, new = table[idx], self.pool.take()
-        self.memory.copy(
-            self.pool_alloc, old.block_id * self.block_bytes, self.pool_alloc, new.block_id * self.block_bytes,
-            self.block_bytes,
-        )
+        self.copy_rows(old.block_id * self.block_size, new.block_id * self.block_size, self.block_size)
         self.pool.release(old)
         table[idx] = new
 

@@ -1,0 +1,364 @@
+"""One aiohttp app for every in-house engine: OpenAI-compatible completions, /metrics, /stats, /health.
+
+The engine lives in its own thread and is only ever touched there: handlers send it commands (add,
+abort, snapshot) through a queue that it drains between steps and, for the naive engine, inside its
+long batches. A client that disconnects aborts its request; the engine frees its KV in that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from engines.engine import Engine, Request, TokenEvent
+from engines.scheduler import EngineCrash
+from engines.sequence import SamplingParams
+from engines.validation import CompletionRequest, InvalidRequest, parse_completion
+
+MAX_BODY_BYTES = 1 * 2**20
+CRASH_EXIT_CODE = 70
+
+
+@dataclass
+class Stream:
+    """Per-request state on the HTTP side; events arrive from the engine thread."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class EngineThread:
+    def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None]):
+        self.engine = engine
+        self.on_crash = on_crash
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.streams: dict[str, Stream] = {}
+        self.started_s = time.monotonic()
+        engine.sink = self._deliver
+        engine.poll = self.poll
+        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.stopping = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.commands.put(("wake",))
+        self.thread.join(timeout=5)
+        getattr(self.engine, "close", lambda: None)()
+
+    # -- commands, callable from any thread
+    def submit(self, request: Request, stream: Stream) -> None:
+        self.commands.put(("add", request, stream))
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id, time.monotonic()))
+
+    async def snapshot(self) -> dict:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.commands.put(("snapshot", loop, fut))
+        return await asyncio.wait_for(fut, timeout=30)
+
+    # -- the engine thread
+    def _run(self) -> None:
+        while not self.stopping:
+            self.poll()
+            if self.engine.has_work():
+                try:
+                    self.engine.step()
+                except EngineCrash as crash:
+                    self.on_crash(crash)
+                    return
+            else:
+                try:
+                    self._handle(self.commands.get(timeout=0.05))
+                except queue.Empty:
+                    pass
+
+    def poll(self) -> None:
+        while True:
+            try:
+                self._handle(self.commands.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, request, stream = cmd
+            self.streams[request.request_id] = stream
+            self.engine.add_request(request)
+        elif kind == "abort":
+            _, request_id, at = cmd
+            if request_id in self.streams:
+                self.engine.abort(request_id, requested_at=at)
+        elif kind == "snapshot":
+            _, loop, fut = cmd
+            data = self._snapshot()
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
+
+    def _snapshot(self) -> dict:
+        stats = self.engine.stats()
+        releases = sorted(self.engine.abort_release_s)
+        stats.update(
+            t_s=time.monotonic() - self.started_s,
+            finished_total=dict(self.engine.finished_total),
+            oom_events=[
+                {"t_s": t - self.started_s, **e.__dict__} for t, e in self.engine.oom_events[-100:]
+            ],
+            abort_release_count=len(releases),
+            abort_release_p50_s=releases[len(releases) // 2] if releases else None,
+            abort_release_p99_s=releases[min(len(releases) - 1, int(len(releases) * 0.99))] if releases else None,
+            abort_release_max_s=releases[-1] if releases else None,
+            memory_map=self.engine.memory_map(),
+        )
+        return stats
+
+    def _deliver(self, event: TokenEvent) -> None:
+        stream = self.streams.get(event.seq.request_id)
+        if stream is None:
+            return
+        if event.request_done:
+            del self.streams[event.seq.request_id]
+        stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
+
+
+class MetricsCollector:
+    """Prometheus metrics named after vLLM's, read from the last snapshot at scrape time."""
+
+    def __init__(self) -> None:
+        self.stats: dict = {}
+
+    def collect(self):
+        s = self.stats
+        if not s:
+            return
+        cap = s.get("kv_capacity_bytes") or 1
+
+        def gauge(name: str, doc: str, value: float):
+            return GaugeMetricFamily(f"fragbench:{name}", doc, value=value)
+
+        yield gauge("kv_cache_usage_perc", "KV capacity in use, 0-1 (as vllm:kv_cache_usage_perc)",
+                    s["allocated_bytes"] / cap)
+        yield gauge("num_requests_running", "sequences running", s["running"])
+        yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
+        yield gauge("kv_capacity_bytes", "KV capacity", s["kv_capacity_bytes"])
+        yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s["token_states_bytes"])
+        yield gauge("kv_allocated_bytes", "KV held by live sequences", s["allocated_bytes"])
+        yield gauge("kv_free_bytes", "KV free", s["free_bytes"])
+        yield gauge("kv_largest_free_bytes", "largest free extent", s["largest_free_bytes"])
+        yield CounterMetricFamily("fragbench:num_preemptions", "preemptions", value=s["preempted_total"])
+        yield CounterMetricFamily("fragbench:prefix_cache_hits", "prefix-cache hit tokens",
+                                  value=s.get("prefix_cache_hit_tokens", 0))
+        yield CounterMetricFamily("fragbench:prefix_cache_queries", "prefix-cache queried tokens",
+                                  value=s.get("prefix_cache_query_tokens", 0))
+        oom = CounterMetricFamily("fragbench:oom", "failed KV allocations by cause", labels=["cause"])
+        oom.add_metric(["capacity"], s["oom_total"] - s["oom_fragmentation"])
+        oom.add_metric(["fragmentation"], s["oom_fragmentation"])
+        yield oom
+        done = CounterMetricFamily("fragbench:request_success", "finished samples by reason",
+                                   labels=["finished_reason"])
+        for reason, count in s["finished_total"].items():
+            done.add_metric([reason], count)
+        yield done
+
+
+def error_response(err: InvalidRequest) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+class CompletionServer:
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.api_key = api_key
+        self.thread = EngineThread(engine, self._crashed)
+        self.metrics = MetricsCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.metrics)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._auth])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_get("/health", self.health)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.thread.start()
+
+    async def _stop(self, app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.thread.stop)
+
+    def _crashed(self, crash: EngineCrash) -> None:
+        """A naive server dies on OOM: say why on one line, then go down hard."""
+        print("fragbench-crash " + json.dumps(crash.event.__dict__), file=sys.stderr, flush=True)
+        os._exit(CRASH_EXIT_CODE)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key and request.path != "/health":
+            if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+                err = InvalidRequest("missing or wrong API key", "authorization", status=401)
+                return error_response(err)
+        return await handler(request)
+
+    async def health(self, request: web.Request) -> web.Response:
+        alive = self.thread.thread.is_alive()
+        return web.json_response({"status": "ok" if alive else "down"}, status=200 if alive else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.thread.snapshot())
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        self.metrics.stats = await self.thread.snapshot()
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+
+    async def _parse(self, request: web.Request) -> CompletionRequest:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidRequest(f"body over {MAX_BODY_BYTES} bytes", None, status=413) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidRequest("the body is not valid JSON", None) from None
+        req = parse_completion(body, self._tokenize, self.engine.vocab_size, self.engine.max_seq_len)
+        if getattr(self.engine, "greedy_only", False) and req.temperature > 0:
+            raise InvalidRequest(f"engine {self.engine.name} decodes greedily: temperature must be 0", "temperature")
+        return req
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text).input_ids
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = await self._parse(request)
+        except InvalidRequest as err:
+            return error_response(err)
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
+        params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos)
+        loop = asyncio.get_running_loop()
+        streams = []
+        for i, prompt in enumerate(req.prompts):
+            stream = Stream(loop)
+            self.thread.submit(Request(f"{rid}-{i}", prompt, params, req.n), stream)
+            streams.append(stream)
+        try:
+            if req.stream:
+                return await self._stream(request, rid, req, streams)
+            return await self._whole(rid, req, streams)
+        except (asyncio.CancelledError, ConnectionResetError):
+            for i in range(len(req.prompts)):
+                self.thread.abort(f"{rid}-{i}")
+            raise
+
+    async def _events(self, req: CompletionRequest, streams: list[Stream]):
+        """(choice index, event) across every prompt's stream, until each request is done."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def one(i: int, stream: Stream) -> None:
+            while True:
+                ev: TokenEvent = await stream.events.get()
+                await merged.put((i * req.n + ev.seq.sample_index, ev))
+                if ev.request_done:
+                    return await merged.put(None)
+
+        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(streams)]
+        try:
+            remaining = len(streams)
+            while remaining:
+                item = await merged.get()
+                if item is None:
+                    remaining -= 1
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _whole(self, rid: str, req: CompletionRequest, streams: list[Stream]) -> web.Response:
+        tokens: dict[int, list[int]] = {}
+        reasons: dict[int, str] = {}
+        async for index, ev in self._events(req, streams):
+            if ev.token_id is not None:
+                tokens.setdefault(index, []).append(ev.token_id)
+            if ev.finished:
+                reasons[index] = ev.seq.finish_reason.value
+        choices = [
+            {"index": i, "text": self.tokenizer.decode(tokens.get(i, [])), "token_ids": tokens.get(i, []),
+             "logprobs": None, "finish_reason": reasons.get(i)}
+            for i in range(len(req.prompts) * req.n)
+        ]
+        return web.json_response(
+            {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+             "choices": choices, "usage": self._usage(req, tokens)}
+        )
+
+    def _usage(self, req: CompletionRequest, tokens: dict[int, list[int]]) -> dict:
+        prompt = sum(len(p) for p in req.prompts) * req.n
+        completion = sum(len(t) for t in tokens.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def _stream(self, request: web.Request, rid: str, req: CompletionRequest, streams) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        tokens: dict[int, list[int]] = {}
+        texts: dict[int, str] = {}
+        created = int(time.time())
+
+        async def send(payload: dict | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        async for index, ev in self._events(req, streams):
+            delta = ""
+            if ev.token_id is not None:
+                tokens.setdefault(index, []).append(ev.token_id)
+                full = self.tokenizer.decode(tokens[index])
+                delta, texts[index] = full[len(texts.get(index, "")) :], full
+            choice = {"index": index, "text": delta, "token_ids": [ev.token_id] if ev.token_id is not None else [],
+                      "logprobs": None, "finish_reason": ev.seq.finish_reason.value if ev.finished else None}
+            await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                        "choices": [choice]})
+        if req.include_usage:
+            await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                        "choices": [], "usage": self._usage(req, tokens)})
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+
+async def serve(server: CompletionServer, host: str, port: int, ready: Callable[[int], None]) -> None:
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]
+    ready(bound)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

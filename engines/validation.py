@@ -1,0 +1,118 @@
+"""The /v1/completions body, checked field by field: every failure names its field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_N = 16
+
+
+class InvalidRequest(ValueError):
+    def __init__(self, message: str, param: str | None, status: int = 400):
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": "invalid_request_error", "param": self.param,
+                          "code": self.status}}
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list[list[int]]
+    max_tokens: int
+    n: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+    temperature: float
+    top_p: float
+    seed: int | None
+    model: str | None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise InvalidRequest(f"{key} must be a number", key)
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise InvalidRequest(f"{key} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", key)
+    return float(v)
+
+
+def _flag(body: dict, key: str) -> bool:
+    v = body.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise InvalidRequest(f"{key} must be a boolean", key)
+    return v
+
+
+def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> CompletionRequest:
+    """`tokenize(text) -> ids`. Raises InvalidRequest."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", None)
+    prompts = _prompts(body.get("prompt"), tokenize)
+    for ids in prompts:
+        if not ids:
+            raise InvalidRequest("prompt is empty", "prompt")
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise InvalidRequest(f"prompt has token ids outside the vocabulary [0, {vocab_size})", "prompt")
+        if len(ids) >= max_seq_len:
+            raise InvalidRequest(f"prompt of {len(ids)} tokens reaches max_seq_len {max_seq_len}", "prompt")
+    max_tokens = body.get("max_tokens", 16)
+    if not _is_int(max_tokens):
+        raise InvalidRequest("max_tokens must be an integer", "max_tokens")
+    if max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    longest = max(len(p) for p in prompts)
+    if longest + max_tokens > max_seq_len:
+        raise InvalidRequest(
+            f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len {max_seq_len}", "max_tokens"
+        )
+    n = body.get("n", 1)
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise InvalidRequest(f"n must be an integer in [1, {MAX_N}]", "n")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise InvalidRequest("seed must be an integer", "seed")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise InvalidRequest("stream_options must be an object", "stream_options")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model must be a string", "model")
+    return CompletionRequest(
+        prompts=prompts,
+        max_tokens=max_tokens,
+        n=n,
+        stream=_flag(body, "stream"),
+        include_usage=bool(options.get("include_usage", False)),
+        ignore_eos=_flag(body, "ignore_eos"),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        seed=seed,
+        model=model,
+    )
+
+
+def _prompts(prompt, tokenize) -> list[list[int]]:
+    """A text, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [tokenize(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [tokenize(p) for p in prompt]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise InvalidRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")

@@ -225,6 +225,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- workloads and load
+def spec_or_usage(name: str):
+    from workloads.spec import SpecError, load_spec
+
+    try:
+        return load_spec(name)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+
+
+def trace_or_usage(name: str, seed: int, max_seq_len: int, vocab_size: int):
+    from workloads.generate import trace
+    from workloads.traces import TraceError
+
+    spec = spec_or_usage(name)
+    try:
+        return trace(spec, seed, max_seq_len, vocab_size)
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from workloads.generate import describe
+    from workloads.spec import preset_names
+
+    if args.workload_verb == "list":
+        for name in preset_names():
+            spec = spec_or_usage(name)
+            print(f"{name:<22}{spec.description.splitlines()[0] if spec.description else ''}")
+        return 0
+    t = trace_or_usage(args.name, args.seed, args.max_seq_len, args.vocab_size)
+    if args.workload_verb == "show":
+        print(describe(t))
+        return 0
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"--out directory does not exist: {out.parent}")
+    with open(out, "w") as f:
+        for req in t.requests:
+            f.write(req.to_json() + "\n")
+    print(f"wrote {len(t.requests)} requests to {out}")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    import subprocess
+    import sys
+    from urllib.parse import urlparse
+
+    target = urlparse(args.target)
+    if target.scheme not in ("http", "https") or not target.hostname:
+        raise UsageError(f"--target must be an http URL, not {args.target!r}")
+    trace_or_usage(args.workload, args.seed, args.max_seq_len, args.vocab_size)  # fail here, not in the child
+    cmd = [sys.executable, "-m", "harness.loadgen", "--target", args.target, "--workload", args.workload,
+           "--out", args.out, "--duration", str(args.duration), "--seed", str(args.seed),
+           "--workers", str(args.workers), "--max-seq-len", str(args.max_seq_len),
+           "--vocab-size", str(args.vocab_size), "--engine", args.engine_label]
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
+    return subprocess.call(cmd)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -271,6 +333,33 @@ def build_parser() -> Parser:
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     srv.set_defaults(func=cmd_serve)
+
+    wl = sub.add_parser("workload", help="workload presets, specs and traces").add_subparsers(
+        dest="workload_verb", required=True, parser_class=Parser
+    )
+    wl.add_parser("list", help="the presets").set_defaults(func=cmd_workload)
+    for verb in ("show", "trace"):
+        w = wl.add_parser(verb, help="class mix, lengths and rate" if verb == "show" else "write the JSONL")
+        w.add_argument("name", help="preset, spec file (.yaml) or trace file (.csv, .jsonl)")
+        w.add_argument("--seed", type=int, default=0, required=verb == "trace")
+        w.add_argument("--max-seq-len", type=positive_int, default=2048, help="the model's context")
+        w.add_argument("--vocab-size", type=positive_int, default=4096)
+        if verb == "trace":
+            w.add_argument("--out", required=True)
+        w.set_defaults(func=cmd_workload)
+
+    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
+    load.add_argument("--target", required=True)
+    load.add_argument("--workload", required=True)
+    load.add_argument("--duration", type=float, default=60.0)
+    load.add_argument("--workers", type=positive_int, default=1)
+    load.add_argument("--out", default="results/load")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--max-seq-len", type=positive_int, default=2048)
+    load.add_argument("--vocab-size", type=positive_int, default=4096)
+    load.add_argument("--engine-label", default="target")
+    load.add_argument("--api-key")
+    load.set_defaults(func=cmd_load)
     return p
 
 

@@ -1,0 +1,84 @@
+"""Result rows as they are produced: JSONL journals appended and flushed row by row (a killed run keeps
+every row written), turned into parquet at the end or when a partial run is read."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pandas as pd
+
+REQUEST_COLUMNS = [
+    "engine", "request_id", "class", "arrival_s", "sent_s", "first_token_s", "end_s", "prompt_tokens",
+    "output_tokens_target", "output_tokens", "n", "stream", "status", "error", "ttft_s", "tpot_s", "e2e_s",
+]
+SAMPLE_COLUMNS = [
+    "engine", "t_s", "kv_capacity_bytes", "token_states_bytes", "allocated_bytes", "free_bytes",
+    "largest_free_bytes", "running", "waiting", "preempted_total", "device_used_bytes",
+    "torch_allocated_bytes", "torch_reserved_bytes",
+]
+EVENT_COLUMNS = ["engine", "t_s", "kind", "requested_bytes", "free_bytes", "largest_free_bytes", "cause", "detail"]
+COLUMNS = {"requests": REQUEST_COLUMNS, "samples": SAMPLE_COLUMNS, "events": EVENT_COLUMNS}
+
+
+class Journal:
+    """Append-only JSONL; thread-safe; each row is on disk when `write` returns."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._f = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def write(self, row: dict) -> None:
+        line = json.dumps(row, default=str)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
+    rows = []
+    for path in paths:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # the last line of a killed writer may be cut short
+    df = pd.DataFrame(rows)
+    for col in COLUMNS[kind]:
+        if col not in df.columns:
+            df[col] = None
+    return df[COLUMNS[kind] + [c for c in df.columns if c not in COLUMNS[kind]]]
+
+
+def to_parquet(run_dir: Path, kind: str) -> pd.DataFrame:
+    """Gather `{kind}*.jsonl` of a run into `{kind}.parquet`."""
+    df = read_journals(sorted(run_dir.glob(f"{kind}*.jsonl")), kind)
+    df.to_parquet(run_dir / f"{kind}.parquet", index=False)
+    return df
+
+
+def request_row(engine: str, outcome) -> dict:
+    """One requests.parquet row from a load-generator outcome."""
+    req = outcome.request
+    ttft = outcome.first_token_s - outcome.sent_s if outcome.first_token_s is not None else None
+    times = outcome.token_times_s
+    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
+    return {
+        "engine": engine, "request_id": req.request_id, "class": req.cls, "arrival_s": req.arrival_s,
+        "sent_s": outcome.sent_s, "first_token_s": outcome.first_token_s, "end_s": outcome.end_s,
+        "prompt_tokens": len(req.prompt_ids), "output_tokens_target": req.max_tokens * req.n,
+        "output_tokens": outcome.output_tokens, "n": req.n, "stream": req.stream, "status": outcome.status,
+        "error": outcome.error, "ttft_s": ttft, "tpot_s": tpot,
+        "e2e_s": outcome.end_s - outcome.sent_s if outcome.end_s is not None else None,
+        "late_s": outcome.late_s, "finish_reason": outcome.finish_reason, "http_status": outcome.http_status,
+        "cancel_after_tokens": req.cancel_after_tokens, "read_delay_s": req.read_delay_s,
+        "inter_token_s": json.dumps(gaps),
+    }

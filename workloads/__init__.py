@@ -1,0 +1,1 @@
+"""What traffic looks like: specs, real traces, deterministic request streams, Locust replay."""

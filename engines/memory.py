@@ -371,3 +371,33 @@ def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: 
     if kind == "cuda":
         return CudaMemory(capacity_bytes, device if device != "cpu" else "cuda")
     raise ValueError(f"memory backend must be arena or cuda, not {kind!r}")
+
+
+def device_snapshot() -> dict:
+    """What the device itself says: the PyTorch CUDA allocator and NVML, or None where there is no GPU."""
+    out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None}
+    if torch.cuda.is_available():
+        out["torch_allocated_bytes"] = torch.cuda.memory_allocated()
+        out["torch_reserved_bytes"] = torch.cuda.memory_reserved()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            out["device_used_bytes"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+        except Exception:  # NVML missing or refusing: the allocator's numbers still stand
+            pass
+    return out
+
+
+def device_note() -> str:
+    """One clear line on what device memory the run can see."""
+    if not torch.cuda.is_available():
+        return "no CUDA device: KV memory is the arena's; PyTorch allocator and NVML figures are absent"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return f"CUDA device {torch.cuda.get_device_name()}; NVML driver {pynvml.nvmlSystemGetDriverVersion()}"
+    except Exception as e:
+        return f"CUDA device {torch.cuda.get_device_name()}; NVML unavailable ({type(e).__name__})"

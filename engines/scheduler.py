@@ -13,7 +13,7 @@ from typing import Literal
 from engines.kv.base import KVPolicy
 from engines.memory import OOMEvent, OutOfMemory
 from engines.model import Chunk
-from engines.sequence import FinishReason, Sequence, SeqStatus
+from engines.sequence import FinishReason, SeqStatus, Sequence
 
 OnOOM = Literal["reject", "crash"]
 
@@ -48,7 +48,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preempted_total = 0
-        self.oom_events: list[tuple[float, OOMEvent]] = []
+        self.oom_events: list[tuple[float, OOMEvent, dict]] = []
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -100,12 +100,19 @@ class Scheduler:
             self.kv.allocate(seq, num_tokens)
             return True
         except OutOfMemory as oom:
-            self.oom_events.append((self.clock(), oom.event))
+            self.oom_events.append((self.clock(), oom.event, self.context()))
             if self.config.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
             self.finish(seq, FinishReason.OOM)
             plan.rejected.append(seq)
             return False
+
+    def context(self) -> dict:
+        """What the engine looked like when an allocation failed."""
+        kv = self.kv.stats()
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "live_tokens": sum(s.num_tokens for s in self.running),
+                "kv_usage": kv.allocated_bytes / (kv.kv_capacity_bytes or 1)}
 
     def preempt(self, seq: Sequence) -> None:
         """Recompute: drop its KV and put it back at the head of the queue, tokens kept."""

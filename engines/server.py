@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engines.engine import Engine, Request, TokenEvent
+from engines.memory import device_snapshot
 from engines.scheduler import EngineCrash
 from engines.sequence import SamplingParams
 from engines.validation import CompletionRequest, InvalidRequest, parse_completion
@@ -67,10 +68,10 @@ class EngineThread:
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id, time.monotonic()))
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self, releases: bool = False) -> dict:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self.commands.put(("snapshot", loop, fut))
+        self.commands.put(("snapshot", loop, fut, releases))
         return await asyncio.wait_for(fut, timeout=30)
 
     # -- the engine thread
@@ -107,18 +108,21 @@ class EngineThread:
             if request_id in self.streams:
                 self.engine.abort(request_id, requested_at=at)
         elif kind == "snapshot":
-            _, loop, fut = cmd
+            _, loop, fut, releases = cmd
             data = self._snapshot()
+            if releases:
+                data["abort_release_s"] = list(self.engine.abort_release_s)
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
 
     def _snapshot(self) -> dict:
         stats = self.engine.stats()
+        stats.update(device_snapshot())
         releases = sorted(self.engine.abort_release_s)
         stats.update(
             t_s=time.monotonic() - self.started_s,
             finished_total=dict(self.engine.finished_total),
             oom_events=[
-                {"t_s": t - self.started_s, **e.__dict__} for t, e in self.engine.oom_events[-100:]
+                {"t_s": t - self.started_s, **e.__dict__, **ctx} for t, e, ctx in self.engine.oom_events[-100:]
             ],
             abort_release_count=len(releases),
             abort_release_p50_s=releases[len(releases) // 2] if releases else None,
@@ -211,7 +215,8 @@ class CompletionServer:
 
     def _crashed(self, crash: EngineCrash) -> None:
         """A naive server dies on OOM: say why on one line, then go down hard."""
-        print("fragbench-crash " + json.dumps(crash.event.__dict__), file=sys.stderr, flush=True)
+        _, _, context = self.engine.oom_events[-1] if self.engine.oom_events else (0, None, {})
+        print("fragbench-crash " + json.dumps({**crash.event.__dict__, **context}), file=sys.stderr, flush=True)
         os._exit(CRASH_EXIT_CODE)
 
     @web.middleware
@@ -230,7 +235,7 @@ class CompletionServer:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.thread.snapshot())
+        return web.json_response(await self.thread.snapshot(releases="releases" in request.query))
 
     async def prometheus(self, request: web.Request) -> web.Response:
         self.metrics.stats = await self.thread.snapshot()

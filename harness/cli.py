@@ -112,6 +112,9 @@ def add_engine_args(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> Non
     p.add_argument("--max-seq-len", type=positive_int)
     p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max", help="static engine")
+    p.add_argument("--preflight", action="store_true",
+                   help="static: admit only when free bytes cover the reservation (Orca) instead of trying")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own)")
     p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
     p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
     p.add_argument("--max-num-seqs", type=positive_int, default=64)
@@ -132,6 +135,7 @@ def engine_from_args(args: argparse.Namespace):
         max_seq_len=args.max_seq_len,
         block_size=args.block_size,
         reserve=args.reserve,
+        preflight=args.preflight,
         on_oom=args.on_oom,
         max_num_seqs=args.max_num_seqs,
         max_batch=args.max_batch,
@@ -140,6 +144,10 @@ def engine_from_args(args: argparse.Namespace):
         device=args.device,
     )
     quiet_transformers()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return make_engine(spec)
     except (EngineConfigError, RuntimeError) as e:
@@ -287,6 +295,67 @@ def cmd_load(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+# -- bench, report, compare
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engines.factory import ENGINES
+    from harness.bench import Bench, BenchConfig
+    from harness.report import render
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in (*ENGINES, "vllm")]
+    if unknown or not engines:
+        raise UsageError(f"--engines: unknown {', '.join(unknown) or '(none given)'}; engines: "
+                         f"{', '.join((*ENGINES, 'vllm'))}")
+    if "vllm" in engines:
+        from engines.vllm_peer import vllm_python
+
+        if vllm_python() is None:
+            raise UsageError("--engines vllm: vLLM is not installed: run `make vllm`")
+    if not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"--model {args.model!r} is not a model directory (run `make model`)")
+    trace_or_usage(args.workload, args.seed, args.max_seq_len, 4096)
+    cfg = BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=args.kv_budget,
+                      duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
+                      threads=args.threads, run_id=args.run_id or "", grace_s=args.grace)
+    bench = Bench(cfg)
+    print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
+    run_dir = bench.run()
+    report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
+    print(f"results: {run_dir}\nreport:  {report}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.report import render
+    from harness.summary import finalize
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").is_file():
+        raise UsageError(f"{args.run_dir} is not a run directory (no run.json)")
+    finalize(run_dir)  # a partial run gets its parquet files and summary from what it wrote
+    out = Path(args.out) if args.out else Path("reports") / f"{run_dir.name}.html"
+    print(render(run_dir, out))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.compare import compare, load_summary, render_html, render_text
+
+    dirs = [Path(args.base), Path(args.new)]
+    for d in dirs:
+        if not (d / "run.json").is_file():
+            raise UsageError(f"{d} is not a run directory (no run.json)")
+    base, new = (load_summary(d) for d in dirs)
+    rows = compare(base, new, args.threshold)
+    if not rows:
+        raise UsageError("the two runs share no engine")
+    print(render_text(rows, args.threshold))
+    out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
+                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"))
+    print(f"report: {out}")
+    return 1 if any(r.regressed for r in rows) else 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -360,6 +429,33 @@ def build_parser() -> Parser:
     load.add_argument("--engine-label", default="target")
     load.add_argument("--api-key")
     load.set_defaults(func=cmd_load)
+
+    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report")
+    bench.add_argument("--engines", default="hf,static,paged,hf-cb")
+    bench.add_argument("--workload", default="mixed-churn")
+    bench.add_argument("--model", default="models/tiny-llama")
+    bench.add_argument("--kv-budget", default="16MiB", type=str)
+    bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
+    bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
+    bench.add_argument("--max-seq-len", type=positive_int, default=2048)
+    bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="results")
+    bench.add_argument("--reports", default="reports")
+    bench.add_argument("--run-id")
+    bench.set_defaults(func=cmd_bench)
+
+    report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
+    report.add_argument("run_dir")
+    report.add_argument("--out")
+    report.set_defaults(func=cmd_report)
+
+    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 on a regression")
+    cmp_.add_argument("base")
+    cmp_.add_argument("new")
+    cmp_.add_argument("--threshold", type=float, default=10.0, help="percent")
+    cmp_.add_argument("--out")
+    cmp_.set_defaults(func=cmd_compare)
     return p
 
 

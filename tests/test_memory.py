@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from engines.memory import MiB, Arena, OutOfMemory, round_size
+from engines.memory import Arena, MiB, OutOfMemory, round_size
 
 
 def test_rounding_follows_the_caching_allocator():

@@ -7,28 +7,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gevent
 from gevent.pool import Pool
 from locust import HttpUser, task
 
 from workloads.generate import TraceRequest
-
-
-@dataclass
-class Outcome:
-    request: TraceRequest
-    sent_s: float
-    late_s: float
-    first_token_s: float | None = None
-    end_s: float | None = None
-    token_times_s: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    status: str = "ok"
-    finish_reason: str | None = None
-    http_status: int | None = None
-    error: str = ""
+from workloads.outcome import UNFINISHED, Outcome
 
 
 @dataclass
@@ -87,7 +73,10 @@ class ReplayUser(HttpUser):
             with self.client.post("/v1/completions", json=body, stream=req.stream, headers=headers,
                                   name=req.cls, catch_response=True) as resp:
                 out.http_status = resp.status_code
-                if resp.status_code != 200:
+                if resp.status_code == 0:  # Locust's stand-in response for a connection that failed
+                    out.status, out.error = "error", f"{type(resp.error).__name__}: {resp.error}"[:200]
+                    resp.success()
+                elif resp.status_code != 200:
                     out.status, out.error = "rejected", resp.text[:200]
                     resp.success()  # a 4xx is the server's answer, recorded in our rows
                 elif req.stream:
@@ -95,7 +84,7 @@ class ReplayUser(HttpUser):
                 else:
                     self._read_whole(plan, resp, out)
         except gevent.GreenletExit:
-            out.status, out.error = "error", "still in flight at the end of the run"
+            out.status, out.error = "error", UNFINISHED
             raise
         except Exception as e:  # a dead server: connection refused or reset
             out.status, out.error = "error", f"{type(e).__name__}: {e}"[:200]

@@ -15,8 +15,18 @@ class StaticKV(ContiguousKV):
     """One buffer per sequence, sized at admission: max_seq_len, the next power of two of the true
     length, or the true length; it never grows afterwards."""
 
-    def __init__(self, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, reserve: Reserve = "max"):
+    def __init__(
+        self,
+        memory: DeviceMemory,
+        kv_bytes_per_token: int,
+        max_seq_len: int,
+        reserve: Reserve = "max",
+        preflight: bool = True,
+    ):
         super().__init__(memory, kv_bytes_per_token, max_seq_len)
+        # With preflight (Orca, as the vLLM paper runs it) a sequence waits until free bytes cover its
+        # reservation; without it (a naive static server) it is admitted and the allocation finds out.
+        self.preflight = preflight
         if reserve not in ("max", "pow2", "oracle"):
             raise ValueError(f"reserve must be max, pow2 or oracle, not {reserve!r}")
         self.reserve = reserve
@@ -32,6 +42,8 @@ class StaticKV(ContiguousKV):
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
         if self.holds(seq):
             return num_tokens <= self.capacity_tokens(seq)
+        if not self.preflight:
+            return True
         return self.memory.stats().free_bytes >= self.reservation_tokens(seq) * self.kv_bytes_per_token
 
     def allocate(self, seq: SeqLike, num_tokens: int) -> None:

@@ -1,0 +1,277 @@
+"""`fragbench bench`: every engine on the same model, KV budget, threads and request stream, one after
+another; memory sampled at 10 Hz; a crashed engine recorded, restarted, and the run goes on.
+Everything is written as it is produced: a killed bench leaves a readable partial run."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engines.memory import device_note
+from engines.vllm_peer import free_port
+from harness.results import Journal
+from harness.sampler import Sampler, fetch_stats
+from harness.servers import ServerFailed, ServerProcess, start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
+
+
+@dataclass
+class BenchConfig:
+    engines: list[str]
+    workload: str
+    model: str
+    kv_budget: str
+    duration_s: float
+    out_dir: Path
+    seed: int = 0
+    max_seq_len: int = 2048
+    threads: int = 2
+    grace_s: float = 20.0
+    run_id: str = ""
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.25
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    t0: float  # wall clock: the origin of this engine's samples, events and request times
+    port: int
+    server: ServerProcess | None = None
+    crashes: int = 0
+    down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
+    oom_seen: int = 0
+
+
+def git_sha() -> str | None:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "aiohttp", "locust", "plotly", "fragbench"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def hardware() -> dict:
+    return {"machine": platform.machine(), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
+            "device": device_note()}
+
+
+class Bench:
+    def __init__(self, cfg: BenchConfig, console: Console | None = None):
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        cfg.run_id = cfg.run_id or datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
+        self.dir = cfg.out_dir / cfg.run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.samples = Journal(self.dir / "samples.jsonl")
+        self.events = Journal(self.dir / "events.jsonl")
+        self.debug = Journal(self.dir / "debug.jsonl")
+        self.run_meta = {
+            "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
+            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir)}, "git_sha": git_sha(),
+            "versions": versions(), "hardware": hardware(), "engines_done": [], "command": sys.argv,
+        }
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.run_meta, indent=2, default=str))
+        tmp.replace(self.dir / "run.json")  # atomic: a kill never leaves half a run.json
+
+    # -- the whole run
+    def run(self) -> Path:
+        from harness.summary import finalize
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=self.console) as progress:
+            for engine in self.cfg.engines:
+                task = progress.add_task(f"{engine:<6} starting", total=self.cfg.duration_s)
+                self.run_engine(engine, lambda text, done, t=task: progress.update(t, description=text,
+                                                                                     completed=done))
+                self.run_meta["engines_done"].append(engine)
+                self.write_meta()
+        self.run_meta["status"] = "complete"
+        self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
+        self.write_meta()
+        finalize(self.dir)
+        return self.dir
+
+    # -- one engine
+    def server_args(self, engine: str, port: int) -> list[str]:
+        args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len)]
+        return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads)]
+
+    def start(self, run: EngineRun) -> ServerProcess:
+        log = self.dir / "logs" / f"{run.engine}.log"
+        return start_server(run.engine, self.cfg.model, self.cfg.kv_budget, log,
+                            extra=self.server_args(run.engine, run.port), threads=self.cfg.threads)
+
+    def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None:
+        t = t_s if t_s is not None else time.time() - run.t0
+        self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
+
+    def run_engine(self, engine: str, show) -> None:
+        run = EngineRun(engine, time.time(), free_port())
+        try:
+            run.server = self.start(run)
+        except ServerFailed as e:
+            self.event(run, "crash", detail=f"did not start: {e}")
+            show(f"{engine:<6} did not start", 0)
+            return
+        sampler = Sampler(engine, run.server.url, run.server.proc.pid, self.samples, run.t0,
+                          self.dir / f"memory_map-{engine}.json").start()
+        try:
+            show(f"{engine:<6} debug pass", 0)
+            self.debug_pass(run, "after model load")
+            self.request_alone(run, "short request alone", prompt_tokens=16, max_tokens=16)
+            self.request_alone(run, "long request alone", prompt_tokens=int(self.cfg.max_seq_len * 0.75),
+                               max_tokens=32)
+            self.debug_pass(run, "after those requests complete")
+            run.t0 = time.time()  # the churn starts the engine's clock; finalize re-bases earlier rows
+            sampler.t0 = run.t0
+            self.run_meta.setdefault("engine_t0", {})[engine] = run.t0
+            self.write_meta()
+            self.churn(run, sampler, show)
+            time.sleep(1.0)
+            self.debug_pass(run, "after the churn mix")
+            self.releases(run)
+        finally:
+            sampler.stop()
+            self.collect_ooms(run, sampler.last)
+            run.server.stop()
+
+    def churn(self, run: EngineRun, sampler: Sampler, show) -> None:
+        out = self.dir / "engines" / run.engine
+        cmd = [sys.executable, "-m", "harness.loadgen", "--target", run.server.url, "--workload",
+               self.cfg.workload, "--duration", str(self.cfg.duration_s), "--out", str(out), "--engine", run.engine,
+               "--seed", str(self.cfg.seed), "--max-seq-len", str(self.cfg.max_seq_len), "--t0", str(run.t0),
+               "--grace", str(self.cfg.grace_s)]
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "loadgen.log", "ab") as log:
+            loadgen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        while loadgen.poll() is None:
+            elapsed = time.time() - run.t0
+            show(f"{run.engine:<6} churn ({run.crashes} crashes)", min(elapsed, self.cfg.duration_s))
+            self.collect_ooms(run, sampler.last)
+            if not run.server.alive():
+                self.restart(run, sampler)
+            time.sleep(0.3)
+
+    def restart(self, run: EngineRun, sampler: Sampler) -> None:
+        crashed_at = time.time() - run.t0
+        log = run.server.log_path.read_text(errors="replace")
+        crash = CRASH_LINE.findall(log)
+        detail = json.loads(crash[-1]) if crash else {}
+        if detail:
+            self.event(run, "oom", crashed_at, requested_bytes=detail.get("requested_bytes"),
+                       free_bytes=detail.get("free_bytes"), largest_free_bytes=detail.get("largest_free_bytes"),
+                       cause=detail.get("cause"), detail=json.dumps(detail))
+        self.event(run, "crash", crashed_at, detail=f"exit code {run.server.proc.returncode}",
+                   cause=detail.get("cause"))
+        run.crashes += 1
+        run.oom_seen = 0  # a new process counts from zero
+        try:
+            run.server = self.start(run)
+        except ServerFailed as e:
+            self.event(run, "crash", detail=f"restart failed: {e}")
+            raise
+        back = time.time() - run.t0
+        run.down.append((crashed_at, back))
+        sampler.process = psutil.Process(run.server.proc.pid)
+        self.event(run, "restart", back, detail=f"down {back - crashed_at:.1f} s")
+        (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "engines" / run.engine / "down.json", "w") as f:
+            json.dump(run.down, f)
+
+    def collect_ooms(self, run: EngineRun, stats: dict | None) -> None:
+        """OOM events the server recorded since the last look (it keeps its latest 100)."""
+        if not stats or stats.get("oom_total", 0) <= run.oom_seen:
+            return
+        new = stats["oom_total"] - run.oom_seen
+        offset = time.time() - run.t0 - stats.get("t_s", 0)  # server uptime -> engine time
+        for ev in stats.get("oom_events", [])[-new:]:
+            self.event(run, "oom", ev["t_s"] + offset, requested_bytes=ev["requested_bytes"],
+                       free_bytes=ev["free_bytes"], largest_free_bytes=ev["largest_free_bytes"], cause=ev["cause"],
+                       detail=json.dumps({k: ev.get(k) for k in ("running", "waiting", "live_tokens", "kv_usage")}))
+        run.oom_seen = stats["oom_total"]
+
+    def releases(self, run: EngineRun) -> None:
+        try:
+            with urllib.request.urlopen(f"{run.server.url}/stats?releases=1", timeout=10) as r:
+                stats = json.load(r)
+        except OSError:
+            return
+        for value in stats.get("abort_release_s") or []:
+            self.event(run, "cancel_release", detail=f"{value:.6f}", requested_bytes=None,
+                       cause=None, release_s=value)
+
+    # -- the debugging pass
+    def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
+        stats = stats or fetch_stats(run.server.url)
+        if stats is None:
+            return
+        cap = stats.get("kv_capacity_bytes") or 1
+        try:
+            rss = psutil.Process(run.server.proc.pid).memory_info().rss
+        except psutil.Error:
+            rss = None
+        self.debug.write({
+            "engine": run.engine, "phase": phase, "kv_allocated_bytes": stats.get("allocated_bytes"),
+            "token_states_bytes": stats.get("token_states_bytes"), "kv_usage": stats.get("allocated_bytes", 0) / cap,
+            "running": stats.get("running"), "live_tokens": stats.get("live_tokens"),
+            "largest_free_bytes": stats.get("largest_free_bytes"), "free_bytes": stats.get("free_bytes"),
+            "torch_allocated_bytes": stats.get("torch_allocated_bytes"),
+            "torch_reserved_bytes": stats.get("torch_reserved_bytes"),
+            "device_used_bytes": stats.get("device_used_bytes"), "process_rss_bytes": rss,
+        })
+
+    def request_alone(self, run: EngineRun, phase: str, prompt_tokens: int, max_tokens: int) -> None:
+        """One request with nothing else running; memory at its peak."""
+        body = json.dumps({"prompt": [3 + (i * 7) % 4000 for i in range(prompt_tokens)], "max_tokens": max_tokens,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        done = threading.Event()
+
+        def send() -> None:
+            req = urllib.request.Request(f"{run.server.url}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=300).read()
+            except OSError:
+                pass
+            done.set()
+
+        threading.Thread(target=send, daemon=True).start()
+        peak: dict | None = None
+        while not done.is_set():
+            stats = fetch_stats(run.server.url)
+            if stats and (peak is None or stats.get("allocated_bytes", 0) > peak.get("allocated_bytes", 0)):
+                peak = stats
+            time.sleep(0.02)
+        self.debug_pass(run, phase, peak)

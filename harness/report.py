@@ -1,0 +1,299 @@
+"""One self-contained HTML report per run: plotly.js inlined (opens offline), every string escaped.
+What the reader came for comes first: the verdict table, then where the memory went and why."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize
+
+SECTIONS = ("verdict", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
+            "latency", "throughput", "workload", "config")
+CATEGORY_LABELS = ("token states", "reservation", "internal fragmentation", "external fragmentation", "free")
+CATEGORY_COLORS = ("#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#d9d9d9")
+# The vLLM paper (Kwon et al., SOSP 2023), Figure 2: % of KV memory. Its last bar, "external
+# fragmentation & others", includes free memory.
+PAPER_FIGURE2 = {
+    "Orca (Max)": (20.4, 13.3, 57.3, 8.9),
+    "Orca (Pow2)": (26.8, 17.9, 13.6, 41.6),
+    "Orca (Oracle)": (38.2, 25.2, 0.0, 36.6),
+    "vLLM": (96.3, 0.0, 3.7, 0.0),
+}
+ESC = html.escape
+
+
+def fig_html(fig: go.Figure) -> str:
+    fig.update_layout(template="plotly_white", margin=dict(l=50, r=20, t=40, b=40))
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+
+
+def fmt(v, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "n/a"
+    if unit == "%":
+        return f"{100 * v:.1f} %"
+    if unit == "ms":
+        return f"{1000 * v:.0f} ms"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{ESC(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{ESC(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def section(sid: str, title: str, how: str, body: str) -> str:
+    return (f'<section id="{sid}"><h2>{ESC(title)}</h2><p class="how">{ESC(how)}</p>{body}</section>')
+
+
+# -- sections
+def verdict(summary: dict, meta: dict) -> str:
+    cfg = meta.get("config", {})
+    rows = []
+    for engine, s in summary["engines"].items():
+        rows.append([
+            engine, fmt(s["output_tokens_per_s"]), fmt(s["requests_per_s"]), fmt(s["goodput_requests_per_s"]),
+            f"{fmt(s['ttft_p50_s'], 'ms')} / {fmt(s['ttft_p99_s'], 'ms')}",
+            f"{fmt(s['tpot_p50_s'], 'ms')} / {fmt(s['tpot_p99_s'], 'ms')}",
+            fmt(s["max_running"]), f"{s['oom_capacity']} / {s['oom_fragmentation']}", s["crashes"],
+            f"{s['cancelled']} ({fmt(s['cancel_release_p99_s'], 'ms')})", s["preemptions"],
+            " / ".join(fmt(s[c], "%") for c in SHARE_COLUMNS),
+            f"{s['requests_ok']} ok, {s['requests_oom']} oom, {s['requests_crashed']} crashed, "
+            f"{s['requests_error']} failed, {s['requests_unfinished']} unfinished at the end",
+        ])
+    header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
+              "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
+              "token / reserv. / internal / external / free", "requests"]
+    how = (f"Per engine over its churn window; goodput counts requests with TTFT <= {cfg.get('slo_ttft_s', 2.0)} s "
+           f"and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time averages of /stats samples at "
+           "10 Hz over the KV capacity while requests arrive. Cancel release: disconnect noticed to KV freed, "
+           "timed inside the server. Unfinished: still queued or running when the run's grace period ended.")
+    return section("verdict", "Verdict", how, table(header, rows))
+
+
+def memory_breakdown(samples: pd.DataFrame) -> str:
+    engines = list(samples.engine.unique())
+    if not engines:
+        return section("memory-breakdown", "Where the KV memory went", "No samples were recorded.", "")
+    fig = make_subplots(rows=len(engines), cols=1, shared_xaxes=True, subplot_titles=engines,
+                        vertical_spacing=0.06)
+    for i, engine in enumerate(engines, start=1):
+        s = samples[(samples.engine == engine) & (samples.t_s >= 0)]
+        cap = s.kv_capacity_bytes.astype(float)
+        for label, col, color in zip(CATEGORY_LABELS, SHARE_COLUMNS.values(), CATEGORY_COLORS, strict=True):
+            if s[col].isna().all():
+                continue
+            fig.add_trace(go.Scatter(x=s.t_s, y=100 * s[col].astype(float) / cap, name=label, stackgroup=f"e{i}",
+                                     line=dict(width=0), fillcolor=color, legendgroup=label, showlegend=i == 1),
+                          row=i, col=1)
+    fig.update_layout(height=230 * len(engines), yaxis_title="% of KV capacity")
+    return section("memory-breakdown", "Where the KV memory went, over time",
+                   "Stacked Figure-2 categories from each engine's /stats, sampled at 10 Hz; reservation and "
+                   "internal fragmentation use each request's final length (prompt + max_tokens under ignore_eos). "
+                   "vLLM exports usage only, so only its allocated share is known.", fig_html(fig))
+
+
+def figure2(summary: dict) -> str:
+    fig = go.Figure()
+    names = list(summary["engines"]) + list(PAPER_FIGURE2)
+    values = [[100 * (s[c] or 0) for c in SHARE_COLUMNS] for s in summary["engines"].values()]
+    # the paper folds free memory into its last bar: so do we for the paper's bars
+    values += [[t, r, i, e, 0.0] for t, r, i, e in PAPER_FIGURE2.values()]
+    for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
+        fig.add_trace(go.Bar(x=names, y=[v[k] for v in values], name=label, marker_color=color))
+    fig.update_layout(barmode="stack", yaxis_title="% of KV capacity", height=420)
+    return section("figure2", "Mean breakdown beside the vLLM paper's Figure 2",
+                   "This run's time-averaged shares (left) and the paper's (right: Kwon et al., SOSP 2023, LLaMA-13B "
+                   "on A100-40GB, ShareGPT). The paper's last bar is 'external fragmentation & others' and includes "
+                   "free memory: compare it with external fragmentation + free here.", fig_html(fig))
+
+
+def scheduler(samples: pd.DataFrame) -> str:
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=("running", "waiting", "preempted (total)"))
+    for engine, s in samples[samples.t_s >= 0].groupby("engine", sort=False):
+        for row, col in enumerate(("running", "waiting", "preempted_total"), start=1):
+            fig.add_trace(go.Scatter(x=s.t_s, y=s[col], name=engine, legendgroup=engine, showlegend=row == 1),
+                          row=row, col=1)
+    fig.update_layout(height=600)
+    return section("scheduler", "Running, waiting and preempted over time",
+                   "From each engine's /stats at 10 Hz (sequences, not requests: a request with n samples counts n).",
+                   fig_html(fig))
+
+
+def oom_events(events: pd.DataFrame) -> str:
+    ooms = events[events.kind == "oom"]
+    crashes = events[events.kind.isin(["crash", "restart"])]
+    fig = go.Figure()
+    for col, symbol in (("requested_bytes", "x"), ("free_bytes", "circle"), ("largest_free_bytes", "diamond")):
+        for engine, e in ooms.groupby("engine", sort=False):
+            fig.add_trace(go.Scatter(x=e.t_s, y=e[col].astype(float) / 2**20, mode="markers", marker_symbol=symbol,
+                                     name=f"{engine}: {col.removesuffix('_bytes').replace('_', ' ')}",
+                                     text=e.cause, hovertemplate="%{y:.2f} MiB, %{text}"))
+    for _, c in crashes.iterrows():
+        fig.add_vline(x=c.t_s, line_dash="dot", line_color="red" if c.kind == "crash" else "green")
+    fig.update_layout(height=380, xaxis_title="s", yaxis_title="MiB")
+    rows = [[e.engine, fmt(e.t_s), e.cause, fmt(e.requested_bytes), fmt(e.free_bytes), fmt(e.largest_free_bytes),
+             e.detail] for e in ooms.head(50).itertuples()]
+    body = fig_html(fig) + (table(["engine", "t (s)", "cause", "requested B", "free B", "largest free B", "state"],
+                                  rows) if rows else "<p>No OOM in this run.</p>")
+    return section("oom-events", "OOM events",
+                   "Each failed KV allocation: requested vs free vs largest free extent. Cause 'fragmentation' means "
+                   "enough free bytes existed but no single extent fit. Red lines: crashes; green: restarts.", body)
+
+
+def memory_map(run_dir: Path) -> str:
+    parts = []
+    for path in sorted(run_dir.glob("memory_map-*.json")):
+        engine = path.stem.removeprefix("memory_map-")
+        snap = json.loads(path.read_text())
+        mm = snap["memory_map"]
+        fig = go.Figure()
+        if mm and "block" in mm[0]:  # a block pool: a grid of blocks coloured by owner
+            width = 64
+            owners = sorted({o for b in mm for o in b["owners"]})
+            index = {o: i + 1 for i, o in enumerate(owners)}
+            z = [(-1 if b["cached"] else 0) if not b["owners"] else
+                 (len(owners) + 2 if len(b["owners"]) > 1 else index[b["owners"][0]]) for b in mm]
+            z += [None] * (-len(z) % width)
+            text = [", ".join(b["owners"]) or ("cached, free" if b["cached"] else "free") for b in mm]
+            text += [""] * (-len(text) % width)
+            fig.add_trace(go.Heatmap(z=np.array(z, dtype=float).reshape(-1, width),
+                                     text=np.array(text, dtype=object).reshape(-1, width),
+                                     hovertemplate="%{text}<extra></extra>", colorscale="Turbo", showscale=False))
+            fig.update_layout(height=120 + 12 * (len(z) // width), yaxis_autorange="reversed")
+            what = f"{len(mm)} blocks, {width} per row; shared blocks in the top colour, free ones dark"
+        else:  # an arena: extents along the address space
+            for ext in mm:
+                fig.add_trace(go.Bar(y=["arena"], x=[ext["size"] / 2**20], base=[ext["offset"] / 2**20],
+                                     orientation="h", marker_color="#d9d9d9" if ext["owner"] is None else None,
+                                     name=ext["owner"] or "free", showlegend=False,
+                                     hovertemplate=f"{ESC(str(ext['owner'] or 'free'))}: %{{x:.2f}} MiB"
+                                                   "<extra></extra>"))
+            fig.update_layout(barmode="overlay", height=200, xaxis_title="address (MiB)")
+            what = f"{len(mm)} extents along the arena; grey extents are free"
+        parts.append(f"<h3>{ESC(engine)} at t = {fmt(snap['t_s'])} s</h3><p class='how'>{ESC(what)}</p>"
+                     + fig_html(fig))
+    return section("memory-map", "Memory map at the worst moment",
+                   "For each engine, the sample with the most allocated-but-idle plus stranded free memory.",
+                   "".join(parts) or "<p>No memory map was captured.</p>")
+
+
+def debug_pass(debug: pd.DataFrame, events: pd.DataFrame) -> str:
+    rows = [[r.engine, r.phase, fmt(r.kv_allocated_bytes), fmt(r.token_states_bytes), fmt(r.kv_usage, "%"),
+             fmt(r.running), fmt(r.live_tokens), fmt(r.torch_allocated_bytes), fmt(r.torch_reserved_bytes),
+             fmt(r.device_used_bytes), fmt(r.process_rss_bytes)] for r in debug.itertuples()] if len(debug) else []
+    ooms = events[events.kind == "oom"]
+    rows += [[e.engine, f"failed allocation at {fmt(e.t_s)} s ({e.cause}, {fmt(e.requested_bytes)} B requested, "
+              f"{fmt(e.largest_free_bytes)} B largest free)", "", "", "", "", e.detail, "", "", "", ""]
+             for e in ooms.head(20).itertuples()]
+    header = ["engine", "phase", "KV allocated B", "token states B", "KV usage", "running", "live tokens",
+              "torch allocated B", "torch reserved B", "device used B", "server RSS B"]
+    return section("debug-pass", "The debugging pass",
+                   "Memory at each step of the seeds' debugging pass: after model load, at the peak of one short and "
+                   "one long request alone, after they complete, after the churn mix, and at each failed allocation. "
+                   "KV usage growing with live tokens means blocks; a jump of a whole reservation means contiguous "
+                   "buffers; free bytes with a small largest-free extent mean fragmentation; allocator reserved far "
+                   "above allocated means the caching allocator holds it.", table(header, rows))
+
+
+def latency(requests: pd.DataFrame) -> str:
+    ok = requests[requests.status == "ok"]
+    fig = make_subplots(rows=3, cols=1, subplot_titles=("TTFT (s)", "TPOT (s)", "E2E (s)"), vertical_spacing=0.08)
+    for engine, r in ok.groupby("engine", sort=False):
+        for row, col in enumerate(("ttft_s", "tpot_s", "e2e_s"), start=1):
+            fig.add_trace(go.Box(x=r["class"], y=r[col], name=engine, legendgroup=engine, showlegend=row == 1,
+                                 boxpoints=False), row=row, col=1)
+    fig.update_layout(boxmode="group", height=800)
+    return section("latency", "Latency per request class",
+                   "Client-side, per request, exact (not bucketed): TTFT = first streamed token - send; TPOT = mean "
+                   "gap between streamed tokens; E2E = end - send. Successful requests only.", fig_html(fig))
+
+
+def token_times(r) -> list[float]:
+    if r.stream and r.first_token_s is not None and not pd.isna(r.first_token_s):
+        gaps = json.loads(r.inter_token_s) if isinstance(r.inter_token_s, str) else []
+        return list(r.first_token_s + np.concatenate([[0.0], np.cumsum(gaps)]))
+    return [r.end_s] * int(r.output_tokens or 0) if r.end_s is not None and not pd.isna(r.end_s) else []
+
+
+def throughput(requests: pd.DataFrame) -> str:
+    fig = go.Figure()
+    for engine, r in requests.groupby("engine", sort=False):
+        times = [t for row in r.itertuples() for t in token_times(row)]
+        if times:
+            counts = pd.Series(np.floor(times)).value_counts().sort_index()
+            fig.add_trace(go.Scatter(x=counts.index, y=counts.values, name=engine, mode="lines"))
+    fig.update_layout(height=350, xaxis_title="s", yaxis_title="output tokens / s")
+    return section("throughput", "Throughput over time",
+                   "Output tokens received by the clients per second (token arrival times from the streams).",
+                   fig_html(fig))
+
+
+def workload(requests: pd.DataFrame, meta: dict) -> str:
+    from workloads.spec import SpecError, load_spec
+
+    first = requests[requests.engine == requests.engine.iloc[0]] if len(requests) else requests
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("prompt tokens", "output tokens (target)", "arrivals / s"))
+    fig.add_trace(go.Histogram(x=first.prompt_tokens, showlegend=False), row=1, col=1)
+    fig.add_trace(go.Histogram(x=first.output_tokens_target, showlegend=False), row=1, col=2)
+    fig.add_trace(go.Histogram(x=first.arrival_s, xbins=dict(size=1), showlegend=False), row=1, col=3)
+    fig.update_layout(height=320)
+    name = meta.get("config", {}).get("workload", "")
+    try:
+        spec = load_spec(name)
+        text = f"{spec.name}: {spec.description}"
+        attribution = spec.attribution
+    except SpecError:
+        text, attribution = name, ""
+    body = f"<p>{ESC(text)}</p>" + fig_html(fig)
+    if attribution:
+        body += f"<p class='attribution'>Trace: {ESC(attribution)}</p>"
+    return section("workload", "Workload", "The requests as sent to the first engine (every engine got the same).",
+                   body)
+
+
+def config(meta: dict) -> str:
+    return section("config", "Configuration, versions, hardware", "run.json of this run.",
+                   f"<pre>{ESC(json.dumps(meta, indent=2, default=str))}</pre>")
+
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px}
+th{background:#f4f4f4}.how{color:#555;font-size:13px}.partial{background:#fde2e1;border:2px solid #c0392b;
+padding:.6em 1em;font-weight:bold}pre{background:#f8f8f8;padding:1em;overflow:auto;font-size:12px}"""
+
+
+def render(run_dir: Path, out: Path) -> Path:
+    meta = load_meta(run_dir)
+    frames = load_frames(run_dir)
+    summary = summarize(run_dir, frames)
+    partial = meta.get("status") != "complete"
+    banner = (f"<p class='partial' id='partial'>PARTIAL RUN: this run did not finish (engines done: "
+              f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
+              "it wrote before it stopped.</p>") if partial else ""
+    body = "".join([
+        verdict(summary, meta), memory_breakdown(frames["samples"]), figure2(summary),
+        scheduler(frames["samples"]), oom_events(frames["events"]), memory_map(run_dir),
+        debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
+        throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),
+    ])
+    title = f"fragbench {meta.get('run_id', run_dir.name)}"
+    doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{ESC(title)}</title><style>{STYLE}</style>"
+           f"<script>{get_plotlyjs()}</script></head><body><h1>{ESC(title)}</h1>{banner}"
+           f"<p class='how'>Workload {ESC(str(meta.get('config', {}).get('workload')))}, model "
+           f"{ESC(str(meta.get('config', {}).get('model')))}, KV budget "
+           f"{ESC(str(meta.get('config', {}).get('kv_budget')))} per engine.</p>{body}</body></html>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc)
+    return out

@@ -1,0 +1,81 @@
+"""Samples a server's /stats at a fixed rate into the samples journal; keeps the worst memory map."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from harness.results import Journal
+
+# /stats fields copied into every sample row
+FIELDS = (
+    "kv_capacity_bytes", "token_states_bytes", "reservation_bytes", "internal_fragmentation_bytes",
+    "external_fragmentation_bytes", "allocated_bytes", "free_bytes", "largest_free_bytes", "running", "waiting",
+    "preempted_total", "device_used_bytes", "torch_allocated_bytes", "torch_reserved_bytes", "live_tokens",
+    "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count",
+)
+
+
+def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/stats", timeout=timeout_s) as r:
+            return json.load(r)
+    except (OSError, ValueError):
+        return None
+
+
+def waste(stats: dict) -> int:
+    """Allocated but holding no live token, plus free bytes no request can use: what the map should show."""
+    token = stats.get("token_states_bytes") or 0
+    return stats.get("allocated_bytes", 0) - token + stats.get("external_fragmentation_bytes", 0)
+
+
+class Sampler:
+    def __init__(self, engine: str, url: str, pid: int, journal: Journal, t0: float, map_path: Path,
+                 interval_s: float = 0.1):
+        self.engine, self.url, self.journal, self.t0 = engine, url, journal, t0
+        self.interval_s, self.map_path = interval_s, map_path
+        self.process = psutil.Process(pid)
+        self.last: dict | None = None
+        self.worst = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_t = time.time()
+        while not self._stop.is_set():
+            self.sample()
+            next_t += self.interval_s
+            self._stop.wait(max(0.0, next_t - time.time()))
+
+    def sample(self) -> dict | None:
+        stats = fetch_stats(self.url)
+        if stats is None:
+            return None
+        self.last = stats
+        now = time.time()
+        row = {"engine": self.engine, "t_s": round(now - self.t0, 4), "t_wall": now}
+        row.update({k: stats.get(k) for k in FIELDS})
+        try:
+            row["process_rss_bytes"] = self.process.memory_info().rss
+        except psutil.Error:
+            row["process_rss_bytes"] = None
+        self.journal.write(row)
+        if waste(stats) > self.worst and stats.get("memory_map"):
+            self.worst = waste(stats)
+            self.map_path.write_text(json.dumps({"t_s": row["t_s"], "stats": {k: stats.get(k) for k in FIELDS},
+                                                 "memory_map": stats["memory_map"]}))
+        return stats

@@ -1,0 +1,132 @@
+"""From journals to parquet, and from parquet to the per-engine headline numbers (summary.json).
+Works on a partial run as well: whatever rows were written are what it summarizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.results import read_journals
+from workloads.outcome import UNFINISHED
+
+SHARE_COLUMNS = {
+    "token_states_share": "token_states_bytes",
+    "reservation_share": "reservation_bytes",
+    "internal_fragmentation_share": "internal_fragmentation_bytes",
+    "external_fragmentation_share": "external_fragmentation_bytes",
+    "free_share": "largest_free_bytes",  # free bytes outside the largest extent are external fragmentation
+}
+
+
+def load_meta(run_dir: Path) -> dict:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+    return json.loads(path.read_text())
+
+
+def rebase(df: pd.DataFrame, engine_t0: dict) -> pd.DataFrame:
+    """Times relative to each engine's churn start (rows written before it come out negative)."""
+    if "t_wall" in df and len(df):
+        t0 = df.engine.map(engine_t0)
+        df["t_s"] = np.where(t0.notna(), df.t_wall - t0, df.t_s)
+    return df
+
+
+def label_crashed(requests: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """A request that failed while its engine was down (crashed, restarting) is `crashed`, not `error`."""
+    for engine, ev in events[events.kind.isin(["crash", "restart"])].groupby("engine"):
+        crashes = ev[ev.kind == "crash"].t_s.tolist()
+        restarts = ev[ev.kind == "restart"].t_s.tolist()
+        for i, t_crash in enumerate(crashes):
+            t_back = restarts[i] if i < len(restarts) else np.inf
+            hit = ((requests.engine == engine) & (requests.status == "error")
+                   & (requests.sent_s <= t_back) & (requests.end_s >= t_crash - 1.0))
+            requests.loc[hit, "status"] = "crashed"
+    return requests
+
+
+def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
+    meta = load_meta(run_dir)
+    t0 = meta.get("engine_t0", {})
+    requests = read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
+    samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), t0)
+    events = rebase(read_journals([run_dir / "events.jsonl"], "events"), t0)
+    debug = pd.DataFrame([json.loads(x) for x in (run_dir / "debug.jsonl").read_text().splitlines() if x.strip()]
+                         ) if (run_dir / "debug.jsonl").exists() else pd.DataFrame()
+    requests = label_crashed(requests, events)
+    return {"requests": requests, "samples": samples, "events": events, "debug": debug}
+
+
+def pct(series: pd.Series, q: float) -> float | None:
+    s = series.dropna()
+    return float(s.quantile(q)) if len(s) else None
+
+
+def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
+    cfg = meta.get("config", {})
+    # memory shares over the time requests arrive: not the ramp before, not the drain after
+    churn = smp[(smp.t_s >= 0) & (smp.t_s <= cfg.get("duration_s", np.inf))]
+    window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
+    ok = req[req.status == "ok"]
+    out: dict = {}
+    cap = churn.kv_capacity_bytes.astype(float)
+    for share, col in SHARE_COLUMNS.items():
+        values = churn[col].astype(float) / cap if len(churn) and churn[col].notna().all() else None
+        out[share] = float(values.mean()) if values is not None and len(values) else None
+    out["allocated_share"] = float((churn.allocated_bytes / cap).mean()) if len(churn) else None
+    out["mean_running"] = float(churn.running.mean()) if len(churn) else None
+    out["max_running"] = int(churn.running.max()) if len(churn) else None
+    ooms = ev[ev.kind == "oom"]
+    out["oom_total"] = int(len(ooms))
+    out["oom_fragmentation"] = int((ooms.cause == "fragmentation").sum())
+    out["oom_capacity"] = int((ooms.cause == "capacity").sum())
+    pre = smp.preempted_total.dropna().astype(float).diff().clip(lower=0).sum() if len(smp) else 0
+    out["preemptions"] = int(pre)
+    out["output_tokens_per_s"] = float(req.output_tokens.fillna(0).sum() / window)
+    out["requests_per_s"] = float(len(ok) / window)
+    slo = (ok.ttft_s.fillna(ok.e2e_s) <= cfg.get("slo_ttft_s", 2.0)) & (ok.tpot_s.fillna(0) <= cfg.get(
+        "slo_tpot_s", 0.25))
+    out["goodput_requests_per_s"] = float(slo.sum() / window)
+    out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
+    out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
+    out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
+    out["crashes"] = int((ev.kind == "crash").sum())
+    out["cancelled"] = int((req.status == "cancelled").sum())
+    releases = ev[ev.kind == "cancel_release"]
+    release_s = pd.to_numeric(releases.get("release_s", pd.Series(dtype=float)), errors="coerce")
+    out["cancel_release_p99_s"] = pct(release_s, 0.99)
+    out["requests"] = int(len(req))
+    for status in ("ok", "oom", "rejected", "error", "crashed"):
+        out[f"requests_{status}"] = int((req.status == status).sum())
+    unfinished = (req.status == "error") & (req.error == UNFINISHED)
+    out["requests_unfinished"] = int(unfinished.sum())
+    out["requests_error"] -= out["requests_unfinished"]
+    out["window_s"] = window
+    return out
+
+
+def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
+    meta = load_meta(run_dir)
+    frames = frames or load_frames(run_dir)
+    req, smp, ev = frames["requests"], frames["samples"], frames["events"]
+    engines = list(dict.fromkeys([*meta.get("config", {}).get("engines", []), *req.engine.dropna().unique()]))
+    summary = {"run_id": meta.get("run_id", run_dir.name), "status": meta.get("status", "partial"), "engines": {}}
+    for engine in engines:
+        r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
+        if len(r) or len(s):
+            summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
+    return summary
+
+
+def finalize(run_dir: Path) -> dict:
+    """Parquet files and summary.json from the journals; safe to repeat."""
+    frames = load_frames(run_dir)
+    for kind in ("requests", "samples", "events"):
+        frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
+    summary = summarize(run_dir, frames)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

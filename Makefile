@@ -7,7 +7,7 @@ MODEL_DIR := models/tiny-llama
 # The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup test lint model vllm clean
+.PHONY: setup test lint model vllm bench nightly clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,20 @@ model: $(MODEL_DIR)/config.json
 
 $(MODEL_DIR)/config.json: $(STAMP)
 	$(BIN)/fragbench model build --preset tiny-llama --out $(MODEL_DIR)
+
+# The default CPU comparison: every in-house engine (and vLLM when installed) on mixed-churn, with a
+# KV budget small enough that the naive engines run out.
+comma := ,
+BENCH_ENGINES := hf,static,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
+BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 45
+
+bench: setup model $(if $(BENCH_VLLM),vllm)
+	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL_DIR) $(BENCH_ARGS)
+
+# Nightly: the standard run, then a comparison with the previous one (exit 1 on a regression).
+nightly: bench
+	@runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
+	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2; else echo "nightly: no previous run to compare with"; fi
 
 test: setup
 	$(BIN)/python -m pytest -q

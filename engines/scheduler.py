@@ -15,7 +15,9 @@ from engines.memory import OOMEvent, OutOfMemory
 from engines.model import Chunk
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
-OnOOM = Literal["reject", "crash"]
+# reject: the request fails; crash: the engine goes down; wait: the request waits (or is preempted) and
+# retries once memory frees, as a scheduler that finds free bytes but no extent would do
+OnOOM = Literal["reject", "crash", "wait"]
 
 
 class EngineCrash(RuntimeError):
@@ -68,6 +70,9 @@ class Scheduler:
             if self._allocate(seq, seq.num_tokens, plan):
                 plan.chunks.append(Chunk(seq, seq.num_tokens - 1, seq.num_tokens))
                 budget -= 1
+            elif self.config.on_oom == "wait":
+                self.preempt(seq)
+                plan.preempted.append(seq)
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if not self.kv.can_allocate(seq, seq.num_tokens):
@@ -77,6 +82,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             if not self._allocate(seq, seq.num_tokens, plan):
+                if self.config.on_oom == "wait":
+                    self.waiting.appendleft(seq)
+                    break
                 continue
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -103,8 +111,9 @@ class Scheduler:
             self.oom_events.append((self.clock(), oom.event, self.context()))
             if self.config.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
-            self.finish(seq, FinishReason.OOM)
-            plan.rejected.append(seq)
+            if self.config.on_oom == "reject":
+                self.finish(seq, FinishReason.OOM)
+                plan.rejected.append(seq)
             return False
 
     def context(self) -> dict:

@@ -356,6 +356,46 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if any(r.regressed for r in rows) else 0
 
 
+# -- simulate
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from engines.kv import POLICIES
+    from harness.gpus import GPU, gpu_preset
+    from harness.plan import make_plan
+    from harness.simulate import run_simulation
+
+    shape = shape_or_usage(args.model)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise UsageError(f"--policy: unknown {', '.join(bad) or '(none)'}; policies: {', '.join(POLICIES)}")
+    try:
+        gpu = gpu_preset(args.gpu) if args.gpu else GPU(f"{args.gpu_mem} B", args.gpu_mem, args.hbm_bw, args.peak_flops)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = spec_or_usage(args.workload)
+    max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
+    plan = make_plan(shape, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
+    if not plan.fits:
+        raise UsageError(f"{shape.name} on {gpu.name}: {plan.reason} (see fragbench plan)")
+    if spec.trace is not None:
+        from workloads.traces import TraceError, resolve
+
+        try:
+            resolve(spec.trace.path)
+        except TraceError as e:
+            raise UsageError(str(e)) from None
+    from harness.simreport import render_simulation, render_text
+
+    out = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
+                         args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype)
+    if args.report:
+        render_simulation(out, Path(args.report))
+    for result in out["policies"].values():
+        del result["timeline"]  # drawn in the report; too long for the terminal
+    print(json.dumps(out, indent=2) if args.json else render_text(out))
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -456,6 +496,28 @@ def build_parser() -> Parser:
     cmp_.add_argument("--threshold", type=float, default=10.0, help="percent")
     cmp_.add_argument("--out")
     cmp_.set_defaults(func=cmd_compare)
+
+    sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model")
+    sim.add_argument("--model", required=True, help="model preset or directory")
+    sgpu = sim.add_mutually_exclusive_group(required=True)
+    sgpu.add_argument("--gpu", help="GPU preset")
+    sgpu.add_argument("--gpu-mem", type=size_arg)
+    sim.add_argument("--hbm-bw", type=float, default=2.0e12, help="bytes/s, with --gpu-mem")
+    sim.add_argument("--peak-flops", type=float, default=312e12, help="FLOP/s, with --gpu-mem")
+    sim.add_argument("--workload", required=True, help="preset, spec file or trace file")
+    sim.add_argument("--policy", required=True, help="static-max,static-pow2,static-oracle,growth,paged")
+    sim.add_argument("--block-size", type=positive_int, default=16)
+    sim.add_argument("--placement", choices=["best-fit", "buddy"],
+                     help="arena placement for every policy (default: buddy for static-max/pow2, as the paper)")
+    sim.add_argument("--requests", type=positive_int)
+    sim.add_argument("--max-seq-len", type=positive_int)
+    sim.add_argument("--max-num-seqs", type=positive_int, default=256)
+    sim.add_argument("--gpu-util", type=fraction_arg, default=0.9)
+    sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--report", help="write an HTML page with the breakdown over time")
+    sim.set_defaults(func=cmd_simulate)
     return p
 
 

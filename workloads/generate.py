@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -100,23 +101,39 @@ class Arrivals:
         return self.t
 
 
-def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:
+def length_scale(spec: WorkloadSpec, max_seq_len: int) -> float:
+    return min(1.0, max_seq_len / spec.scale.reference_max_seq_len) if spec.scale else 1.0
+
+
+def has_shared_prefixes(spec: WorkloadSpec) -> bool:
+    return any(c.shared_prefix for c in spec.classes) or (spec.trace is not None and spec.trace.format == "mooncake")
+
+
+def iter_requests(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096,
+                  num_requests: int | None = None, token_ids: bool = True) -> Iterator[TraceRequest]:
+    """The requests one by one, in arrival order. token_ids=False gives placeholder ids of the right lengths
+    (for simulating millions of requests whose content the memory policy never compares)."""
     rng = np.random.default_rng(seed)
-    scale = min(1.0, max_seq_len / spec.scale.reference_max_seq_len) if spec.scale else 1.0
-    out = Trace(spec, seed, max_seq_len, scale,
-                closed_concurrency=spec.arrival.concurrency if spec.arrival.process == "closed" else None)
-    if spec.trace is not None:
-        out.requests = _replay(spec, rng, scale, max_seq_len, vocab_size)
-    else:
-        out.requests = _synthesize(spec, rng, scale, max_seq_len, vocab_size)
-    return out
+    scale = length_scale(spec, max_seq_len)
+    n = num_requests or spec.num_requests
+    gen = _replay if spec.trace is not None else _synthesize
+    return gen(spec, rng, scale, max_seq_len, vocab_size, n, token_ids)
 
 
-def _synthesize(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]:
+def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:
+    return Trace(spec, seed, max_seq_len, length_scale(spec, max_seq_len),
+                 requests=list(iter_requests(spec, seed, max_seq_len, vocab_size)),
+                 closed_concurrency=spec.arrival.concurrency if spec.arrival.process == "closed" else None)
+
+
+def _body(rng, length: int, vocab_size: int, token_ids: bool) -> list[int]:
+    return rng.integers(FIRST_ID, vocab_size, length).tolist() if token_ids else [FIRST_ID] * length
+
+
+def _synthesize(spec, rng, scale, max_seq_len, vocab_size, n, token_ids) -> Iterator[TraceRequest]:
     weights = np.array([c.weight for c in spec.classes])
     arrivals = Arrivals(spec, rng)
-    requests = []
-    for i in range(spec.num_requests):
+    for i in range(n):
         cls: RequestClass = spec.classes[rng.choice(len(weights), p=weights / weights.sum())]
         prompt_len, output_len = fit(draw_length(cls.prompt, rng), draw_length(cls.output, rng), scale, max_seq_len)
         prefix: list[int] = []
@@ -125,7 +142,7 @@ def _synthesize(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]
             group = int(rng.integers(sp.groups))
             prefix = ids_for((spec.name, cls.name, group), min(max(1, round(sp.tokens * scale)), prompt_len),
                              vocab_size)
-        body = rng.integers(FIRST_ID, vocab_size, prompt_len - len(prefix)).tolist()
+        body = _body(rng, prompt_len - len(prefix), vocab_size, token_ids)
         req = TraceRequest(
             request_id=f"r{i:06d}",
             arrival_s=round(arrivals.next(), 6) if spec.arrival.process != "closed" else 0.0,
@@ -137,8 +154,7 @@ def _synthesize(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]
             temperature=cls.temperature,
         )
         _churn(req, cls.cancel, cls.slow_readers, rng)
-        requests.append(req)
-    return requests
+        yield req
 
 
 def _churn(req: TraceRequest, cancel, slow, rng) -> None:
@@ -153,30 +169,30 @@ def _churn(req: TraceRequest, cancel, slow, rng) -> None:
         req.read_delay_s = slow.read_delay_s
 
 
-def _replay(spec, rng, scale, max_seq_len, vocab_size) -> list[TraceRequest]:
+def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids) -> Iterator[TraceRequest]:
+    """The trace's rows in order; past its end it starts over, one trace-length later (and one mean gap)."""
     rows = [r for r in _rows(spec.trace.path, spec.trace.format) if r.t_s >= spec.trace.start_s]
-    rows = rows[: spec.num_requests]
     rate_scale = spec.scale.rate if spec.scale else 1.0
     arrivals = Arrivals(spec, rng)
     t0 = rows[0].t_s
+    period = rows[-1].t_s - t0 + (rows[-1].t_s - t0) / max(1, len(rows) - 1)
     block = max(1, round(MOONCAKE_BLOCK_TOKENS * scale))
-    requests = []
-    for i, row in enumerate(rows):
+    for i in range(n):
+        row = rows[i % len(rows)]
         prompt_len, output_len = fit(row.input_tokens, row.output_tokens, scale, max_seq_len)
-        if row.hash_ids:  # each 512-token block becomes `block` ids fixed by its hash id
+        if row.hash_ids and token_ids:  # each 512-token block becomes `block` ids fixed by its hash id
             ids = [t for h in row.hash_ids for t in ids_for(("mooncake", h), block, vocab_size)]
-            prompt = (ids + rng.integers(FIRST_ID, vocab_size, prompt_len).tolist())[:prompt_len]
+            prompt = (ids + _body(rng, prompt_len, vocab_size, token_ids))[:prompt_len]
         else:
-            prompt = rng.integers(FIRST_ID, vocab_size, prompt_len).tolist()
+            prompt = _body(rng, prompt_len, vocab_size, token_ids)
         if spec.arrival.process == "trace":
-            arrival = (row.t_s - t0) * spec.arrival.time_scale / rate_scale
+            arrival = (row.t_s - t0 + (i // len(rows)) * period) * spec.arrival.time_scale / rate_scale
         else:
             arrival = arrivals.next() if spec.arrival.process != "closed" else 0.0
         req = TraceRequest(f"r{i:06d}", round(arrival, 6), spec.name, prompt, output_len,
                            stream=bool(rng.random() < spec.stream))
         _churn(req, spec.cancel, None, rng)
-        requests.append(req)
-    return requests
+        yield req
 
 
 def describe(t: Trace) -> str:

@@ -114,6 +114,7 @@ class WorkloadSpec(Strict):
     description: str = ""
     attribution: str = ""
     num_requests: int = Field(200, ge=1)
+    max_seq_len: int | None = Field(None, ge=2)  # the context the workload is defined for, when it fixes one
     arrival: Arrival
     classes: list[RequestClass] = Field(default_factory=list)
     trace: TraceSource | None = None  # replay a real trace: its lengths and, with process trace, its times

@@ -55,7 +55,9 @@ class KVStats:
 
 
 def seq_accounting(allocated_tokens: int, live_tokens: int, final_len: int) -> tuple[int, int, int]:
-    """(token states, reservation, internal fragmentation) of one allocation, in tokens."""
+    """(token states, reservation, internal fragmentation) of one allocation, in tokens. A token whose
+    slot is not allocated yet (sampled, KV not computed) holds no bytes."""
+    live_tokens = min(live_tokens, allocated_tokens)
     used_eventually = min(allocated_tokens, max(final_len, live_tokens))
     return live_tokens, used_eventually - live_tokens, allocated_tokens - used_eventually
 
@@ -118,6 +120,15 @@ class KVPolicy(ABC):
         if n and self.memory.backed:
             view = self.plane_view()
             view[:, dst : dst + n] = view[:, src : src + n]
+
+    @abstractmethod
+    def slack_tokens(self, seq: SeqLike) -> int:
+        """Tokens seq can still add before the policy must allocate for it."""
+
+    def decode_headroom(self, seqs: list[SeqLike]) -> int:
+        """Decode steps every one of seqs can take with each allocation certain to succeed (>= 1):
+        a scheduler may take that many steps before it asks the policy again."""
+        return max(1, min((self.slack_tokens(s) + 1 for s in seqs), default=1))
 
     def num_cached_tokens(self, seq: SeqLike) -> int:
         """Leading tokens whose KV the policy already holds (prefix cache hits)."""

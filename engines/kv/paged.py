@@ -131,6 +131,15 @@ class PagedKV(KVPolicy):
         if parent.seq_id in self.hash_chain:
             self.hash_chain[child.seq_id] = self.hash_chain[parent.seq_id]
 
+    def slack_tokens(self, seq: SeqLike) -> int:
+        return max(0, len(self.tables.get(seq.seq_id, ())) * self.block_size - seq.num_tokens)
+
+    def decode_headroom(self, seqs: list[SeqLike]) -> int:
+        """Any free block serves any sequence: in k steps each crosses at most ceil(k / block_size) block
+        boundaries (plus one copy-on-write), so block_size x (free blocks // sequences - 1) steps cannot run out."""
+        pool_steps = self.block_size * (self.pool.num_free // max(1, len(seqs)) - 1)
+        return max(super().decode_headroom(seqs), pool_steps)
+
     def num_cached_tokens(self, seq: SeqLike) -> int:
         return self.cached_tokens.get(seq.seq_id, 0)
 

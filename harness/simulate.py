@@ -1,0 +1,243 @@
+"""`fragbench simulate`: the engines' KV policies and scheduler, unchanged, driven by a roofline step-time
+model instead of a model runner, at real-model scale.
+
+Event-driven: after each scheduling decision the running sequences decode together for as many steps as
+the policy guarantees no allocation can fail (`decode_headroom`), up to the next arrival or finish; the
+step times of that stretch are summed in closed form. Memory accounting is time-weighted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.kv import GrowthKV, KVPolicy, PagedKV, StaticKV
+from engines.kv.base import Breakdown
+from engines.memory import Arena
+from engines.scheduler import Scheduler, SchedulerConfig
+from engines.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from engines.shapes import DTYPE_BYTES, ModelShape
+from harness.gpus import GPU
+from harness.plan import Plan
+from workloads.generate import TraceRequest, has_shared_prefixes, iter_requests
+from workloads.spec import WorkloadSpec
+
+PAPER_PLACEMENT = {"static-max": "buddy", "static-pow2": "buddy", "static-oracle": "best-fit", "growth": "best-fit",
+                   "paged": "best-fit"}
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Roofline: a step takes the longer of moving its bytes (weights + KV read) over HBM and doing its
+    FLOPs (2 x params per token + attention) at peak."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int
+    params: int
+    attn_flops_per_ctx_token: int  # 4 x layers x heads x head_dim per (query, key) pair
+    hbm_bytes_per_s: float
+    peak_flops: float
+
+    @classmethod
+    def of(cls, shape: ModelShape, dtype: str, gpu: GPU) -> StepModel:
+        return cls(shape.weights_bytes(dtype), shape.kv_bytes_per_token(dtype), shape.num_params,
+                   4 * shape.num_layers * shape.num_heads * shape.head_dim, gpu.hbm_bytes_per_s, gpu.peak_bf16_flops)
+
+    def step_s(self, tokens: np.ndarray | float, context_read: np.ndarray | float,
+               attn_pairs: np.ndarray | float) -> np.ndarray | float:
+        memory = (self.weights_bytes + self.kv_bytes_per_token * context_read) / self.hbm_bytes_per_s
+        compute = (2 * self.params * tokens + self.attn_flops_per_ctx_token * attn_pairs) / self.peak_flops
+        return np.maximum(memory, compute)
+
+    def constants(self) -> dict:
+        return {"weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "params": self.params, "attn_flops_per_query_key": self.attn_flops_per_ctx_token,
+                "hbm_bytes_per_s": self.hbm_bytes_per_s, "peak_flops": self.peak_flops}
+
+
+def make_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
+                placement: str | None) -> KVPolicy:
+    placement = placement or PAPER_PLACEMENT[name]
+    arena = Arena(budget_bytes, placement=placement, backing_device=None)
+    if name == "paged":
+        return PagedKV(arena, kvb, max_seq_len, block_size)
+    if name == "growth":
+        return GrowthKV(arena, kvb, max_seq_len)
+    return StaticKV(arena, kvb, max_seq_len, name.removeprefix("static-"), preflight=True)
+
+
+@dataclass
+class Track:
+    arrival_s: float
+    target: int
+    first_s: float | None = None
+    end_s: float | None = None
+    status: str = ""
+
+
+@dataclass
+class Accumulator:
+    """Time integrals of the breakdown and of the running count."""
+
+    capacity: int
+    seconds: float = 0.0
+    bytes_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
+    running_s: float = 0.0
+    max_running: int = 0
+    timeline: list[tuple] = field(default_factory=list)
+    next_sample_s: float = 0.0
+
+    def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
+        mid = (np.array(astuple(before)) + np.array(astuple(after))) / 2
+        self.bytes_s += mid * dt
+        self.seconds += dt
+        self.running_s += running * dt
+        self.max_running = max(self.max_running, running)
+        if t >= self.next_sample_s:
+            self.timeline.append((t, *(np.array(astuple(after)) / self.capacity), running))
+            self.next_sample_s = t + every_s
+
+
+def astuple(b: Breakdown) -> tuple[int, ...]:
+    return (b.token_states_bytes, b.reservation_bytes, b.internal_fragmentation_bytes,
+            b.external_fragmentation_bytes, b.free_bytes)
+
+
+def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
+                    placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float) -> dict:
+    kv = make_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement)
+    if isinstance(kv, PagedKV):
+        kv.prefix_caching = prefix_caching
+    capacity = kv.stats().kv_capacity_bytes
+    sched = Scheduler(kv, SchedulerConfig(max_num_seqs=max_num_seqs,
+                                          max_num_batched_tokens=max(8192, plan.max_seq_len), on_oom="wait"))
+    tracks: dict[str, Track] = {}
+    done: list[Track] = []
+    acc = Accumulator(capacity)
+    t, started = 0.0, time.perf_counter()
+    pending = next(requests, None)
+    while True:
+        while pending is not None and pending.arrival_s <= t:
+            seq = Sequence(pending.request_id, pending.prompt_ids, SamplingParams(pending.max_tokens),
+                           plan.max_seq_len, arrival_s=pending.arrival_s)
+            tracks[seq.seq_id] = Track(pending.arrival_s, pending.max_tokens)
+            sched.add(seq)
+            pending = next(requests, None)
+        if not sched.has_work():
+            if pending is None:
+                break
+            t = pending.arrival_s
+            continue
+        step = sched.schedule()
+        before = kv.breakdown(sched.running)  # the interval starts with this step's admissions
+        for seq in step.rejected:
+            tracks[seq.seq_id].status, tracks[seq.seq_id].end_s = "oom", t
+        if not step.chunks:  # nothing fits and nothing runs: wait for the world to change
+            if pending is None:
+                break
+            t = max(t, pending.arrival_s)
+            continue
+        # the first step: prefills and decodes as scheduled
+        tokens = sum(c.end - c.start for c in step.chunks)
+        ctx = sum(c.end for c in step.chunks)
+        pairs = sum((c.end - c.start) * (c.start + c.end + 1) / 2 for c in step.chunks)
+        dt = float(model.step_s(tokens, ctx, pairs))
+        t += dt
+        for c in step.chunks:
+            advance(c.seq, 1, t, tracks)
+        # then the running sequences decode together until something must be decided again
+        running = [s for s in sched.running if s.status == SeqStatus.RUNNING]
+        if running:
+            k = min(kv.decode_headroom(running), min(s.params.max_tokens - len(s.output_ids) for s in running))
+            k -= 1  # the first step above was one of them
+            if k > 0:
+                batch = len(running)
+                ctx0 = sum(s.num_tokens for s in running)
+                steps = model.step_s(batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
+                ends = t + np.cumsum(steps)
+                if pending is not None:  # stop at the next arrival: it may be admitted
+                    k = min(k, int(np.searchsorted(ends, pending.arrival_s)) + 1)
+                dt_more = float(ends[k - 1] - t)
+                t += dt_more
+                dt += dt_more
+                for s in running:
+                    advance(s, k, t, tracks)
+                    if len(s.output_ids) < s.params.max_tokens:  # the slots an engine would have taken on the way
+                        kv.allocate(s, s.num_tokens - 1)
+        # the interval ends with every sequence still holding its memory: retire the finished after
+        acc.add(before, kv.breakdown(sched.running), len(step.chunks), dt, t, sample_every_s)
+        for s in [s for s in sched.running if len(s.output_ids) >= s.params.max_tokens]:
+            sched.finish(s, FinishReason.LENGTH)
+            tracks[s.seq_id].end_s, tracks[s.seq_id].status = t, "ok"
+        finished = [sid for sid, tr in tracks.items() if tr.status]
+        for sid in finished:  # keep what the percentiles need, not the sequences
+            done.append(tracks.pop(sid))
+    return result(name, kv, sched, done + list(tracks.values()), acc, t, time.perf_counter() - started, placement or PAPER_PLACEMENT[name])
+
+
+def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> None:
+    """steps decoded tokens (their values do not matter to the memory policy)."""
+    if steps <= 0:
+        return
+    track = tracks[seq.seq_id]
+    if track.first_s is None:
+        track.first_s = t
+    seq.token_ids.extend([0] * steps)
+    seq.num_computed_tokens = seq.num_tokens - 1
+
+
+def result(name: str, kv: KVPolicy, sched: Scheduler, tracks: list[Track], acc: Accumulator, t: float,
+           wall_s: float, placement: str) -> dict:
+    seconds = acc.seconds or 1e-12
+    shares = acc.bytes_s / seconds / acc.capacity
+    done = [tr for tr in tracks if tr.status == "ok"]
+    ttft = np.array([tr.first_s - tr.arrival_s for tr in done])
+    e2e = np.array([tr.end_s - tr.arrival_s for tr in done])
+    tpot = np.array([(tr.end_s - tr.first_s) / (tr.target - 1) for tr in done if tr.target > 1])
+
+    def pct(x: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(x, q)) if len(x) else None
+
+    ooms = [e for _, e, _ in sched.oom_events]
+    return {
+        "policy": name, "placement": placement,
+        "token_states_share": float(shares[0]), "reservation_share": float(shares[1]),
+        "internal_fragmentation_share": float(shares[2]), "external_fragmentation_share": float(shares[3]),
+        "free_share": float(shares[4]),
+        "mean_running": acc.running_s / seconds, "max_running": acc.max_running,
+        "oom_total": len(ooms), "oom_fragmentation": sum(e.cause == "fragmentation" for e in ooms),
+        "preemptions": sched.preempted_total,
+        "output_tokens_per_s": sum(tr.target for tr in done) / (t or 1e-12),
+        "requests_completed": len(done), "requests_oom": sum(tr.status == "oom" for tr in tracks),
+        "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_s": pct(tpot, 50),
+        "tpot_p99_s": pct(tpot, 99), "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99),
+        "simulated_s": t, "wall_s": wall_s, "kv_capacity_bytes": acc.capacity,
+        "first_oom_running": first_oom_running(sched),
+        "timeline": acc.timeline,
+    }
+
+
+def first_oom_running(sched: Scheduler) -> int | None:
+    return sched.oom_events[0][2]["running"] if sched.oom_events else None
+
+
+def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, policies: list[str],
+                   block_size: int, placement: str | None, num_requests: int, seed: int = 0,
+                   max_num_seqs: int = 256, dtype: str = "float16") -> dict:
+    model = StepModel.of(shape, dtype, gpu)
+    shared = has_shared_prefixes(spec)
+    out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
+           "kv_budget_bytes": plan.kv_budget_bytes, "max_seq_len": plan.max_seq_len, "block_size": block_size,
+           "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
+           "step_model": model.constants(), "policies": {}}
+    for name in policies:
+        requests = iter_requests(spec, seed, plan.max_seq_len, shape.vocab_size, num_requests, token_ids=shared)
+        out["policies"][name] = simulate_policy(name, requests, plan, model, block_size, placement, max_num_seqs,
+                                                shared, sample_every_s=1.0)
+    return out
+
+
+__all__ = ["PAPER_PLACEMENT", "StepModel", "run_simulation"]

@@ -1,0 +1,135 @@
+"""fragbench bench end to end (short form), its report in a headless browser, partial runs, compare."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.report import SECTIONS
+from harness.results import EVENT_COLUMNS, REQUEST_COLUMNS, SAMPLE_COLUMNS
+from tests.conftest import ROOT, run_cli
+
+SUMMARY_FIELDS = {
+    "token_states_share", "reservation_share", "internal_fragmentation_share", "external_fragmentation_share",
+    "free_share", "mean_running", "max_running", "oom_total", "oom_fragmentation", "preemptions",
+    "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "crashes",
+    "cancelled", "cancel_release_p99_s",
+}
+
+
+def bench_args(tiny_model, out: Path, run_id: str, duration: str = "10") -> list[str]:
+    return ["bench", "--engines", "hf,static,paged", "--model", str(tiny_model), "--duration", duration,
+            "--grace", "5", "--kv-budget", "16MiB", "--out", str(out / "results"), "--reports",
+            str(out / "reports"), "--run-id", run_id]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    r = run_cli(*bench_args(tiny_model, out, "t1"), timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out / "results" / "t1", out / "reports" / "t1.html"
+
+
+def test_bench_writes_every_result_file(run):
+    run_dir, report = run
+    for name in ("run.json", "requests.parquet", "samples.parquet", "events.parquet", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    assert report.is_file()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    for name, columns in (("requests", REQUEST_COLUMNS), ("samples", SAMPLE_COLUMNS), ("events", EVENT_COLUMNS)):
+        df = pd.read_parquet(run_dir / f"{name}.parquet")
+        assert set(columns) <= set(df.columns), name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run_id"] == "t1" and summary["status"] == "complete"
+    assert set(summary["engines"]) == {"hf", "static", "paged"}
+    for s in summary["engines"].values():
+        assert SUMMARY_FIELDS <= set(s)
+        shares = [s[k] for k in SUMMARY_FIELDS if k.endswith("_share")]
+        assert abs(sum(shares) - 1) < 1e-6
+
+
+def test_paged_packs_memory_and_naive_engines_oom(run):
+    run_dir, _ = run
+    engines = json.loads((run_dir / "summary.json").read_text())["engines"]
+    assert engines["paged"]["token_states_share"] > 2 * engines["static"]["token_states_share"]
+    assert engines["paged"]["max_running"] > engines["static"]["max_running"]
+    events = pd.read_parquet(run_dir / "events.parquet")
+    ooms = events[events.kind == "oom"]
+    assert len(ooms) > 0 and set(ooms.cause) <= {"capacity", "fragmentation"}
+    assert engines["hf"]["oom_total"] + engines["static"]["oom_total"] == len(ooms)
+
+
+def test_report_shows_the_summary_numbers(run):
+    run_dir, report = run
+    html = report.read_text()
+    for sid in SECTIONS:
+        assert f'id="{sid}"' in html, sid
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for s in summary["engines"].values():
+        assert f"{s['output_tokens_per_s']:.2f}" in html
+    assert "cdn.plot.ly" not in html.split("</script>", 1)[1]  # plotly.js is inlined, not fetched
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it with apt)")
+def test_report_renders_offline_in_headless_chromium(run, tmp_path):
+    _, report = run
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path}",
+           "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
+           "--virtual-time-budget=15000", "--dump-dom", report.resolve().as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    for sid in SECTIONS:
+        assert f'id="{sid}"' in dom, sid
+    assert dom.count('class="main-svg"') >= 8  # plotly drew its figures, offline
+
+
+def test_kill_9_mid_run_leaves_a_partial_run_that_reports(tiny_model, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *bench_args(tiny_model, tmp_path, "killed", "60")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = tmp_path / "results" / "killed"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        journals = list(run_dir.glob("engines/*/requests*.jsonl"))
+        if journals and sum(len(p.read_text().splitlines()) for p in journals) >= 3:
+            break
+        time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the bench, its server and its load generator
+    proc.wait()
+    r = run_cli("report", str(run_dir), "--out", str(tmp_path / "partial.html"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "partial.html").read_text()
+    assert "PARTIAL RUN" in html and 'id="verdict"' in html
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "partial"
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 3
+
+
+def fake_run(path: Path, tok_s: float, ttft: float) -> Path:
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
+    engines = {"paged": {"output_tokens_per_s": tok_s, "ttft_p99_s": ttft, "token_states_share": 0.9}}
+    (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete", "engines": engines}))
+    return path
+
+
+def test_compare_fails_on_a_regression_beyond_the_threshold(tmp_path):
+    base = fake_run(tmp_path / "base", 100.0, 1.0)
+    same = fake_run(tmp_path / "same", 95.0, 1.05)
+    slow = fake_run(tmp_path / "slow", 70.0, 1.0)
+    ok = run_cli("compare", str(base), str(same), "--threshold", "10", "--out", str(tmp_path / "a.html"))
+    assert ok.returncode == 0, ok.stdout
+    bad = run_cli("compare", str(base), str(slow), "--threshold", "10", "--out", str(tmp_path / "b.html"))
+    assert bad.returncode == 1 and "REGRESSION" in bad.stdout
+    assert (tmp_path / "b.html").is_file()
+    assert run_cli("compare", str(base), str(tmp_path / "nope")).returncode == 2

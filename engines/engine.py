@@ -185,7 +185,7 @@ class ScheduledEngine(Engine):
         reason = None
         if not seq.params.ignore_eos and token == self.eos_token_id:
             reason = FinishReason.STOP
-        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             reason = FinishReason.LENGTH
         if reason is not None:
             self.scheduler.finish(seq, reason)

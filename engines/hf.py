@@ -134,7 +134,7 @@ class HFEngine(Engine):
         seq.token_ids.append(token)
         if not seq.params.ignore_eos and token == self.eos_token_id:
             self._finish(seq, FinishReason.STOP, token)
-        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             self._finish(seq, FinishReason.LENGTH, token)
         else:
             self._emit(seq, token, False)

@@ -88,13 +88,13 @@ class HFContinuousBatchingEngine(Engine):
         if result.error:
             self._end(seq, FinishReason.OOM, None)
             return
-        for token in result.generated_tokens[len(seq.output_ids) :]:
+        for token in result.generated_tokens[seq.num_output_tokens :]:
             seq.token_ids.append(token)
             self.steps += 1
             if not seq.params.ignore_eos and token == self.eos_token_id:
                 self.manager.cancel_request(seq.seq_id)
                 return self._end(seq, FinishReason.STOP, token)
-            if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
                 return self._end(seq, FinishReason.LENGTH, token)
             self._emit(seq, token, False)
         if result.is_finished():

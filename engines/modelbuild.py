@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from engines.shapes import DTYPE_BYTES, ModelShape, preset_config
+from engines.shapes import BUILD_DTYPES, ModelShape, preset_config
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: the Llama convention
 # Building holds the weights once in memory and once more while serializing.
@@ -65,8 +65,8 @@ def build_model(preset: str, out: Path, dtype: str = "float32", seed: int = 0) -
 
     cfg = dict(preset_config(preset))
     shape = ModelShape.from_config(preset, cfg)
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, not {dtype!r}")
+    if dtype not in BUILD_DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(BUILD_DTYPES)}, not {dtype!r}")
     check_fits_in_ram(shape, dtype)
     # The built tokenizer defines the special ids, whatever the original model used.
     cfg.update(bos_token_id=1, eos_token_id=2, torch_dtype=dtype, dtype=dtype)

@@ -48,6 +48,9 @@ class Sequence:
             self.token_ids = list(self.prompt_ids)
         if not self.request_id:
             self.request_id = self.seq_id
+        self._num_prompt_tokens = len(self.prompt_ids)
+        # where it ends unless it stops early: the KV accounting's "final length" (fixed at creation)
+        self.final_len = min(self._num_prompt_tokens + self.params.max_tokens, self.max_seq_len)
 
     @property
     def num_tokens(self) -> int:
@@ -55,16 +58,15 @@ class Sequence:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+        return self._num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self._num_prompt_tokens
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_ids) :]
-
-    @property
-    def final_len(self) -> int:
-        """Where it ends unless it stops early: the KV accounting's 'final length'."""
-        return min(self.num_prompt_tokens + self.params.max_tokens, self.max_seq_len)
+        return self.token_ids[self._num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # float8: planning only
+BUILD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelNotFound(ValueError):

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from engines.shapes import DTYPE_BYTES, ModelNotFound, load_shape, preset_names
+from engines.shapes import BUILD_DTYPES, DTYPE_BYTES, ModelNotFound, load_shape, preset_names
 from harness.units import parse_size
 
 
@@ -387,7 +387,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from harness.simreport import render_simulation, render_text
 
     out = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
-                         args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype)
+                         args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
+                         preflight=not args.no_preflight)
     if args.report:
         render_simulation(out, Path(args.report))
     for result in out["policies"].values():
@@ -407,7 +408,7 @@ def build_parser() -> Parser:
     build = model.add_parser("build", help="write a model directory with random weights")
     build.add_argument("--preset", required=True)
     build.add_argument("--out", required=True)
-    build.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES))
+    build.add_argument("--dtype", default="float32", choices=list(BUILD_DTYPES))
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=cmd_model_build)
 
@@ -515,6 +516,8 @@ def build_parser() -> Parser:
     sim.add_argument("--gpu-util", type=fraction_arg, default=0.9)
     sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--no-preflight", action="store_true",
+                     help="static policies admit without checking free bytes (a naive server) and reject on OOM")
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--report", help="write an HTML page with the breakdown over time")
     sim.set_defaults(func=cmd_simulate)

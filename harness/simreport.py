@@ -19,7 +19,9 @@ def render_text(out: dict) -> str:
         f"simulate {out['model']} on {out['gpu']} ({out['dtype']}), workload {out['workload']}, "
         f"{out['requests']} requests, seed {out['seed']}",
         f"  KV budget {out['kv_budget_bytes'] / 2**30:.2f} GiB, max_seq_len {out['max_seq_len']}, "
-        f"blocks of {out['block_size']}, prefix caching {'on' if out['prefix_caching'] else 'off'}",
+        f"blocks of {out['block_size']}, prefix caching {'on' if out['prefix_caching'] else 'off'}, static "
+        + ("admission waits for free bytes (Orca)" if out["static_preflight"] else
+           "admission without a memory check (naive), OOM rejects"),
         "  step time = max((weights + KV read) / HBM, FLOPs / peak): weights "
         f"{sm['weights_bytes']:,} B, KV {sm['kv_bytes_per_token']:,} B/token, {sm['params']:,} params, "
         f"{sm['attn_flops_per_query_key']:,} attention FLOP per query-key pair, HBM {sm['hbm_bytes_per_s']:.3g} B/s, "
@@ -37,6 +39,9 @@ def render_text(out: dict) -> str:
             f"{r['oom_total']:>7} ({r['oom_fragmentation']}){r['preemptions']:>9}{r['output_tokens_per_s']:>11.0f}"
             f"{ttft:>10}{tpot:>10}{r['wall_s']:>8.1f}")
     lines.append("  shares are % of KV capacity, time-weighted over the simulated run")
+    for name, r in out["policies"].items():
+        if r["first_oom_running"] is not None:
+            lines.append(f"  {name}: first OOM with {r['first_oom_running']} sequences running")
     return "\n".join(lines)
 
 

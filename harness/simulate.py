@@ -59,14 +59,14 @@ class StepModel:
 
 
 def make_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
-                placement: str | None) -> KVPolicy:
+                placement: str | None, preflight: bool = True) -> KVPolicy:
     placement = placement or PAPER_PLACEMENT[name]
     arena = Arena(budget_bytes, placement=placement, backing_device=None)
     if name == "paged":
         return PagedKV(arena, kvb, max_seq_len, block_size)
     if name == "growth":
         return GrowthKV(arena, kvb, max_seq_len)
-    return StaticKV(arena, kvb, max_seq_len, name.removeprefix("static-"), preflight=True)
+    return StaticKV(arena, kvb, max_seq_len, name.removeprefix("static-"), preflight=preflight)
 
 
 @dataclass
@@ -107,13 +107,16 @@ def astuple(b: Breakdown) -> tuple[int, ...]:
 
 
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
-                    placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float) -> dict:
-    kv = make_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement)
+                    placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
+                    preflight: bool = True) -> dict:
+    kv = make_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
+                     preflight)
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
     capacity = kv.stats().kv_capacity_bytes
     sched = Scheduler(kv, SchedulerConfig(max_num_seqs=max_num_seqs,
-                                          max_num_batched_tokens=max(8192, plan.max_seq_len), on_oom="wait"))
+                                          max_num_batched_tokens=max(8192, plan.max_seq_len),
+                                          on_oom="wait" if preflight else "reject"))
     tracks: dict[str, Track] = {}
     done: list[Track] = []
     acc = Accumulator(capacity)
@@ -134,7 +137,9 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         step = sched.schedule()
         before = kv.breakdown(sched.running)  # the interval starts with this step's admissions
         for seq in step.rejected:
-            tracks[seq.seq_id].status, tracks[seq.seq_id].end_s = "oom", t
+            track = tracks.pop(seq.seq_id)
+            track.status, track.end_s = "oom", t
+            done.append(track)
         if not step.chunks:  # nothing fits and nothing runs: wait for the world to change
             if pending is None:
                 break
@@ -151,31 +156,33 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         # then the running sequences decode together until something must be decided again
         running = [s for s in sched.running if s.status == SeqStatus.RUNNING]
         if running:
-            k = min(kv.decode_headroom(running), min(s.params.max_tokens - len(s.output_ids) for s in running))
+            k = min(kv.decode_headroom(running), min(s.params.max_tokens - s.num_output_tokens for s in running))
             k -= 1  # the first step above was one of them
             if k > 0:
                 batch = len(running)
                 ctx0 = sum(s.num_tokens for s in running)
                 steps = model.step_s(batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
                 ends = t + np.cumsum(steps)
-                if pending is not None:  # stop at the next arrival: it may be admitted
+                # stop at the next arrival only if it could be admitted: not behind a queue, not over the cap
+                admissible = not sched.waiting and len(sched.running) < sched.config.max_num_seqs
+                if pending is not None and admissible:
                     k = min(k, int(np.searchsorted(ends, pending.arrival_s)) + 1)
                 dt_more = float(ends[k - 1] - t)
                 t += dt_more
                 dt += dt_more
                 for s in running:
                     advance(s, k, t, tracks)
-                    if len(s.output_ids) < s.params.max_tokens:  # the slots an engine would have taken on the way
+                    if s.num_output_tokens < s.params.max_tokens:  # the slots an engine would have taken on the way
                         kv.allocate(s, s.num_tokens - 1)
         # the interval ends with every sequence still holding its memory: retire the finished after
         acc.add(before, kv.breakdown(sched.running), len(step.chunks), dt, t, sample_every_s)
-        for s in [s for s in sched.running if len(s.output_ids) >= s.params.max_tokens]:
+        for s in [s for s in sched.running if s.num_output_tokens >= s.params.max_tokens]:
             sched.finish(s, FinishReason.LENGTH)
-            tracks[s.seq_id].end_s, tracks[s.seq_id].status = t, "ok"
-        finished = [sid for sid, tr in tracks.items() if tr.status]
-        for sid in finished:  # keep what the percentiles need, not the sequences
-            done.append(tracks.pop(sid))
-    return result(name, kv, sched, done + list(tracks.values()), acc, t, time.perf_counter() - started, placement or PAPER_PLACEMENT[name])
+            track = tracks.pop(s.seq_id)  # keep what the percentiles need, not the sequence
+            track.end_s, track.status = t, "ok"
+            done.append(track)
+    wall_s = time.perf_counter() - started
+    return result(name, sched, done + list(tracks.values()), acc, t, wall_s, placement or PAPER_PLACEMENT[name])
 
 
 def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> None:
@@ -189,7 +196,7 @@ def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> No
     seq.num_computed_tokens = seq.num_tokens - 1
 
 
-def result(name: str, kv: KVPolicy, sched: Scheduler, tracks: list[Track], acc: Accumulator, t: float,
+def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t: float,
            wall_s: float, placement: str) -> dict:
     seconds = acc.seconds or 1e-12
     shares = acc.bytes_s / seconds / acc.capacity
@@ -226,17 +233,18 @@ def first_oom_running(sched: Scheduler) -> int | None:
 
 def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, policies: list[str],
                    block_size: int, placement: str | None, num_requests: int, seed: int = 0,
-                   max_num_seqs: int = 256, dtype: str = "float16") -> dict:
+                   max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True) -> dict:
     model = StepModel.of(shape, dtype, gpu)
     shared = has_shared_prefixes(spec)
     out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
            "kv_budget_bytes": plan.kv_budget_bytes, "max_seq_len": plan.max_seq_len, "block_size": block_size,
            "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
+           "static_preflight": preflight,
            "step_model": model.constants(), "policies": {}}
     for name in policies:
         requests = iter_requests(spec, seed, plan.max_seq_len, shape.vocab_size, num_requests, token_ids=shared)
         out["policies"][name] = simulate_policy(name, requests, plan, model, block_size, placement, max_num_seqs,
-                                                shared, sample_every_s=1.0)
+                                                shared, sample_every_s=1.0, preflight=preflight)
     return out
 
 

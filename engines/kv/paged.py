@@ -216,6 +216,8 @@ class PagedKV(KVPolicy):
     # -- internals
     def _blocks_needed(self, seq: SeqLike, num_tokens: int) -> int:
         table = self.tables.get(seq.seq_id)
+        if table is not None and num_tokens <= len(table) * self.block_size:  # decode within its last block
+            return 1 if table[(num_tokens - 1) // self.block_size].ref_count > 1 else 0
         total = -(-num_tokens // self.block_size)
         if table is None:
             hits = self._lookup_prefix(seq, num_tokens)
@@ -265,7 +267,10 @@ class PagedKV(KVPolicy):
             return
         bs = self.block_size
         done, parent = self.hash_chain.get(seq.seq_id, (0, None))
-        for i in range(done, min(num_tokens, len(seq.token_ids)) // bs):
+        full = min(num_tokens, len(seq.token_ids)) // bs
+        if full <= done:
+            return
+        for i in range(done, full):
             parent = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
             self.pool.register(table[i], parent)
             done = i + 1

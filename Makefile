@@ -7,7 +7,7 @@ MODEL_DIR := models/tiny-llama
 # The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup test lint model vllm bench nightly clean
+.PHONY: setup test lint model vllm bench nightly stress clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,10 @@ bench: setup model $(if $(BENCH_VLLM),vllm)
 nightly: bench
 	@runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
 	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2; else echo "nightly: no previous run to compare with"; fi
+
+# The long forms of the reliability checks, with their figures (leaks, 5xx and lost rows must be 0).
+stress: setup model
+	$(BIN)/python benchmarks/stress.py
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -57,14 +57,21 @@ class Engine(ABC):
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []  # when, what, the engine's state then
         self.finished_total: dict[str, int] = {r.value: 0 for r in FinishReason}
         self.abort_release_s: list[float] = []
+        self.abort_release_steps: list[int] = []  # engine steps between the abort's arrival and the free
+        self.steps = 0  # scheduling iterations (for the naive engine: batches, the unit it frees memory in)
         self.by_request: dict[str, list[Sequence]] = {}
 
     @abstractmethod
     def add_request(self, request: Request) -> list[Sequence]: ...
 
     @abstractmethod
-    def abort(self, request_id: str, requested_at: float | None = None) -> None:
-        """Free the request's KV in the current step; `requested_at` (monotonic) times the release."""
+    def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
+        """Free the request's KV in the current step; `requested_at` (monotonic) and `steps_at` (self.steps
+        when the abort was asked for) time the release."""
+
+    def _released(self, requested_at: float | None, steps_at: int | None) -> None:
+        self.abort_release_s.append(time.monotonic() - (requested_at or time.monotonic()))
+        self.abort_release_steps.append(self.steps - (self.steps if steps_at is None else steps_at))
 
     @abstractmethod
     def step(self) -> None:
@@ -108,7 +115,6 @@ class ScheduledEngine(Engine):
         self.eos_token_id = eos[0] if isinstance(eos, list) else eos
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
-        self.steps = 0
 
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
@@ -133,13 +139,12 @@ class ScheduledEngine(Engine):
         self.scheduler.add(seq)
         return [seq]
 
-    def abort(self, request_id: str, requested_at: float | None = None) -> None:
-        t0 = requested_at or time.monotonic()
+    def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
                 self.scheduler.finish(seq, FinishReason.ABORT)
                 self._emit(seq, None, True)
-        self.abort_release_s.append(time.monotonic() - t0)
+        self._released(requested_at, steps_at)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

@@ -67,7 +67,7 @@ class RowStopper(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         self.engine.poll()  # adds and aborts that arrived during the batch
-        self.engine.steps += 1
+        self.engine.decode_steps += 1
         new = input_ids[:, -1].tolist()
         done = []
         for seq, token in zip(self.rows, new, strict=True):
@@ -92,8 +92,8 @@ class HFEngine(Engine):
         self.eos_token_id = eos[0] if isinstance(eos, list) else eos
         self.waiting: deque[Sequence] = deque()
         self.batch: list[Sequence] = []
-        self.aborted_at: dict[str, float] = {}
-        self.steps = 0
+        self.aborted_at: dict[str, tuple[float, int | None]] = {}  # KV held until the batch ends
+        self.decode_steps = 0
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = [
@@ -112,14 +112,15 @@ class HFEngine(Engine):
         self.waiting.extend(seqs)
         return seqs
 
-    def abort(self, request_id: str, requested_at: float | None = None) -> None:
+    def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if seq.is_finished:
                 continue
             if seq in self.waiting:
                 self.waiting.remove(seq)
+                self._released(requested_at, steps_at)
             else:  # in the running batch: its KV goes back when the batch ends
-                self.aborted_at[seq.seq_id] = requested_at or time.monotonic()
+                self.aborted_at[seq.seq_id] = (requested_at or time.monotonic(), steps_at)
             self._finish(seq, FinishReason.ABORT)
 
     def has_work(self) -> bool:
@@ -196,10 +197,10 @@ class HFEngine(Engine):
         finally:
             for layer in cache.layers:
                 layer.release()
-            released = time.monotonic()
+            self.steps += 1
             for seq in batch:
                 if seq.seq_id in self.aborted_at:
-                    self.abort_release_s.append(released - self.aborted_at.pop(seq.seq_id))
+                    self._released(*self.aborted_at.pop(seq.seq_id))
             self.batch = []
 
     def stats(self) -> dict:
@@ -227,6 +228,7 @@ class HFEngine(Engine):
             "oom_total": len(self.oom_events),
             "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
             "steps": self.steps,
+            "decode_steps": self.decode_steps,
         }
 
     def memory_map(self) -> list[dict]:

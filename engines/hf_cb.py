@@ -7,8 +7,6 @@ It decodes greedily: transformers' per-request sampling needs processors fixed a
 
 from __future__ import annotations
 
-import time
-
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -42,7 +40,6 @@ class HFContinuousBatchingEngine(Engine):
                                                          continuous_batching_config=cb_config)
         self.manager.start()
         self.seqs: dict[str, Sequence] = {}  # manager request id -> sample
-        self.steps = 0
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = []
@@ -64,13 +61,12 @@ class HFContinuousBatchingEngine(Engine):
         self.by_request[request.request_id] = seqs
         return seqs
 
-    def abort(self, request_id: str, requested_at: float | None = None) -> None:
-        t0 = requested_at or time.monotonic()
+    def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
                 self.manager.cancel_request(seq.seq_id)
                 self._end(seq, FinishReason.ABORT, None)
-        self.abort_release_s.append(time.monotonic() - t0)
+        self._released(requested_at, steps_at)  # handed to transformers' manager, which frees on its thread
 
     def has_work(self) -> bool:
         return bool(self.seqs)

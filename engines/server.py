@@ -66,7 +66,7 @@ class EngineThread:
         self.commands.put(("add", request, stream))
 
     def abort(self, request_id: str) -> None:
-        self.commands.put(("abort", request_id, time.monotonic()))
+        self.commands.put(("abort", request_id, time.monotonic(), self.engine.steps))
 
     async def snapshot(self, releases: bool = False) -> dict:
         loop = asyncio.get_running_loop()
@@ -104,9 +104,9 @@ class EngineThread:
             self.streams[request.request_id] = stream
             self.engine.add_request(request)
         elif kind == "abort":
-            _, request_id, at = cmd
+            _, request_id, at, steps_at = cmd
             if request_id in self.streams:
-                self.engine.abort(request_id, requested_at=at)
+                self.engine.abort(request_id, requested_at=at, steps_at=steps_at)
         elif kind == "snapshot":
             _, loop, fut, releases = cmd
             data = self._snapshot()
@@ -126,8 +126,10 @@ class EngineThread:
             ],
             abort_release_count=len(releases),
             abort_release_p50_s=releases[len(releases) // 2] if releases else None,
-            abort_release_p99_s=releases[min(len(releases) - 1, int(len(releases) * 0.99))] if releases else None,
+            abort_release_p99_s=p99(releases),
             abort_release_max_s=releases[-1] if releases else None,
+            abort_release_p99_steps=p99(self.engine.abort_release_steps),
+            threads=threading.active_count(),
             memory_map=self.engine.memory_map(),
         )
         return stats
@@ -139,6 +141,11 @@ class EngineThread:
         if event.request_done:
             del self.streams[event.seq.request_id]
         stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
+
+
+def p99(values: list) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else None
 
 
 class MetricsCollector:
@@ -235,7 +242,9 @@ class CompletionServer:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.thread.snapshot(releases="releases" in request.query))
+        snap = await self.thread.snapshot(releases="releases" in request.query)
+        snap["asyncio_tasks"] = len(asyncio.all_tasks())
+        return web.json_response(snap)
 
     async def prometheus(self, request: web.Request) -> web.Response:
         self.metrics.stats = await self.thread.snapshot()

@@ -45,6 +45,7 @@ class BenchConfig:
     run_id: str = ""
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
+    kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
 
 
 @dataclass
@@ -176,8 +177,13 @@ class Bench:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "loadgen.log", "ab") as log:
             loadgen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        killed = False
         while loadgen.poll() is None:
             elapsed = time.time() - run.t0
+            if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s:
+                run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
+                run.server.proc.wait()
+                killed = True
             show(f"{run.engine:<6} churn ({run.crashes} crashes)", min(elapsed, self.cfg.duration_s))
             self.collect_ooms(run, sampler.last)
             if not run.server.alive():

@@ -316,7 +316,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trace_or_usage(args.workload, args.seed, args.max_seq_len, 4096)
     cfg = BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=args.kv_budget,
                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
-                      threads=args.threads, run_id=args.run_id or "", grace_s=args.grace)
+                      threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
+                      kill_after_s=args.kill_after)
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
@@ -484,6 +485,7 @@ def build_parser() -> Parser:
     bench.add_argument("--out", default="results")
     bench.add_argument("--reports", default="reports")
     bench.add_argument("--run-id")
+    bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")

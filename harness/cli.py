@@ -398,6 +398,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- check
+def cmd_check(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from harness.check import CheckConfig, Unreachable, render_check, run_check
+    from harness.gpus import GPU, gpu_preset
+
+    target = args.target.rstrip("/")
+    if urlparse(target).scheme not in ("http", "https") or not urlparse(target).hostname:
+        raise UsageError(f"--target must be an http URL, not {args.target!r}")
+    shape = shape_or_usage(args.model)
+    try:
+        gpu = gpu_preset(args.gpu) if args.gpu else (GPU("custom", args.gpu_mem, 0, 0) if args.gpu_mem else None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    max_seq_len = args.max_seq_len or shape.max_seq_len
+    trace_or_usage(args.workload, 0, max_seq_len, shape.vocab_size)
+    dtype = args.dtype or shape.config.get("dtype") or shape.config.get("torch_dtype") or "float16"
+    cfg = CheckConfig(target, args.metrics_url or f"{target}/metrics", args.model, gpu, max_seq_len, args.workload,
+                      args.duration, dtype if dtype in DTYPE_BYTES else "float16")
+    try:
+        result = run_check(cfg)
+    except Unreachable as e:
+        raise UsageError(str(e)) from None
+    if args.report:
+        render_check(result, Path(args.report))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(f"fragbench check {result['target']} (metrics: {result['metrics_found']})")
+        for q in result["questions"]:
+            print(f"{q['id']}. [{q['status']}] {q['question']}\n   answer: {q['answer']}\n   {q['evidence']}")
+    return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
@@ -523,6 +558,21 @@ def build_parser() -> Parser:
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--report", help="write an HTML page with the breakdown over time")
     sim.set_defaults(func=cmd_simulate)
+
+    chk = sub.add_parser("check", help="pre-deployment sanity check of any OpenAI-compatible server")
+    chk.add_argument("--target", required=True)
+    chk.add_argument("--metrics-url", help="Prometheus metrics (default: TARGET/metrics)")
+    chk.add_argument("--model", required=True, help="model preset or directory the server runs")
+    cgpu = chk.add_mutually_exclusive_group()
+    cgpu.add_argument("--gpu")
+    cgpu.add_argument("--gpu-mem", type=size_arg)
+    chk.add_argument("--max-seq-len", type=positive_int)
+    chk.add_argument("--dtype", choices=list(DTYPE_BYTES), help="default: the model directory's, else float16")
+    chk.add_argument("--workload", default="check-churn")
+    chk.add_argument("--duration", type=float, default=30.0)
+    chk.add_argument("--json", action="store_true")
+    chk.add_argument("--report")
+    chk.set_defaults(func=cmd_check)
     return p
 
 

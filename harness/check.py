@@ -1,0 +1,406 @@
+"""`fragbench check`: the pre-deployment sanity check against any OpenAI-compatible server (vLLM, SGLang,
+TGI or ours). Every answer comes from a measurement in this run, with its evidence and time window."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pandas as pd
+
+from engines.vllm_peer import metric_values
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = {
+    1: "How many bytes does one token of KV cost for this model and precision?",
+    2: "What is the maximum live-token budget?",
+    3: "Does the server keep KV in contiguous buffers or fixed-size blocks?",
+    4: "What share of the workload's requests approach the configured sequence limit?",
+    5: "How much headroom is left for temporary kernels at peak concurrency?",
+    6: "Do cancellations and finished streams release KV promptly?",
+    7: "Are failures under churn capacity or fragmentation?",
+    8: "How much preemption and queueing does the load cause, against the admitted-token budget?",
+}
+# metric families by server: usage (0-1), running, waiting, preemptions
+FAMILIES = {
+    "fragbench": ("fragbench:kv_cache_usage_perc", "fragbench:num_requests_running",
+                  "fragbench:num_requests_waiting", "fragbench:num_preemptions_total"),
+    "vllm": ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+             "vllm:num_preemptions_total"),
+    "sglang": ("sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs", None),
+}
+
+
+class Unreachable(RuntimeError):
+    pass
+
+
+@dataclass
+class Answer:
+    id: int
+    question: str
+    status: str  # PASS | WARN | FAIL | UNKNOWN
+    answer: object
+    evidence: str
+
+
+@dataclass
+class Metrics:
+    url: str
+    family: str | None = None
+    samples: list[dict] = field(default_factory=list)  # t_s, usage, running, waiting, preemptions, raw
+
+    def scrape(self) -> dict[str, float] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as r:
+                return metric_values(r.read().decode())
+        except (OSError, ValueError):
+            return None
+
+    def detect(self) -> str | None:
+        m = self.scrape() or {}
+        self.family = next((f for f, names in FAMILIES.items() if names[0] in m), None)
+        return self.family
+
+    def sample(self, t0: float) -> dict | None:
+        m = self.scrape()
+        if m is None or self.family is None:
+            return None
+        usage, running, waiting, pre = FAMILIES[self.family]
+        row = {"t_s": time.time() - t0, "usage": m.get(usage), "running": m.get(running),
+               "waiting": m.get(waiting), "preemptions": m.get(pre) if pre else None, "raw": m}
+        self.samples.append(row)
+        return row
+
+
+def fetch(url: str, body: dict | None = None, timeout: float = 10) -> bytes:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def reachable(target: str) -> None:
+    for path in ("/health", "/v1/models"):
+        try:
+            fetch(f"{target}{path}", timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            continue
+    raise Unreachable(f"target {target} does not answer (tried /health and /v1/models)")
+
+
+def sampling(metrics: Metrics, t0: float, stop: threading.Event, interval_s: float) -> threading.Thread:
+    def run() -> None:
+        while not stop.is_set():
+            metrics.sample(t0)
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int) -> dict:
+    """One streaming request alone: how usage moves at admission and as tokens are produced."""
+    t0 = time.time()
+    stop = threading.Event()
+    metrics.samples.clear()
+    base = metrics.sample(t0)
+    thread = sampling(metrics, t0, stop, 0.02)
+    body = {"prompt": "Where does the memory go?", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    if model_name:
+        body["model"] = model_name
+    token_times: list[float] = []
+    req = urllib.request.Request(f"{target}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for line in resp:
+            if line.startswith(b"data: {"):
+                token_times.append(time.time() - t0)
+    time.sleep(0.3)
+    stop.set()
+    thread.join()
+    rows = [r for r in metrics.samples if r["usage"] is not None]
+    return {"baseline": base["usage"] if base else None, "rows": rows, "token_times": token_times}
+
+
+def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, str]:
+    """Contiguous (a jump at admission then flat, or growth by any number of tokens) vs blocks (growth in
+    whole blocks: every change a multiple of the same number of tokens)."""
+    rows, times = p["rows"], p["token_times"]
+    if len(times) < 8 or not rows:
+        return None, "too few tokens or samples to see how usage moves"
+    first, last = times[0], times[-1]
+    during = [r for r in rows if first <= r["t_s"] <= last]
+    if len(during) < 5:
+        return None, f"only {len(during)} metric samples while the probe decoded"
+    levels = [r["usage"] for r in during]
+    changes = [r["t_s"] for a, r in zip(during, during[1:], strict=False) if r["usage"] != a["usage"]]
+    tokens_per_change = len(times) / max(1, len(changes))
+    jump = levels[0] - (p["baseline"] or 0.0)
+    growth = levels[-1] - levels[0]
+    evidence = (f"{len(times)} tokens streamed in {last - first:.2f} s; KV usage {p['baseline'] or 0:.4f} before, "
+                f"{levels[0]:.4f} at the first token (jump {jump:+.4f}), {levels[-1]:.4f} at the last (growth "
+                f"{growth:+.4f}); usage changed {len(changes)} times while decoding (~{tokens_per_change:.0f} tokens "
+                "per change)")
+    if not changes and jump > 0:
+        return "contiguous", evidence + ": a whole reservation at admission, flat while decoding"
+    if changes and capacity_tokens:
+        deltas = [round((b["usage"] - a["usage"]) * capacity_tokens) for a, b in zip(during, during[1:], strict=False)
+                  if b["usage"] != a["usage"]]
+        step = math.gcd(*[abs(d) for d in deltas if d])
+        evidence += f"; in tokens of a {capacity_tokens:,}-token capacity every change is a multiple of {step}"
+        if step >= 4:
+            return "blocks", evidence + f": growth in whole blocks of {step} tokens as live tokens grow"
+        return "contiguous", evidence + ": growth by any number of tokens (a buffer re-allocated as it fills)"
+    if changes and tokens_per_change >= 4:
+        return "blocks", evidence + ": growth in steps of several tokens as live tokens grow"
+    return None, evidence
+
+
+@dataclass
+class CheckConfig:
+    target: str
+    metrics_url: str
+    model: str
+    gpu: object | None
+    max_seq_len: int
+    workload: str
+    duration_s: float
+    dtype: str = "float16"
+    seed: int = 0
+
+
+def run_check(cfg: CheckConfig) -> dict:
+    from engines.shapes import load_shape
+    from harness.plan import make_plan
+    from workloads.generate import trace
+    from workloads.spec import load_spec
+
+    reachable(cfg.target)
+    shape = load_shape(cfg.model)
+    metrics = Metrics(cfg.metrics_url)
+    family = metrics.detect()
+    model_name = served_model(cfg.target)
+    answers: dict[int, Answer] = {}
+
+    kvb = shape.kv_bytes_per_token(cfg.dtype)
+    answers[1] = Answer(1, QUESTIONS[1], "PASS", kvb,
+                        f"2 x {shape.num_layers} layers x {shape.num_kv_heads} KV heads x {shape.head_dim} head dim "
+                        f"x {cfg.dtype} bytes = {kvb:,} B per token")
+    plan = make_plan(shape, cfg.gpu.memory_bytes, cfg.dtype, max_seq_len=cfg.max_seq_len) if cfg.gpu else None
+    answers[2] = live_budget(plan, metrics, family, kvb)
+
+    layout_probe = probe(cfg.target, metrics, model_name, max_tokens=min(96, cfg.max_seq_len // 4)) if family else None
+    capacity = answers[2].answer.get("server_tokens") if isinstance(answers[2].answer, dict) else None
+    layout, evidence = classify_layout(layout_probe, capacity) if layout_probe else (None, "no known KV metrics")
+    answers[3] = Answer(3, QUESTIONS[3], {"blocks": "PASS", "contiguous": "WARN"}.get(layout, "UNKNOWN"), layout,
+                        evidence)
+
+    t = trace(load_spec(cfg.workload), cfg.seed, cfg.max_seq_len, shape.vocab_size)
+    totals = np.array([len(r.prompt_ids) + r.max_tokens for r in t.requests])
+    near = float((totals >= 0.9 * cfg.max_seq_len).mean())
+    answers[4] = Answer(4, QUESTIONS[4], "PASS" if near < 0.05 else "WARN", round(near, 4),
+                        f"{near:.1%} of {len(totals)} requests of {cfg.workload} need >= 90% of max_seq_len "
+                        f"{cfg.max_seq_len} (p99 total {np.percentile(totals, 99):.0f} tokens)")
+
+    load = churn(cfg, metrics, model_name)
+    answers[5] = headroom(cfg, load)
+    answers[6] = release(load, metrics)
+    answers[7] = failures(load, family)
+    answers[8] = queueing(load, metrics, family, plan)
+    return {"target": cfg.target, "metrics_url": cfg.metrics_url,
+            "metrics_found": family or "none (no vllm:, sglang: or fragbench: KV metrics)",
+            "window_s": [0.0, load["end_s"]], "questions": [asdict(answers[i]) for i in sorted(answers)]}
+
+
+def served_model(target: str) -> str | None:
+    try:
+        data = json.loads(fetch(f"{target}/v1/models"))
+        return data["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
+    m = metrics.scrape() or {}
+    server_tokens = None
+    if family == "fragbench" and m.get("fragbench:kv_capacity_bytes"):
+        server_tokens = int(m["fragbench:kv_capacity_bytes"] // kvb)
+    info = [s for s in metric_samples(metrics.url) if s[0] == "vllm:cache_config_info"]
+    if info:
+        labels = info[0][1]
+        if labels.get("num_gpu_blocks") not in (None, "None") and labels.get("block_size"):
+            server_tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    parts = []
+    if plan:
+        parts.append(f"plan: KV budget {plan.kv_budget_bytes:,} B after {plan.weights_bytes:,} B of weights and "
+                     f"{plan.activation_headroom_bytes:,} B of headroom = {plan.max_live_tokens:,} live tokens")
+    if server_tokens is not None:
+        parts.append(f"server: {server_tokens:,} tokens of KV capacity (its own metrics)")
+    if plan is None and server_tokens is None:
+        return Answer(2, QUESTIONS[2], "UNKNOWN", None, "no --gpu/--gpu-mem given and the server exports no capacity")
+    if plan is not None and not plan.fits:
+        return Answer(2, QUESTIONS[2], "FAIL", plan.max_live_tokens, "; ".join(parts) + f"; {plan.reason}")
+    answer = {"plan_tokens": plan.max_live_tokens if plan else None, "server_tokens": server_tokens}
+    return Answer(2, QUESTIONS[2], "PASS", answer, "; ".join(parts))
+
+
+def metric_samples(url: str) -> list[tuple[str, dict, float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return []
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="fragbench-check-"))
+    t0 = time.time()
+    metrics.samples.clear()
+    stop = threading.Event()
+    thread = sampling(metrics, t0, stop, 0.1)
+    cmd = [sys.executable, "-m", "harness.loadgen", "--target", cfg.target, "--workload", cfg.workload,
+           "--duration", str(cfg.duration_s), "--out", str(out), "--seed", str(cfg.seed), "--max-seq-len",
+           str(cfg.max_seq_len), "--t0", str(t0), "--grace", "20", "--engine", "target"]
+    if model_name:
+        cmd += ["--model", model_name]
+    before = metric_samples(cfg.metrics_url)
+    subprocess.run(cmd, cwd=ROOT, capture_output=True)
+    end_s = time.time() - t0
+    # then watch memory come back
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        time.sleep(0.1)
+        if metrics.samples and metrics.samples[-1]["usage"] is not None and metrics.samples[-1]["usage"] <= 1e-9:
+            break
+    stop.set()
+    thread.join()
+    rows = pd.read_parquet(out / "requests.parquet") if (out / "requests.parquet").exists() else pd.DataFrame()
+    return {"requests": rows, "end_s": end_s, "t0": t0, "metrics_before": before,
+            "metrics_after": metric_samples(cfg.metrics_url)}
+
+
+def headroom(cfg: CheckConfig, load: dict) -> Answer:
+    host = urlparse(cfg.target).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    except Exception as e:  # no driver, no GPU
+        return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"NVML unavailable on this machine ({type(e).__name__})")
+    free = mem.total - mem.used
+    status = "PASS" if free >= 0.05 * mem.total else "WARN"
+    return Answer(5, QUESTIONS[5], status, int(free),
+                  f"NVML after the churn: {mem.used:,} B used of {mem.total:,} B; {free:,} B free for temporaries")
+
+
+def release(load: dict, metrics: Metrics) -> Answer:
+    rows = load["requests"]
+    cancelled = int((rows.status == "cancelled").sum()) if len(rows) else 0
+    samples = [s for s in metrics.samples if s["usage"] is not None]
+    if not samples:
+        return Answer(6, QUESTIONS[6], "UNKNOWN", None, "no KV usage metric to watch")
+    last_end = float(rows.end_s.max()) if len(rows) and rows.end_s.notna().any() else load["end_s"]
+    after = [s for s in samples if s["t_s"] >= last_end]
+    back = next((s["t_s"] for s in after if s["usage"] <= 1e-9), None)
+    peak = max(s["usage"] for s in samples)
+    if back is None:
+        final = after[-1]["usage"] if after else samples[-1]["usage"]
+        return Answer(6, QUESTIONS[6], "FAIL", None,
+                      f"{cancelled} requests cancelled mid-stream; KV usage still {final:.4f} 15 s after the last "
+                      f"request ended at t={last_end:.1f} s (peak {peak:.4f})")
+    delay = max(0.0, back - last_end)
+    status = "PASS" if delay <= 2.0 else "WARN"
+    return Answer(6, QUESTIONS[6], status, round(delay, 3),
+                  f"{cancelled} requests cancelled mid-stream, {len(rows)} in all; KV usage back to 0 at "
+                  f"t={back:.2f} s, {delay:.2f} s after the last request ended (peak usage {peak:.4f}); window "
+                  f"0-{back:.1f} s")
+
+
+def counter_delta(metrics: Metrics, name: str) -> float:
+    vals = [s["raw"].get(name) for s in metrics.samples if s["raw"].get(name) is not None]
+    return (vals[-1] - vals[0]) if len(vals) >= 2 else 0.0
+
+
+def oom_by_cause(load: dict) -> dict[str, float]:
+    def counts(samples):
+        return {lab.get("cause"): v for name, lab, v in samples if name == "fragbench:oom_total"}
+
+    before, after = counts(load["metrics_before"]), counts(load["metrics_after"])
+    return {cause: after[cause] - before.get(cause, 0) for cause in after}
+
+
+def failures(load: dict, family: str | None) -> Answer:
+    rows = load["requests"]
+    by_status = rows.status.value_counts().to_dict() if len(rows) else {}
+    http = rows[rows.http_status.fillna(200) >= 400].http_status.value_counts().to_dict() if len(rows) else {}
+    evidence = f"requests by status {by_status}; HTTP errors {http or 'none'}"
+    ooms = oom_by_cause(load) if family == "fragbench" else {}
+    if ooms:
+        evidence += "; OOMs during the load: " + ", ".join(f"{v:.0f} {k}" for k, v in sorted(ooms.items()))
+    errors = by_status.get("error", 0) + sum(v for k, v in http.items() if k >= 500)
+    if errors:
+        return Answer(7, QUESTIONS[7], "FAIL", "errors", evidence)
+    if ooms.get("fragmentation", 0) > 0:
+        return Answer(7, QUESTIONS[7], "FAIL", "fragmentation", evidence + ": free memory existed but did not fit")
+    if by_status.get("oom", 0) or ooms.get("capacity", 0) > 0:
+        return Answer(7, QUESTIONS[7], "WARN", "capacity", evidence + ": the KV budget ran out")
+    return Answer(7, QUESTIONS[7], "PASS", "none", evidence)
+
+
+def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
+    samples = [s for s in metrics.samples if s["running"] is not None]
+    if not samples:
+        return Answer(8, QUESTIONS[8], "UNKNOWN", None, "no running/waiting metrics")
+    pre_name = FAMILIES[family][3] if family else None
+    preemptions = counter_delta(metrics, pre_name) if pre_name else None
+    max_running = max(s["running"] for s in samples)
+    max_waiting = max((s["waiting"] or 0) for s in samples)
+    waited = float(np.mean([(s["waiting"] or 0) > 0 for s in samples]))
+    rows = load["requests"]
+    answer = {"preemptions": preemptions, "max_running": max_running, "max_waiting": max_waiting,
+              "share_of_time_queueing": round(waited, 3), "requests": int(len(rows))}
+    evidence = (f"over 0-{load['end_s']:.0f} s: up to {max_running:.0f} running and {max_waiting:.0f} waiting; "
+                f"requests queued {waited:.0%} of the time; {preemptions if preemptions is not None else 'n/a'} "
+                f"preemptions; {len(rows)} requests sent")
+    if plan:
+        evidence += (f"; the plan admits {plan.paged_expected_concurrency} paged or {plan.static_max_concurrency} "
+                     "max-reserved requests at once")
+    status = "WARN" if (preemptions or 0) > 0 or waited > 0.5 else "PASS"
+    return Answer(8, QUESTIONS[8], status, answer, evidence)
+
+
+def render_check(result: dict, out: Path) -> Path:
+    from harness.report import STYLE, section, table
+
+    rows = [[q["id"], q["question"], q["status"], json.dumps(q["answer"]), q["evidence"]] for q in result["questions"]]
+    body = section("verdict", "Pre-deployment check",
+                   f"Target {result['target']}; metrics found: {result['metrics_found']}.",
+                   table(["#", "question", "status", "answer", "evidence"], rows))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>fragbench check</title>"
+                   f"<style>{STYLE}</style></head><body><h1>fragbench check</h1>{body}</body></html>")
+    return out

@@ -1,0 +1,48 @@
+"""fragbench check against our own servers (and vLLM when installed): answers from measured behaviour."""
+
+import json
+
+import pytest
+
+from engines.vllm_peer import free_port, vllm_python
+from harness.servers import start_server
+from tests.conftest import run_cli
+
+
+def check(url: str, model: str, *extra: str) -> tuple[int, dict]:
+    r = run_cli("check", "--target", url, "--model", model, "--gpu-mem", "40GiB", "--duration", "8", "--json",
+                *extra, timeout=600)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def by_id(result: dict) -> dict[int, dict]:
+    return {q["id"]: q for q in result["questions"]}
+
+
+@pytest.mark.parametrize("engine, layout", [("static", "contiguous"), ("paged", "blocks")])
+def test_check_infers_the_layout_and_prompt_release(engine, layout, tiny_model, tmp_path):
+    with start_server(engine, str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
+        code, result = check(srv.url, str(tiny_model), "--report", str(tmp_path / "check.html"))
+    q = by_id(result)
+    assert sorted(q) == list(range(1, 9))
+    assert result["metrics_found"] == "fragbench"
+    assert q[3]["answer"] == layout, q[3]["evidence"]
+    assert q[6]["status"] == "PASS", q[6]["evidence"]
+    assert q[1]["answer"] == 4096  # tiny-llama as built: float32
+    assert all(x["status"] in ("PASS", "WARN", "FAIL", "UNKNOWN") and x["evidence"] for x in q.values())
+    assert code == (1 if any(x["status"] == "FAIL" for x in q.values()) else 0)
+    assert (tmp_path / "check.html").is_file()
+
+
+def test_closed_port_exits_2_with_one_line(tiny_model):
+    r = run_cli("check", "--target", f"http://127.0.0.1:{free_port()}", "--model", str(tiny_model))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(vllm_python() is None, reason="vLLM is not installed (make vllm)")
+def test_check_sees_blocks_in_vllm_usage_alone(tiny_model, tmp_path):
+    with start_server("vllm", str(tiny_model), "64MiB", tmp_path / "v.log", timeout_s=900) as srv:
+        _, result = check(srv.url, str(tiny_model), "--metrics-url", f"{srv.url}/metrics")
+    assert result["metrics_found"] == "vllm"
+    assert by_id(result)[3]["answer"] == "blocks", by_id(result)[3]["evidence"]

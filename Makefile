@@ -36,10 +36,11 @@ $(MODEL_DIR)/config.json: $(STAMP)
 	$(BIN)/fragbench model build --preset tiny-llama --out $(MODEL_DIR)
 
 # The default CPU comparison: every in-house engine (and vLLM when installed) on mixed-churn, with a
-# KV budget small enough that the naive engines run out.
+# KV budget small enough that the naive engines run out; static runs as a naive static server does
+# (admitted without a memory check, so its reservations OOM).
 comma := ,
 BENCH_ENGINES := hf,static,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
-BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 45
+BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 45 --engine-args static=--no-preflight
 
 bench: setup model $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL_DIR) $(BENCH_ARGS)

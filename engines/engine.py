@@ -42,16 +42,29 @@ class Request:
     n: int = 1
     arrival_s: float = field(default_factory=time.monotonic)
 
+    def sample(self, index: int, max_seq_len: int, token_ids: list[int] | None = None) -> Sequence:
+        """The sequence of sample `index`; ids are the request's own unless it asked for several."""
+        return Sequence(
+            seq_id=f"{self.request_id}#{index}" if self.n > 1 else self.request_id,
+            prompt_ids=list(self.prompt_ids),
+            params=self.params,
+            max_seq_len=max_seq_len,
+            request_id=self.request_id,
+            sample_index=index,
+            arrival_s=self.arrival_s,
+            token_ids=list(token_ids or []),
+        )
+
 
 class Engine(ABC):
     """What the server needs of every engine."""
 
-    name: str
-    max_seq_len: int
-    vocab_size: int
-    eos_token_id: int | None
-
-    def __init__(self) -> None:
+    def __init__(self, name: str, hf_model, max_seq_len: int) -> None:
+        self.name = name
+        self.max_seq_len = max_seq_len
+        self.vocab_size: int = hf_model.config.vocab_size
+        eos = hf_model.config.eos_token_id
+        self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         self.sink: Sink = lambda event: None
         self.poll: Callable[[], None] = lambda: None  # the server's hook: called between steps and inside long ones
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []  # when, what, the engine's state then
@@ -103,31 +116,17 @@ class Engine(ABC):
 
 class ScheduledEngine(Engine):
     def __init__(self, name: str, hf_model, kv: KVPolicy, config: SchedulerConfig, max_seq_len: int):
-        super().__init__()
-        self.name = name
+        super().__init__(name, hf_model, max_seq_len)
         self.kv = kv
         self.scheduler = Scheduler(kv, config)
         self.oom_events = self.scheduler.oom_events
         self.runner = ModelRunner(hf_model, kv)
-        self.max_seq_len = max_seq_len
-        self.vocab_size = hf_model.config.vocab_size
-        eos = hf_model.config.eos_token_id
-        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
 
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
-        seq = Sequence(
-            seq_id=f"{request.request_id}#{index}" if request.n > 1 else request.request_id,
-            prompt_ids=list(request.prompt_ids),
-            params=request.params,
-            max_seq_len=self.max_seq_len,
-            request_id=request.request_id,
-            sample_index=index,
-            arrival_s=request.arrival_s,
-            token_ids=list(token_ids or []),
-        )
+        seq = request.sample(index, self.max_seq_len, token_ids)
         self.generators[seq.seq_id] = make_generator(request.params, index)
         self.by_request.setdefault(request.request_id, []).append(seq)
         return seq

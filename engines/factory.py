@@ -25,7 +25,7 @@ class EngineSpec:
     max_seq_len: int | None = None
     block_size: int = 16
     reserve: Literal["max", "pow2", "oracle"] = "max"
-    preflight: bool = False  # static: wait for free bytes before admitting (Orca) instead of trying
+    preflight: bool = True  # static: wait for free bytes before admitting (Orca); False: try, and OOM
     on_oom: OnOOM | None = None  # crash for hf, reject otherwise
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None

@@ -79,35 +79,19 @@ class RowStopper(StoppingCriteria):
 
 class HFEngine(Engine):
     def __init__(self, hf_model, spec, max_seq_len: int, kv_bytes_per_token: int):
-        super().__init__()
-        self.name = "hf"
+        super().__init__("hf", hf_model, max_seq_len)
         self.model = hf_model
-        self.max_seq_len = max_seq_len
         self.max_batch = spec.max_batch
         self.on_oom = spec.on_oom or "crash"
         self.kv_bytes_per_token = kv_bytes_per_token
         self.memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
-        self.vocab_size = hf_model.config.vocab_size
-        eos = hf_model.config.eos_token_id
-        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
         self.waiting: deque[Sequence] = deque()
         self.batch: list[Sequence] = []
         self.aborted_at: dict[str, tuple[float, int | None]] = {}  # KV held until the batch ends
         self.decode_steps = 0
 
     def add_request(self, request: Request) -> list[Sequence]:
-        seqs = [
-            Sequence(
-                seq_id=f"{request.request_id}#{i}" if request.n > 1 else request.request_id,
-                prompt_ids=list(request.prompt_ids),
-                params=request.params,
-                max_seq_len=self.max_seq_len,
-                request_id=request.request_id,
-                sample_index=i,
-                arrival_s=request.arrival_s,
-            )
-            for i in range(request.n)
-        ]
+        seqs = [request.sample(i, self.max_seq_len) for i in range(request.n)]
         self.by_request[request.request_id] = seqs
         self.waiting.extend(seqs)
         return seqs

@@ -18,12 +18,7 @@ class HFContinuousBatchingEngine(Engine):
     greedy_only = True
 
     def __init__(self, hf_model, spec, max_seq_len: int, kv_bytes_per_token: int):
-        super().__init__()
-        self.name = "hf-cb"
-        self.max_seq_len = max_seq_len
-        self.vocab_size = hf_model.config.vocab_size
-        eos = hf_model.config.eos_token_id
-        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        super().__init__("hf-cb", hf_model, max_seq_len)
         self.kv_bytes_per_token = kv_bytes_per_token
         page = spec.block_size
         cb_config = ContinuousBatchingConfig(
@@ -44,15 +39,7 @@ class HFContinuousBatchingEngine(Engine):
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = []
         for i in range(request.n):
-            seq = Sequence(
-                seq_id=f"{request.request_id}#{i}" if request.n > 1 else request.request_id,
-                prompt_ids=list(request.prompt_ids),
-                params=request.params,
-                max_seq_len=self.max_seq_len,
-                request_id=request.request_id,
-                sample_index=i,
-                arrival_s=request.arrival_s,
-            )
+            seq = request.sample(i, self.max_seq_len)
             seq.status = SeqStatus.RUNNING
             self.seqs[seq.seq_id] = seq
             max_new = min(request.params.max_tokens, self.max_seq_len - seq.num_prompt_tokens)

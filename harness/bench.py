@@ -46,6 +46,7 @@ class BenchConfig:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
+    engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Bench:
 
     # -- one engine
     def server_args(self, engine: str, port: int) -> list[str]:
-        args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len)]
+        args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len), *self.cfg.engine_args.get(engine, [])]
         return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads)]
 
     def start(self, run: EngineRun) -> ServerProcess:

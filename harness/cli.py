@@ -112,8 +112,9 @@ def add_engine_args(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> Non
     p.add_argument("--max-seq-len", type=positive_int)
     p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max", help="static engine")
-    p.add_argument("--preflight", action="store_true",
-                   help="static: admit only when free bytes cover the reservation (Orca) instead of trying")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="static: admit without checking free bytes, as a naive server does (an OOM then "
+                        "rejects or crashes); by default a request waits until its reservation fits")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own)")
     p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
     p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
@@ -135,7 +136,7 @@ def engine_from_args(args: argparse.Namespace):
         max_seq_len=args.max_seq_len,
         block_size=args.block_size,
         reserve=args.reserve,
-        preflight=args.preflight,
+        preflight=not args.no_preflight,
         on_oom=args.on_oom,
         max_num_seqs=args.max_num_seqs,
         max_batch=args.max_batch,
@@ -296,6 +297,18 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 # -- bench, report, compare
+def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
+    import shlex
+
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        engine, sep, rest = pair.partition("=")
+        if not sep or engine not in engines:
+            raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
+        out.setdefault(engine, []).extend(shlex.split(rest))
+    return out
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from engines.factory import ENGINES
     from harness.bench import Bench, BenchConfig
@@ -317,7 +330,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=args.kv_budget,
                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
-                      kill_after_s=args.kill_after)
+                      kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines))
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
@@ -521,6 +534,8 @@ def build_parser() -> Parser:
     bench.add_argument("--reports", default="reports")
     bench.add_argument("--run-id")
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
+    bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
+                       help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")

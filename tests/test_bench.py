@@ -27,7 +27,7 @@ SUMMARY_FIELDS = {
 def bench_args(tiny_model, out: Path, run_id: str, duration: str = "10") -> list[str]:
     return ["bench", "--engines", "hf,static,paged", "--model", str(tiny_model), "--duration", duration,
             "--grace", "5", "--kv-budget", "16MiB", "--out", str(out / "results"), "--reports",
-            str(out / "reports"), "--run-id", run_id]
+            str(out / "reports"), "--run-id", run_id, "--engine-args", "static=--no-preflight"]
 
 
 @pytest.fixture(scope="module")

@@ -82,14 +82,14 @@ def test_preemption_resumes_to_the_same_greedy_tokens(tiny_model, reference):
 
 
 def test_static_engine_with_preflight_waits_and_completes_every_request(tiny_model, reference):
-    e = engine(tiny_model, "static", budget=2 * 150 * 4096, max_seq_len=150, preflight=True)
+    e = engine(tiny_model, "static", budget=2 * 150 * 4096, max_seq_len=150)
     outs = generate(e, PROMPTS, SamplingParams(32))
     assert [o[0].token_ids for o in outs] == reference
     assert e.stats()["allocated_bytes"] == 0 and e.stats()["oom_total"] == 0
 
 
 def test_static_engine_without_preflight_rejects_what_does_not_fit(tiny_model):
-    e = engine(tiny_model, "static", budget=2 * 150 * 4096, max_seq_len=150)
+    e = engine(tiny_model, "static", budget=2 * 150 * 4096, max_seq_len=150, preflight=False)
     outs = generate(e, PROMPTS, SamplingParams(32))
     reasons = [o[0].finish_reason for o in outs]
     assert reasons.count("oom") == 3 and reasons.count("length") == 2  # two reservations fit at once

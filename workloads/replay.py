@@ -94,7 +94,7 @@ class ReplayUser(HttpUser):
 
     def _read_stream(self, plan: ReplayPlan, req: TraceRequest, resp, out: Outcome) -> None:
         cancel_at = req.cancel_after_s
-        for line in resp.iter_lines(chunk_size=1):
+        for line in resp.iter_lines(chunk_size=None):  # as each chunk arrives, not byte by byte
             if not line or not line.startswith(b"data: "):
                 continue
             data = line[6:]

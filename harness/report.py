@@ -91,6 +91,10 @@ def memory_breakdown(samples: pd.DataFrame) -> str:
     for i, engine in enumerate(engines, start=1):
         s = samples[(samples.engine == engine) & (samples.t_s >= 0)]
         cap = s.kv_capacity_bytes.astype(float)
+        if s.token_states_bytes.isna().all():  # usage only (vLLM): allocated, then free
+            fig.add_trace(go.Scatter(x=s.t_s, y=100 * s.allocated_bytes.astype(float) / cap, stackgroup=f"e{i}",
+                                     name="allocated (split not exported)", line=dict(width=0),
+                                     fillcolor="#8d99ae", legendgroup="allocated"), row=i, col=1)
         for label, col, color in zip(CATEGORY_LABELS, SHARE_COLUMNS.values(), CATEGORY_COLORS, strict=True):
             if s[col].isna().all():
                 continue
@@ -112,6 +116,11 @@ def figure2(summary: dict) -> str:
     values += [[t, r, i, e, 0.0] for t, r, i, e in PAPER_FIGURE2.values()]
     for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
         fig.add_trace(go.Bar(x=names, y=[v[k] for v in values], name=label, marker_color=color))
+    unknown = [100 * s["allocated_share"] if s["token_states_share"] is None and s["allocated_share"] else 0
+               for s in summary["engines"].values()]
+    if any(unknown):
+        fig.add_trace(go.Bar(x=names, y=unknown + [0] * len(PAPER_FIGURE2), name="allocated (split not exported)",
+                             marker_color="#8d99ae"))
     fig.update_layout(barmode="stack", yaxis_title="% of KV capacity", height=420)
     return section("figure2", "Mean breakdown beside the vLLM paper's Figure 2",
                    "This run's time-averaged shares (left) and the paper's (right: Kwon et al., SOSP 2023, LLaMA-13B "

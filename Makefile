@@ -40,7 +40,7 @@ $(MODEL_DIR)/config.json: $(STAMP)
 # (admitted without a memory check, so its reservations OOM).
 comma := ,
 BENCH_ENGINES := hf,static,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
-BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 45 --engine-args static=--no-preflight
+BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 60 --engine-args static=--no-preflight
 
 bench: setup model $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL_DIR) $(BENCH_ARGS)

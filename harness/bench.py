@@ -45,6 +45,7 @@ class BenchConfig:
     run_id: str = ""
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
+    warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
 

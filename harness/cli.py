@@ -330,7 +330,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=args.kv_budget,
                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
-                      kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines))
+                      kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
+                      warmup_s=args.warmup)
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
@@ -527,6 +528,8 @@ def build_parser() -> Parser:
     bench.add_argument("--kv-budget", default="16MiB", type=str)
     bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
     bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
+    bench.add_argument("--warmup", type=float,
+                       help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
     bench.add_argument("--max-seq-len", type=positive_int, default=2048)
     bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
     bench.add_argument("--seed", type=int, default=0)

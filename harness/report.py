@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize
+from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize, warmup_s
 
 SECTIONS = ("verdict", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
             "latency", "throughput", "workload", "config")
@@ -77,8 +77,9 @@ def verdict(summary: dict, meta: dict) -> str:
               "token / reserv. / internal / external / free", "requests"]
     how = (f"Per engine over its churn window; goodput counts requests with TTFT <= {cfg.get('slo_ttft_s', 2.0)} s "
            f"and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time averages of /stats samples at "
-           "10 Hz over the KV capacity while requests arrive. Cancel release: disconnect noticed to KV freed, "
-           "timed inside the server. Unfinished: still queued or running when the run's grace period ended.")
+           f"10 Hz over the KV capacity while requests arrive, after a warm-up of {warmup_s(cfg):.1f} s from empty "
+           "memory. Cancel release: disconnect noticed to KV freed, timed inside the server. Unfinished: still "
+           "queued or running when the run's grace period ended.")
     return section("verdict", "Verdict", how, table(header, rows))
 
 

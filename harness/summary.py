@@ -21,6 +21,13 @@ SHARE_COLUMNS = {
 }
 
 
+def warmup_s(cfg: dict) -> float:
+    """Seconds of churn before memory is sampled into the shares: the given warm-up, else a tenth."""
+    if cfg.get("warmup_s") is not None:
+        return float(cfg["warmup_s"])
+    return 0.1 * float(cfg.get("duration_s") or 0.0)
+
+
 def load_meta(run_dir: Path) -> dict:
     path = run_dir / "run.json"
     if not path.is_file():
@@ -68,8 +75,10 @@ def pct(series: pd.Series, q: float) -> float | None:
 
 def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
     cfg = meta.get("config", {})
-    # memory shares over the time requests arrive: not the ramp before, not the drain after
-    churn = smp[(smp.t_s >= 0) & (smp.t_s <= cfg.get("duration_s", np.inf))]
+    # memory shares over the steady part of the time requests arrive: not the warm-up ramp from empty
+    # memory, not the drain after the last arrival
+    duration = cfg.get("duration_s", np.inf)
+    churn = smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= duration)]
     window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
     ok = req[req.status == "ok"]
     out: dict = {}

@@ -94,10 +94,6 @@ class DeviceMemory(ABC):
     def view(self, alloc: Allocation) -> torch.Tensor:
         """The allocation's bytes as a uint8 tensor."""
 
-    def copy(self, src: Allocation, src_off: int, dst: Allocation, dst_off: int, nbytes: int) -> None:
-        if self.backed and nbytes:
-            self.view(dst)[dst_off : dst_off + nbytes].copy_(self.view(src)[src_off : src_off + nbytes])
-
 
 def round_size(nbytes: int) -> int:
     """PyTorch's caching-allocator rounding: 512 B granules, 2 MiB granules above 1 MiB."""

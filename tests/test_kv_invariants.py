@@ -34,11 +34,14 @@ class PolicyMachine(RuleBasedStateMachine):
     )
     def admit(self, prompt, max_tokens):
         s = self._new_seq(prompt, max_tokens)
-        if self.kv.can_allocate(s, s.num_tokens) and self.kv.try_allocate(s, s.num_tokens) is None:
-            self.seqs[s.seq_id] = s
-        else:
-            self.kv.free(s)  # a failed admission must leave nothing behind
-            assert not self.kv.holds(s)
+        if self.kv.can_allocate(s, s.num_tokens):
+            try:
+                self.kv.allocate(s, s.num_tokens)
+                self.seqs[s.seq_id] = s
+                return
+            except OutOfMemory:
+                pass
+        assert not self.kv.holds(s)  # a failed admission leaves nothing behind
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), token=st.integers(0, 3))

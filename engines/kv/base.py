@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from engines.memory import DeviceMemory, OutOfMemory
+from engines.memory import DeviceMemory
 
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
@@ -136,10 +136,3 @@ class KVPolicy(ABC):
 
     def holds(self, seq: SeqLike) -> bool:
         return False
-
-    def try_allocate(self, seq: SeqLike, num_tokens: int) -> OutOfMemory | None:
-        try:
-            self.allocate(seq, num_tokens)
-        except OutOfMemory as oom:
-            return oom
-        return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.kv import KVPolicy, PagedKV
+from engines.kv import Breakdown, KVPolicy, KVStats, PagedKV
 from engines.memory import OOMEvent
 from engines.model import ModelRunner
 from engines.sampler import make_generator, sample
@@ -99,6 +99,30 @@ class Engine(ABC):
 
     def memory_map(self) -> list[dict]:
         return []
+
+    def _stats(self, policy: str, kv: KVStats, bd: Breakdown, live: list[Sequence], waiting: int,
+               preempted_total: int, kv_bytes_per_token: int) -> dict:
+        """The one stats record every engine reports (the samples columns of DESIGN.md and more)."""
+        return {
+            "engine": self.name,
+            "policy": policy,
+            "kv_capacity_bytes": kv.kv_capacity_bytes,
+            "token_states_bytes": bd.token_states_bytes,
+            "reservation_bytes": bd.reservation_bytes,
+            "internal_fragmentation_bytes": bd.internal_fragmentation_bytes,
+            "external_fragmentation_bytes": bd.external_fragmentation_bytes,
+            "allocated_bytes": kv.allocated_bytes,
+            "free_bytes": kv.free_bytes,
+            "largest_free_bytes": kv.largest_free_bytes,
+            "running": len(live),
+            "waiting": waiting,
+            "preempted_total": preempted_total,
+            "live_tokens": sum(s.num_tokens for s in live),
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "oom_total": len(self.oom_events),
+            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
+            "steps": self.steps,
+        }
 
     def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
         done = False
@@ -202,29 +226,9 @@ class ScheduledEngine(Engine):
 
     # -- what it reports
     def stats(self) -> dict:
-        kv = self.kv.stats()
         live = self.scheduler.live()
-        bd = self.kv.breakdown(live)
-        out = {
-            "engine": self.name,
-            "policy": self.kv.name,
-            "kv_capacity_bytes": kv.kv_capacity_bytes,
-            "token_states_bytes": bd.token_states_bytes,
-            "reservation_bytes": bd.reservation_bytes,
-            "internal_fragmentation_bytes": bd.internal_fragmentation_bytes,
-            "external_fragmentation_bytes": bd.external_fragmentation_bytes,
-            "allocated_bytes": kv.allocated_bytes,
-            "free_bytes": kv.free_bytes,
-            "largest_free_bytes": kv.largest_free_bytes,
-            "running": len(live),
-            "waiting": len(self.scheduler.waiting),
-            "preempted_total": self.scheduler.preempted_total,
-            "live_tokens": sum(s.num_tokens for s in live),
-            "kv_bytes_per_token": self.kv.kv_bytes_per_token,
-            "oom_total": len(self.oom_events),
-            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
-            "steps": self.steps,
-        }
+        out = self._stats(self.kv.name, self.kv.stats(), self.kv.breakdown(live), live, len(self.scheduler.waiting),
+                          self.scheduler.preempted_total, self.kv.kv_bytes_per_token)
         if isinstance(self.kv, PagedKV):
             refs = [b.ref_count for b in self.kv.pool.blocks]
             out.update(

@@ -16,6 +16,7 @@ from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, Request
+from engines.kv import Breakdown, KVStats
 from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
 from engines.scheduler import EngineCrash
 from engines.sequence import FinishReason, SeqStatus, Sequence
@@ -190,30 +191,19 @@ class HFEngine(Engine):
     def stats(self) -> dict:
         mem = self.memory.stats()
         live = [s for s in self.batch if not s.is_finished]
-        live_tokens = sum(s.num_tokens for s in live)
-        token_states = min(mem.allocated_bytes, live_tokens * self.kv_bytes_per_token)
-        return {
-            "engine": self.name,
-            "policy": "growth",
-            "kv_capacity_bytes": mem.capacity_bytes,
-            "token_states_bytes": token_states,
-            "reservation_bytes": 0,  # concatenation reserves nothing ahead
+        token_states = min(mem.allocated_bytes, sum(s.num_tokens for s in live) * self.kv_bytes_per_token)
+        bd = Breakdown(
+            token_states_bytes=token_states,
+            reservation_bytes=0,  # concatenation reserves nothing ahead
             # padding, and rows that ended but whose KV the batch still holds
-            "internal_fragmentation_bytes": mem.allocated_bytes - token_states,
-            "external_fragmentation_bytes": mem.free_bytes - mem.largest_free_bytes,
-            "allocated_bytes": mem.allocated_bytes,
-            "free_bytes": mem.free_bytes,
-            "largest_free_bytes": mem.largest_free_bytes,
-            "running": len(live),
-            "waiting": len(self.waiting),
-            "preempted_total": 0,
-            "live_tokens": live_tokens,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "oom_total": len(self.oom_events),
-            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
-            "steps": self.steps,
-            "decode_steps": self.decode_steps,
-        }
+            internal_fragmentation_bytes=mem.allocated_bytes - token_states,
+            external_fragmentation_bytes=mem.free_bytes - mem.largest_free_bytes,
+            free_bytes=mem.largest_free_bytes,
+        )
+        kv = KVStats(mem.capacity_bytes, mem.allocated_bytes, mem.free_bytes, mem.largest_free_bytes, len(live))
+        out = self._stats("growth", kv, bd, live, len(self.waiting), 0, self.kv_bytes_per_token)
+        out["decode_steps"] = self.decode_steps
+        return out
 
     def memory_map(self) -> list[dict]:
         return [{"offset": o, "size": s, "owner": owner} for o, s, owner in self.memory.extents()]

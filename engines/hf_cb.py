@@ -11,6 +11,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from engines.engine import Engine, Request
+from engines.kv import Breakdown, KVStats
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
@@ -94,30 +95,12 @@ class HFContinuousBatchingEngine(Engine):
         capacity = cache.num_sectors * cache.bytes_per_sector if cache else 0
         free = int(cache.compute_free_capacity(relative=False)) if cache else 0
         live = [s for s in self.seqs.values() if not s.is_finished]
-        live_tokens = sum(s.num_tokens for s in live)
         allocated = capacity - free
-        token_states = min(allocated, live_tokens * self.kv_bytes_per_token)
-        return {
-            "engine": self.name,
-            "policy": "paged (transformers)",
-            "kv_capacity_bytes": capacity,
-            "token_states_bytes": token_states,
-            "reservation_bytes": 0,
-            # transformers keeps finished requests' blocks for prefix sharing: counted here, not as free
-            "internal_fragmentation_bytes": allocated - token_states,
-            "external_fragmentation_bytes": 0,
-            "allocated_bytes": allocated,
-            "free_bytes": free,
-            "largest_free_bytes": free,
-            "running": len(live),
-            "waiting": 0,
-            "preempted_total": 0,
-            "live_tokens": live_tokens,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "oom_total": 0,
-            "oom_fragmentation": 0,
-            "steps": self.steps,
-        }
+        token_states = min(allocated, sum(s.num_tokens for s in live) * self.kv_bytes_per_token)
+        # transformers keeps finished requests' blocks for prefix sharing: counted as allocated, not free
+        bd = Breakdown(token_states, 0, allocated - token_states, 0, free)
+        kv = KVStats(capacity, allocated, free, free, len(live))
+        return self._stats("paged (transformers)", kv, bd, live, 0, 0, self.kv_bytes_per_token)
 
     def close(self) -> None:
         self.manager.stop(block=True)

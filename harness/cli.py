@@ -82,14 +82,20 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 # -- plan
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness.gpus import gpu_preset
-    from harness.plan import make_plan, render_plan
+    from harness.plan import SHAREGPT_MIX, LengthMix, make_plan, render_plan
 
     shape = shape_or_usage(args.model)
     try:
         gpu_mem = gpu_preset(args.gpu).memory_bytes if args.gpu else args.gpu_mem
     except ValueError as e:
         raise UsageError(str(e)) from None
-    plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size)
+    mix = SHAREGPT_MIX
+    if args.workload:
+        max_seq_len = args.max_seq_len or shape.max_seq_len
+        reqs = trace_or_usage(args.workload, 0, max_seq_len, shape.vocab_size).requests
+        mix = LengthMix(sum(len(r.prompt_ids) for r in reqs) / len(reqs), sum(r.max_tokens for r in reqs) / len(reqs),
+                        f"workload {args.workload}, {len(reqs)} requests at max_seq_len {max_seq_len}")
+    plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
     return 0
 
@@ -471,6 +477,7 @@ def build_parser() -> Parser:
     plan.add_argument("--max-seq-len", type=positive_int)
     plan.add_argument("--block-size", type=positive_int, default=16)
     plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
+    plan.add_argument("--workload", help="length mix for the paged estimate (default: ShareGPT-like means)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

@@ -94,3 +94,11 @@ def test_model_build_is_seeded(tmp_path):
     a = load_file(build_model("tiny-llama", tmp_path / "a", seed=3) / "model.safetensors")
     b = load_file(build_model("tiny-llama", tmp_path / "b", seed=3) / "model.safetensors")
     assert all(a[k].equal(b[k]) for k in a)
+
+
+def test_plan_takes_the_length_mix_of_a_workload():
+    short = plan_json("--model", "llama-2-13b", "--gpu", "a100-80gb", "--workload", "chat-short")
+    long = plan_json("--model", "llama-2-13b", "--gpu", "a100-80gb", "--workload", "rag-long")
+    assert short["paged_expected_concurrency"] > long["paged_expected_concurrency"] > 0
+    assert "rag-long" in long["workload"]
+    assert short["static_max_concurrency"] == long["static_max_concurrency"]

@@ -124,6 +124,14 @@ class Engine(ABC):
             "steps": self.steps,
         }
 
+    def _stop_reason(self, seq: Sequence) -> FinishReason | None:
+        """Why seq ends after its newest token, if it does: EOS, max_tokens or the context."""
+        if not seq.params.ignore_eos and seq.token_ids[-1] == self.eos_token_id:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            return FinishReason.LENGTH
+        return None
+
     def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
         done = False
         if finished:
@@ -210,11 +218,7 @@ class ScheduledEngine(Engine):
 
     def _append(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
-        reason = None
-        if not seq.params.ignore_eos and token == self.eos_token_id:
-            reason = FinishReason.STOP
-        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
-            reason = FinishReason.LENGTH
+        reason = self._stop_reason(seq)
         if reason is not None:
             self.scheduler.finish(seq, reason)
         self._emit(seq, token, reason is not None)

@@ -118,10 +118,9 @@ class HFEngine(Engine):
 
     def _append(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
-        if not seq.params.ignore_eos and token == self.eos_token_id:
-            self._finish(seq, FinishReason.STOP, token)
-        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
-            self._finish(seq, FinishReason.LENGTH, token)
+        reason = self._stop_reason(seq)
+        if reason is not None:
+            self._finish(seq, reason, token)
         else:
             self._emit(seq, token, False)
 

@@ -75,11 +75,11 @@ class HFContinuousBatchingEngine(Engine):
         for token in result.generated_tokens[seq.num_output_tokens :]:
             seq.token_ids.append(token)
             self.steps += 1
-            if not seq.params.ignore_eos and token == self.eos_token_id:
-                self.manager.cancel_request(seq.seq_id)
-                return self._end(seq, FinishReason.STOP, token)
-            if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
-                return self._end(seq, FinishReason.LENGTH, token)
+            reason = self._stop_reason(seq)
+            if reason is not None:
+                if reason == FinishReason.STOP:
+                    self.manager.cancel_request(seq.seq_id)  # transformers would go on past our EOS
+                return self._end(seq, reason, token)
             self._emit(seq, token, False)
         if result.is_finished():
             self._end(seq, FinishReason.LENGTH, None)

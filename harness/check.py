@@ -238,11 +238,12 @@ def served_model(target: str) -> str | None:
 
 
 def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
-    m = metrics.scrape() or {}
+    samples = metric_samples(metrics.url)  # one scrape serves both servers' ways of saying it
     server_tokens = None
-    if family == "fragbench" and m.get("fragbench:kv_capacity_bytes"):
-        server_tokens = int(m["fragbench:kv_capacity_bytes"] // kvb)
-    info = [s for s in metric_samples(metrics.url) if s[0] == "vllm:cache_config_info"]
+    capacity = [v for name, _, v in samples if name == "fragbench:kv_capacity_bytes"]
+    if family == "fragbench" and capacity and capacity[0]:
+        server_tokens = int(capacity[0] // kvb)
+    info = [s for s in samples if s[0] == "vllm:cache_config_info"]
     if info:
         labels = info[0][1]
         if labels.get("num_gpu_blocks") not in (None, "None") and labels.get("block_size"):

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import psutil
 
-from harness.results import Journal
+from harness.results import SAMPLE_COLUMNS, Journal
 
-# /stats fields copied into every sample row
+# /stats fields copied into every sample row: the samples columns, then what the report needs beside them
 FIELDS = (
-    "kv_capacity_bytes", "token_states_bytes", "reservation_bytes", "internal_fragmentation_bytes",
-    "external_fragmentation_bytes", "allocated_bytes", "free_bytes", "largest_free_bytes", "running", "waiting",
-    "preempted_total", "device_used_bytes", "torch_allocated_bytes", "torch_reserved_bytes", "live_tokens",
+    *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s")),
+    "reservation_bytes", "internal_fragmentation_bytes", "external_fragmentation_bytes", "live_tokens",
     "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count",
 )
 

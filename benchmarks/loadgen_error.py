@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.serve:
         return stub_server(args.serve, Path(args.stamps))
-    from engines.vllm_peer import free_port
+    from engines.procs import free_port
 
     tmp = Path(tempfile.mkdtemp())
     port, stamps = free_port(), tmp / "stamps.jsonl"

@@ -75,7 +75,8 @@ def main() -> None:
             r = asyncio.run(cancel_storm(srv.url, args.requests, concurrency=64, seed=7))
             s = wait_drained(srv.url)
             print(f"cancel storm {engine:<6}: requests sent {r.sent}, cancellations {r.cancelled}, completed "
-                  f"{r.completed}, rejected for memory {r.oom}, 5xx {r.status_5xx}, client errors {len(r.errors)}, leaked bytes "
+                  f"{r.completed}, rejected for memory {r.oom}, 5xx {r.status_5xx}, client errors {len(r.errors)}, "
+                  "leaked bytes "
                   f"{s['allocated_bytes']}, release p99 {s['abort_release_p99_steps']} engine steps", flush=True)
     with start_server("paged", MODEL, "32MiB", tmp / "fuzz.log", extra=["--max-seq-len", "256"]) as srv:
         bad = fuzz(srv.url, args.bodies, seed=11)

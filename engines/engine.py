@@ -171,11 +171,20 @@ class ScheduledEngine(Engine):
         return [seq]
 
     def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
+        self._end_request(request_id, FinishReason.ABORT)
+        self._released(requested_at, steps_at)
+
+    def fail_request(self, request_id: str, err: Exception) -> None:
+        """Serving the request raised: every sample of it ends with an error, its KV freed in this step."""
+        for seq in self.by_request.get(request_id, []):
+            seq.error = f"{type(err).__name__}: {err}"[:300]
+        self._end_request(request_id, FinishReason.ERROR)
+
+    def _end_request(self, request_id: str, reason: FinishReason) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
-                self.scheduler.finish(seq, FinishReason.ABORT)
+                self.scheduler.finish(seq, reason)
                 self._emit(seq, None, True)
-        self._released(requested_at, steps_at)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -192,9 +201,14 @@ class ScheduledEngine(Engine):
         for chunk, row in zip(plan.chunks, logits, strict=True):
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
-            if seq.seq_id in self.pending_forks:
-                self._fork(seq, row)
-            self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
+            if seq.is_finished:  # a sibling's failure earlier in this loop ended it
+                continue
+            try:
+                if seq.seq_id in self.pending_forks:
+                    self._fork(seq, row)
+                self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
+            except Exception as err:  # one sequence's failure is its request's alone
+                self.fail_request(seq.request_id, err)
 
     def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
         """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""

@@ -68,10 +68,18 @@ def make_engine(spec: EngineSpec):
     from engines.engine import ScheduledEngine
 
     memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
-    if spec.engine == "paged":
-        kv = PagedKV(memory, kvb, max_seq_len, spec.block_size, spec.prefix_caching)
-    else:
-        kv = StaticKV(memory, kvb, max_seq_len, spec.reserve, spec.preflight)
+    try:
+        if spec.engine == "paged":
+            kv = PagedKV(memory, kvb, max_seq_len, spec.block_size, spec.prefix_caching)
+        else:
+            kv = StaticKV(memory, kvb, max_seq_len, spec.reserve, spec.preflight)
+    except ValueError as e:
+        raise EngineConfigError(str(e)) from None
+    if kv.longest_sequence_tokens() < max_seq_len:
+        raise EngineConfigError(
+            f"KV budget {spec.kv_budget_bytes} B holds {kv.longest_sequence_tokens()} tokens in one sequence as the "
+            f"{kv.name} policy allocates them, fewer than max_seq_len {max_seq_len}"
+        )
     config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),

@@ -178,6 +178,11 @@ class HFEngine(Engine):
             for seq in batch:
                 if not seq.is_finished:
                     self._finish(seq, FinishReason.OOM)
+        except Exception as err:  # a failure inside generate belongs to this batch's requests alone
+            for seq in batch:
+                if not seq.is_finished:
+                    seq.error = f"{type(err).__name__}: {err}"[:300]
+                    self._finish(seq, FinishReason.ERROR)
         finally:
             for layer in cache.layers:
                 layer.release()

@@ -94,6 +94,20 @@ class DeviceMemory(ABC):
     def view(self, alloc: Allocation) -> torch.Tensor:
         """The allocation's bytes as a uint8 tensor."""
 
+    @abstractmethod
+    def rounded(self, nbytes: int) -> int:
+        """What an allocation of nbytes takes, as this allocator rounds it."""
+
+    def max_units(self, unit_bytes: int) -> int:
+        """The most whole units of unit_bytes one allocation can take now, rounding included: a pool sized
+        so never asks for more than the budget. Rounding is monotonic, so a binary search finds it."""
+        limit = self.stats().largest_free_bytes
+        lo, hi = 0, limit // unit_bytes
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.rounded(mid * unit_bytes) <= limit else (lo, mid - 1)
+        return lo
+
 
 def round_size(nbytes: int) -> int:
     """PyTorch's caching-allocator rounding: 512 B granules, 2 MiB granules above 1 MiB."""
@@ -132,6 +146,9 @@ class Arena(DeviceMemory):
     @property
     def backed(self) -> bool:
         return self.backing is not None
+
+    def rounded(self, nbytes: int) -> int:
+        return self._heap.round(nbytes)
 
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
         size = self._heap.round(nbytes)
@@ -301,6 +318,9 @@ class CudaMemory(DeviceMemory):
     @property
     def backed(self) -> bool:
         return True
+
+    def rounded(self, nbytes: int) -> int:
+        return round_size(nbytes)
 
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
         try:

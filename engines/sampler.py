@@ -6,21 +6,24 @@ import torch
 
 from engines.sequence import SamplingParams
 
+# Below this temperature sampling is greedy (as vLLM's _SAMPLING_EPS): dividing by it would overflow fp32.
+GREEDY_BELOW = 1e-5
+
 
 def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return None
     g = torch.Generator()
     if params.seed is None:
         g.seed()
-    else:
-        g.manual_seed(params.seed * 1_000_003 + sample_index)
+    else:  # any 64-bit seed and sample index give a seed manual_seed takes
+        g.manual_seed((params.seed * 1_000_003 + sample_index) % 2**63)
     return g
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from one row of fp32 logits."""
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return int(logits.argmax())
     probs = torch.softmax(logits.cpu() / params.temperature, dim=-1)
     if params.top_p < 1.0:

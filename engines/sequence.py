@@ -17,6 +17,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or max_seq_len
     ABORT = "abort"  # the client went away or cancelled
     OOM = "oom"  # a KV allocation failed and the engine rejects rather than crashes
+    ERROR = "error"  # serving this sequence raised (sampling, stop rule): it alone fails
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0  # tokens whose KV is written
     num_preemptions: int = 0
+    error: str | None = None  # why it ended with FinishReason.ERROR
 
     def __post_init__(self) -> None:
         if not self.token_ids:

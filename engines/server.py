@@ -3,6 +3,11 @@
 The engine lives in its own thread and is only ever touched there: handlers send it commands (add,
 abort, snapshot) through a queue that it drains between steps and, for the naive engine, inside its
 long batches. A client that disconnects aborts its request; the engine frees its KV in that step.
+
+Failures: an error while serving one sequence fails its request alone (a 500 body, or an error event on
+its stream). An error the engine cannot pin on a sequence ends every open request with an error at once
+(no client waits more than one event-loop turn for it), /health answers 503 from then on, and the process
+exits with ENGINE_ERROR_EXIT_CODE after FAIL_GRACE_S so that whoever supervises it restarts it.
 """
 
 from __future__ import annotations
@@ -25,11 +30,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from engines.engine import Engine, Request, TokenEvent
 from engines.memory import device_snapshot
 from engines.scheduler import EngineCrash
-from engines.sequence import SamplingParams
-from engines.validation import CompletionRequest, InvalidRequest, parse_completion
+from engines.sequence import FinishReason, SamplingParams
+from engines.validation import CompletionRequest, InvalidRequest, error_body, parse_completion
 
 MAX_BODY_BYTES = 1 * 2**20
-CRASH_EXIT_CODE = 70
+CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
+ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
+FAIL_GRACE_S = 1.0  # failed responses get this long to reach their clients before the process exits
+
+
+class InjectedFault(RuntimeError):
+    """`serve --fail-at-step N`: an engine-wide error on purpose, to test supervisors (bench, systemd)."""
+
+
+class EngineFailed(Exception):
+    """Raised into a handler whose engine can no longer serve."""
 
 
 @dataclass
@@ -41,9 +56,14 @@ class Stream:
 
 
 class EngineThread:
-    def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None]):
+    def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
+                 fail_at_step: int | None = None):
         self.engine = engine
         self.on_crash = on_crash
+        self.on_fatal = on_fatal
+        self.fail_at_step = fail_at_step
+        self.failure: str | None = None  # set once the engine cannot serve
+        self.last_stats: dict = {}
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, Stream] = {}
         self.started_s = time.monotonic()
@@ -69,6 +89,8 @@ class EngineThread:
         self.commands.put(("abort", request_id, time.monotonic(), self.engine.steps))
 
     async def snapshot(self, releases: bool = False) -> dict:
+        if self.failure is not None:  # nobody is left to answer: the last snapshot, marked
+            return {**self.last_stats, "engine_error": self.failure}
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.commands.put(("snapshot", loop, fut, releases))
@@ -76,19 +98,32 @@ class EngineThread:
 
     # -- the engine thread
     def _run(self) -> None:
-        while not self.stopping:
-            self.poll()
-            if self.engine.has_work():
-                try:
+        try:
+            while not self.stopping:
+                self.poll()
+                if self.engine.has_work():
                     self.engine.step()
-                except EngineCrash as crash:
-                    self.on_crash(crash)
-                    return
-            else:
-                try:
-                    self._handle(self.commands.get(timeout=0.05))
-                except queue.Empty:
-                    pass
+                    if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
+                        raise InjectedFault(f"injected engine error at step {self.engine.steps}")
+                else:
+                    try:
+                        self._handle(self.commands.get(timeout=0.05))
+                    except queue.Empty:
+                        pass
+        except EngineCrash as crash:  # the naive server's OOM: it goes down at once, as it would on a GPU
+            self.failure = f"engine crashed on a KV allocation ({crash.event.cause})"
+            self.on_crash(crash)
+        except Exception as err:  # the engine, not one request, is broken
+            self._fail(f"{type(err).__name__}: {err}")
+        finally:
+            if not self.stopping and self.failure is None:
+                self._fail("the engine thread ended")
+
+    def _fail(self, message: str) -> None:
+        self.failure = message[:500]
+        self.last_stats["engine_errors"] = 1
+        self.streams.clear()
+        self.on_fatal(self.failure)
 
     def poll(self) -> None:
         while True:
@@ -115,6 +150,10 @@ class EngineThread:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
 
     def _snapshot(self) -> dict:
+        self.last_stats = self._stats()
+        return self.last_stats
+
+    def _stats(self) -> dict:
         stats = self.engine.stats()
         stats.update(device_snapshot())
         releases = sorted(self.engine.abort_release_s)
@@ -130,6 +169,7 @@ class EngineThread:
             abort_release_max_s=releases[-1] if releases else None,
             abort_release_p99_steps=p99(self.engine.abort_release_steps),
             threads=threading.active_count(),
+            engine_errors=0,
             memory_map=self.engine.memory_map(),
         )
         return stats
@@ -181,6 +221,8 @@ class MetricsCollector:
         oom.add_metric(["capacity"], s["oom_total"] - s["oom_fragmentation"])
         oom.add_metric(["fragmentation"], s["oom_fragmentation"])
         yield oom
+        yield CounterMetricFamily("fragbench:engine_errors", "errors that stopped the engine (it then exits)",
+                                  value=s.get("engine_errors", 0))
         done = CounterMetricFamily("fragbench:request_success", "finished samples by reason",
                                    labels=["finished_reason"])
         for reason, count in s["finished_total"].items():
@@ -193,12 +235,15 @@ def error_response(err: InvalidRequest) -> web.Response:
 
 
 class CompletionServer:
-    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None):
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
+                 fail_at_step: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key
-        self.thread = EngineThread(engine, self._crashed)
+        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
         self.metrics = MetricsCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
@@ -215,6 +260,7 @@ class CompletionServer:
         return app
 
     async def _start(self, app: web.Application) -> None:
+        self.loop, self.dead = asyncio.get_running_loop(), asyncio.Event()
         self.thread.start()
 
     async def _stop(self, app: web.Application) -> None:
@@ -226,6 +272,13 @@ class CompletionServer:
         print("fragbench-crash " + json.dumps({**crash.event.__dict__, **context}), file=sys.stderr, flush=True)
         os._exit(CRASH_EXIT_CODE)
 
+    def _failed(self, message: str) -> None:
+        """From the engine thread: end every open request now, then exit so a supervisor restarts us."""
+        print("fragbench-engine-error " + json.dumps({"error": message}), file=sys.stderr, flush=True)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.dead.set)
+        threading.Timer(FAIL_GRACE_S, os._exit, [ENGINE_ERROR_EXIT_CODE]).start()
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if self.api_key and request.path != "/health":
@@ -235,8 +288,9 @@ class CompletionServer:
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        alive = self.thread.thread.is_alive()
-        return web.json_response({"status": "ok" if alive else "down"}, status=200 if alive else 503)
+        alive = self.thread.thread.is_alive() and self.thread.failure is None
+        body = {"status": "ok"} if alive else {"status": "down", "error": self.thread.failure}
+        return web.json_response(body, status=200 if alive else 503)
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
@@ -259,6 +313,8 @@ class CompletionServer:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise InvalidRequest("the body is not valid JSON", None) from None
+        except RecursionError:
+            raise InvalidRequest("the body nests too deeply", None) from None
         req = parse_completion(body, self._tokenize, self.engine.vocab_size, self.engine.max_seq_len)
         if getattr(self.engine, "greedy_only", False) and req.temperature > 0:
             raise InvalidRequest(f"engine {self.engine.name} decodes greedily: temperature must be 0", "temperature")
@@ -272,6 +328,9 @@ class CompletionServer:
             req = await self._parse(request)
         except InvalidRequest as err:
             return error_response(err)
+        if self.thread.failure is not None:
+            return web.json_response(error_body(f"engine failed: {self.thread.failure}", "engine_error", 503),
+                                     status=503)
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos)
         loop = asyncio.get_running_loop()
@@ -284,14 +343,24 @@ class CompletionServer:
             if req.stream:
                 return await self._stream(request, rid, req, streams)
             return await self._whole(rid, req, streams)
+        except EngineFailed as err:  # before any byte was sent
+            return web.json_response(error_body(str(err), "engine_error", 500), status=500)
         except (asyncio.CancelledError, ConnectionResetError):
-            for i in range(len(req.prompts)):
-                self.thread.abort(f"{rid}-{i}")
+            self._abort(rid, req)
             raise
 
-    async def _events(self, req: CompletionRequest, streams: list[Stream]):
-        """(choice index, event) across every prompt's stream, until each request is done."""
+    def _abort(self, rid: str, req: CompletionRequest) -> None:
+        for i in range(len(req.prompts)):
+            self.thread.abort(f"{rid}-{i}")
+
+    async def _events(self, rid: str, req: CompletionRequest, streams: list[Stream]):
+        """(choice index, event) across every prompt's stream, until each request is done. Raises
+        EngineFailed when a sample fails (the request's other samples are aborted) or the engine does."""
         merged: asyncio.Queue = asyncio.Queue()
+
+        async def watch_engine() -> None:
+            await self.dead.wait()
+            await merged.put(EngineFailed(f"engine failed: {self.thread.failure}"))
 
         async def one(i: int, stream: Stream) -> None:
             while True:
@@ -301,12 +370,18 @@ class CompletionServer:
                     return await merged.put(None)
 
         tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(streams)]
+        tasks.append(asyncio.create_task(watch_engine()))
         try:
             remaining = len(streams)
             while remaining:
                 item = await merged.get()
                 if item is None:
                     remaining -= 1
+                elif isinstance(item, EngineFailed):
+                    raise item
+                elif item[1].seq.finish_reason == FinishReason.ERROR:
+                    self._abort(rid, req)
+                    raise EngineFailed(f"request failed: {item[1].seq.error}")
                 else:
                     yield item
         finally:
@@ -316,7 +391,7 @@ class CompletionServer:
     async def _whole(self, rid: str, req: CompletionRequest, streams: list[Stream]) -> web.Response:
         tokens: dict[int, list[int]] = {}
         reasons: dict[int, str] = {}
-        async for index, ev in self._events(req, streams):
+        async for index, ev in self._events(rid, req, streams):
             if ev.token_id is not None:
                 tokens.setdefault(index, []).append(ev.token_id)
             if ev.finished:
@@ -347,16 +422,23 @@ class CompletionServer:
             data = payload if isinstance(payload, str) else json.dumps(payload)
             await resp.write(f"data: {data}\n\n".encode())
 
-        async for index, ev in self._events(req, streams):
-            delta = ""
-            if ev.token_id is not None:
-                tokens.setdefault(index, []).append(ev.token_id)
-                full = self.tokenizer.decode(tokens[index])
-                delta, texts[index] = full[len(texts.get(index, "")) :], full
-            choice = {"index": index, "text": delta, "token_ids": [ev.token_id] if ev.token_id is not None else [],
-                      "logprobs": None, "finish_reason": ev.seq.finish_reason.value if ev.finished else None}
-            await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                        "choices": [choice]})
+        try:
+            async for index, ev in self._events(rid, req, streams):
+                delta = ""
+                if ev.token_id is not None:
+                    tokens.setdefault(index, []).append(ev.token_id)
+                    full = self.tokenizer.decode(tokens[index])
+                    delta, texts[index] = full[len(texts.get(index, "")) :], full
+                choice = {"index": index, "text": delta,
+                          "token_ids": [ev.token_id] if ev.token_id is not None else [], "logprobs": None,
+                          "finish_reason": ev.seq.finish_reason.value if ev.finished else None}
+                await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                            "choices": [choice]})
+        except EngineFailed as err:  # the headers are out: the error travels as the stream's last event
+            await send(error_body(str(err), "engine_error", 500))
+            await send("[DONE]")
+            await resp.write_eof()
+            return resp
         if req.include_usage:
             await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                         "choices": [], "usage": self._usage(req, tokens)})

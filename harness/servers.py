@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from engines.procs import spawn
+from engines.procs import stop as stop_process
 
 READY = re.compile(r"fragbench serve: \S+ on (http://\S+)")
 
@@ -29,14 +31,8 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 10) -> int | None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        """SIGTERM to the server's process group (vLLM's children included), SIGKILL after timeout_s."""
+        return stop_process(self.proc, timeout_s)
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -62,8 +58,7 @@ def start_server(
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -72,7 +67,7 @@ def start_server(
         if m and healthy(m.group(1)):
             return ServerProcess(proc, m.group(1), log_path)
         time.sleep(0.2)
-    proc.kill()
+    stop_process(proc)
     raise ServerFailed(f"{engine} server not healthy after {timeout_s:.0f} s: {tail(log_path)}")
 
 

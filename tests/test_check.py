@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from engines.vllm_peer import free_port, vllm_python
+from engines.procs import free_port
+from engines.vllm_peer import vllm_python
 from harness.servers import start_server
 from tests.conftest import run_cli
 

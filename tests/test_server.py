@@ -119,6 +119,9 @@ BAD = [
     (json.dumps({"prompt": "hi", "max_tokens": 4, "temperature": -1}).encode(), 400, "temperature"),
     (json.dumps({"prompt": "hi", "max_tokens": 4, "stream": "yes"}).encode(), 400, "stream"),
     (json.dumps({"prompt": "x" * (2**20 + 10), "max_tokens": 4}).encode(), 413, None),
+    # Python's JSON reader takes NaN and Infinity literals: each must be refused, naming its field
+    *[(json.dumps({"prompt": "hi", "max_tokens": 4, field: float(value)}).encode(), 400, field)
+      for field in ("temperature", "top_p", "max_tokens", "n", "seed") for value in ("nan", "inf", "-inf")],
 ]
 
 

@@ -6,7 +6,8 @@ import urllib.request
 
 import pytest
 
-from engines.vllm_peer import metric_values, vllm_python
+from engines.procs import metric_values
+from engines.vllm_peer import vllm_python
 from tests.conftest import run_cli
 
 

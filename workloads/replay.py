@@ -101,7 +101,12 @@ class ReplayUser(HttpUser):
             if data == b"[DONE]":
                 break
             t = now(plan)
-            choice = json.loads(data)["choices"]
+            payload = json.loads(data)  # not JSON: the request's error, recorded below
+            if "error" in payload:  # the server failed this request mid-stream
+                out.status, out.error = "error", str(payload["error"])[:200]
+                resp.success()
+                return
+            choice = payload["choices"]
             if not choice:
                 continue
             tokens = len(choice[0].get("token_ids") or []) or (1 if choice[0].get("text") else 0)

@@ -122,6 +122,11 @@ class KVPolicy(ABC):
             view[:, dst : dst + n] = view[:, src : src + n]
 
     @abstractmethod
+    def longest_sequence_tokens(self) -> int:
+        """The most tokens one sequence could hold if it came now: asked of a new policy, whether one
+        sequence of max_seq_len fits the budget at all, the allocator's rounding included."""
+
+    @abstractmethod
     def slack_tokens(self, seq: SeqLike) -> int:
         """Tokens seq can still add before the policy must allocate for it."""
 

@@ -22,6 +22,9 @@ class ContiguousKV(KVPolicy):
         alloc = self.allocs.get(seq.seq_id)
         return alloc.requested // self.kv_bytes_per_token if alloc else 0
 
+    def longest_sequence_tokens(self) -> int:
+        return self.memory.max_units(self.kv_bytes_per_token)
+
     def slack_tokens(self, seq: SeqLike) -> int:
         return max(0, self.capacity_tokens(seq) - seq.num_tokens)
 

@@ -82,9 +82,10 @@ class PagedKV(KVPolicy):
         self.max_seq_len = max_seq_len
         self.block_size = block_size
         self.block_bytes = block_size * kv_bytes_per_token
-        num_blocks = memory.capacity_bytes // self.block_bytes
+        num_blocks = memory.max_units(self.block_bytes)  # the allocator's rounding stays inside the budget
         if num_blocks < 1:
-            raise ValueError(f"KV budget {memory.capacity_bytes} B holds no block of {self.block_bytes} B")
+            raise ValueError(f"KV budget {memory.capacity_bytes} B holds no block of {self.block_bytes} B "
+                             f"({memory.rounded(self.block_bytes)} B as the allocator rounds it)")
         # vLLM-style: one pool allocated up front; blocks are slices of it.
         self.pool_alloc = memory.allocate(num_blocks * self.block_bytes, owner="kv-block-pool")
         self.pool = BlockPool(num_blocks)
@@ -130,6 +131,9 @@ class PagedKV(KVPolicy):
         self.cached_tokens[child.seq_id] = parent.num_tokens
         if parent.seq_id in self.hash_chain:
             self.hash_chain[child.seq_id] = self.hash_chain[parent.seq_id]
+
+    def longest_sequence_tokens(self) -> int:
+        return len(self.pool.blocks) * self.block_size
 
     def slack_tokens(self, seq: SeqLike) -> int:
         return max(0, len(self.tables.get(seq.seq_id, ())) * self.block_size - seq.num_tokens)

@@ -1,0 +1,94 @@
+"""Child processes that end with their parent, a free loopback port, and Prometheus text as numbers.
+
+The lowest layer that needs these is the engines' (the vLLM peer); the harness imports them from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel sends it SIGTERM when its parent dies, SIGKILL included."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's own handlers still stop it
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """A child in a process group of its own (so `stop` reaches its children too) that dies with us."""
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent, start_new_session=True, **kwargs)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> int | None:
+    """SIGTERM to the child's whole group; SIGKILL to what is left of it after timeout_s."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    wait_group_gone(proc.pid, timeout_s)
+    return proc.returncode
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Wait for every process of a group to exit, SIGKILL the rest at the deadline. False if any had to be."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM and SIGHUP become SystemExit in the main thread: `finally` blocks then stop our children."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Each sample of a Prometheus text page, summed over its labels (one engine, one model)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+__all__ = ["exit_on_sigterm", "free_port", "group_alive", "metric_values", "spawn", "stop", "wait_group_gone"]

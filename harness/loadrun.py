@@ -1,0 +1,61 @@
+"""The load generator's command line, built in one place for every caller (load, bench, check).
+
+The generator runs in a process of its own (`import locust` monkey-patches the interpreter); this module
+imports nothing of Locust's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.procs import spawn
+from engines.procs import stop as stop_process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class LoadArgs:
+    target: str
+    workload: str
+    out: Path
+    duration_s: float
+    seed: int = 0
+    max_seq_len: int = 2048
+    vocab_size: int = 4096
+    t0: float | None = None  # wall-clock origin of the trace's arrival times (default: when it starts)
+    grace_s: float = 30.0
+    engine: str = "target"  # the rows' label
+    model: str | None = None
+    api_key: str | None = None
+    workers: int = 1
+
+    def argv(self) -> list[str]:
+        out = ["--target", self.target, "--workload", self.workload, "--out", str(self.out),
+               "--duration", str(self.duration_s), "--seed", str(self.seed), "--max-seq-len", str(self.max_seq_len),
+               "--vocab-size", str(self.vocab_size), "--grace", str(self.grace_s), "--engine", self.engine,
+               "--workers", str(self.workers)]
+        for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key)):
+            if value is not None:
+                out += [flag, str(value)]
+        return out
+
+
+def start_loadgen(args: LoadArgs, **popen_kwargs) -> subprocess.Popen:
+    """The generator as a child that dies with us; stop it with `stop_loadgen`."""
+    return spawn([sys.executable, "-m", "harness.loadgen", *args.argv()], cwd=ROOT, **popen_kwargs)
+
+
+def run_loadgen(args: LoadArgs, **popen_kwargs) -> int:
+    """Run it to the end; whatever stops us (SIGTERM, Ctrl-C) stops it too."""
+    proc = start_loadgen(args, **popen_kwargs)
+    try:
+        return proc.wait()
+    finally:
+        stop_process(proc)
+
+
+stop_loadgen = stop_process

@@ -35,12 +35,14 @@ model: $(MODEL_DIR)/config.json
 $(MODEL_DIR)/config.json: $(STAMP)
 	$(BIN)/fragbench model build --preset tiny-llama --out $(MODEL_DIR)
 
-# The default CPU comparison: every in-house engine (and vLLM when installed) on mixed-churn, with a
-# KV budget small enough that the naive engines run out; static runs as a naive static server does
-# (admitted without a memory check, so its reservations OOM).
+# The default CPU comparison: every kind of engine (and vLLM when installed) on mixed-churn, with a
+# KV budget small enough that contiguous memory runs out. static-max runs as a naive static server does
+# (admitted without a memory check, so its max-length reservations OOM for capacity); static-oracle
+# reserves exactly prompt + max_tokens, so its extents differ in size, free out of order and strand holes:
+# it admits on free bytes (all a GPU server can see) and meets OOMs with memory free (fragmentation).
 comma := ,
-BENCH_ENGINES := hf,static,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
-BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 60 --engine-args static=--no-preflight
+BENCH_ENGINES := hf,static-max,static-oracle,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
+BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 60 --engine-args static-max=--no-preflight
 
 bench: setup model $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL_DIR) $(BENCH_ARGS)

@@ -1,13 +1,24 @@
-"""Output tokens/s of each engine at batch 1, 8 and 32 (128 prompt / 128 output tokens, tiny model).
+"""Does batching pay off? Output and decode tokens/s of each engine, uniform and mixed-length batches,
+each beside a roofline measured on this machine.
 
 Run by hand:  .venv/bin/python benchmarks/engine_throughput.py --model models/tiny-llama [--threads 1]
-Every engine runs in this process with the same torch thread count; vLLM (when .venv-vllm exists)
-runs its own server process through `fragbench serve --engine vllm`, timed over HTTP.
+
+Rows:
+- `batch B` (128 prompt / 128 output tokens): output tokens/s, prefill included.
+- decode-only (time for 48 output tokens minus time for 1, so prefill cancels out): `16x128`,
+  `1x1500+15x128` (one long retrieval prompt among chats), `32x128`, and `mixed-churn` (16 prompts drawn
+  from that workload's length mix); `mixed/uniform` is the second over the first.
+- `roofline`: the share of the bound a decode step cannot beat: every step reads the weights and the live
+  KV once, at the copy bandwidth torch reaches on this machine (measured here, printed).
+
+Every in-house engine runs in this process with the same torch thread count; vLLM (when .venv-vllm exists)
+runs its own server process, pinned to the same number of cores, timed over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -17,23 +28,83 @@ from engines.offline import generate
 from engines.sequence import SamplingParams
 
 PROMPT_TOKENS = OUTPUT_TOKENS = 128
+DECODE_TOKENS = 48
+MAX_SEQ_LEN = 2048
 
 
-def tokens_per_s(engine_name: str, model: str, batch: int) -> float:
-    engine = make_engine(EngineSpec(engine_name, model, 512 * 2**20, max_seq_len=512, max_batch=batch,
-                                    max_num_seqs=batch, prefix_caching=False))
-    prompts = [[(17 * b + 31 * i) % 4000 + 3 for i in range(PROMPT_TOKENS)] for b in range(batch)]
-    params = SamplingParams(OUTPUT_TOKENS, ignore_eos=True)
-    generate(engine, prompts[:1], SamplingParams(4, ignore_eos=True))  # warm-up
+def prompt(length: int, salt: int) -> list[int]:
+    return [(17 * salt + 31 * i) % 4000 + 3 for i in range(length)]
+
+
+def shapes() -> dict[str, list[int]]:
+    from workloads.generate import trace
+    from workloads.spec import load_spec
+
+    churn = [len(r.prompt_ids) for r in trace(load_spec("mixed-churn"), seed=0, max_seq_len=MAX_SEQ_LEN).requests]
+    return {"16x128": [128] * 16, "1x1500+15x128": [1500] + [128] * 15, "32x128": [128] * 32,
+            "mixed-churn": [min(n, MAX_SEQ_LEN - DECODE_TOKENS) for n in churn[:16]]}
+
+
+def make(engine_name: str, model: str, batch: int):
+    return make_engine(EngineSpec(engine_name, model, 512 * 2**20, max_seq_len=MAX_SEQ_LEN, max_batch=batch,
+                                  max_num_seqs=batch, max_num_batched_tokens=32768, prefix_caching=False))
+
+
+def timed(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
     start = time.perf_counter()
-    outs = generate(engine, prompts, params)
-    elapsed = time.perf_counter() - start
+    outs = generate(engine, prompts, SamplingParams(max_tokens, ignore_eos=True))
+    return time.perf_counter() - start, sum(len(o[0].token_ids) for o in outs)
+
+
+def output_tokens_per_s(engine_name: str, model: str, batch: int) -> float:
+    engine = make(engine_name, model, batch)
+    timed(engine, [prompt(PROMPT_TOKENS, 0)], 4)  # warm-up
+    elapsed, tokens = timed(engine, [prompt(PROMPT_TOKENS, b) for b in range(batch)], OUTPUT_TOKENS)
     getattr(engine, "close", lambda: None)()
-    return sum(len(o[0].token_ids) for o in outs) / elapsed
+    return tokens / elapsed
 
 
-def vllm_tokens_per_s(model: str, batches: list[int]) -> list[float]:
-    """vLLM through its own server (one process, its own thread settings): B concurrent requests."""
+def decode_tokens_per_s(engine_name: str, model: str, lengths: list[int]) -> float:
+    engine = make(engine_name, model, len(lengths))
+    prompts = [prompt(n, b) for b, n in enumerate(lengths)]
+    timed(engine, prompts[:1], 2)  # warm-up
+    one, _ = min(timed(engine, prompts, 1) for _ in range(2))
+    many, _ = min(timed(engine, prompts, DECODE_TOKENS) for _ in range(2))
+    getattr(engine, "close", lambda: None)()
+    return len(lengths) * (DECODE_TOKENS - 1) / max(many - one, 1e-9)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second torch moves in a large copy (read + write), best of five."""
+    src = torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = min(_time(lambda: dst.copy_(src)) for _ in range(5))
+    return 2 * src.numel() / best
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def roofline_tokens_per_s(model: str, lengths: list[int], bandwidth: float) -> float:
+    """A decode step reads the weights and every live token's KV once: B tokens per that many bytes."""
+    import json
+    from pathlib import Path
+
+    from engines.shapes import ModelShape
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    shape = ModelShape.from_config(Path(model).name, cfg)
+    dtype = cfg.get("dtype", "float32")
+    live = sum(lengths) + len(lengths) * DECODE_TOKENS / 2  # the mean over the decode steps
+    step_bytes = shape.weights_bytes(dtype) + shape.kv_bytes_per_token(dtype) * live
+    return len(lengths) * bandwidth / step_bytes
+
+
+def vllm_rows(model: str, batches: list[int], decode: dict[str, list[int]], threads: int) -> tuple[list, list]:
+    """vLLM through its own server, on `threads` cores (the same as ours): B concurrent requests."""
     import asyncio
     import tempfile
     from pathlib import Path
@@ -42,28 +113,39 @@ def vllm_tokens_per_s(model: str, batches: list[int]) -> list[float]:
 
     from harness.servers import start_server
 
-    async def one_batch(url: str, batch: int) -> float:
+    async def run(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
         async with aiohttp.ClientSession() as s:
-            async def req(b: int) -> int:
-                body = {"prompt": [(17 * b + 31 * i) % 4000 + 3 for i in range(PROMPT_TOKENS)],
-                        "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True}
+            async def req(p: list[int]) -> int:
+                body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
                 async with s.post(f"{url}/v1/completions", json=body) as r:
                     return (await r.json())["usage"]["completion_tokens"]
-            await req(0)  # warm-up
             start = time.perf_counter()
-            tokens = sum(await asyncio.gather(*(req(b) for b in range(batch))))
-            return tokens / (time.perf_counter() - start)
+            tokens = sum(await asyncio.gather(*(req(p) for p in prompts)))
+            return time.perf_counter() - start, tokens
 
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with start_server("vllm", model, "512MiB", log, extra=["--max-seq-len", "512"], timeout_s=900) as srv:
-        return [asyncio.run(one_batch(srv.url, b)) for b in batches]
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cores)  # the server inherits the same cores
+    with start_server("vllm", model, "512MiB", log, extra=["--max-seq-len", str(MAX_SEQ_LEN)], timeout_s=900) as srv:
+        asyncio.run(run(srv.url, [prompt(8, 0)], 2))  # warm-up
+        out = []
+        for b in batches:
+            elapsed, tokens = asyncio.run(run(srv.url, [prompt(PROMPT_TOKENS, i) for i in range(b)], OUTPUT_TOKENS))
+            out.append(tokens / elapsed)
+        dec = []
+        for lengths in decode.values():
+            prompts = [prompt(n, b) for b, n in enumerate(lengths)]
+            one = asyncio.run(run(srv.url, prompts, 1))[0]
+            many = asyncio.run(run(srv.url, prompts, DECODE_TOKENS))[0]
+            dec.append(len(lengths) * (DECODE_TOKENS - 1) / max(many - one, 1e-9))
+        return out, dec
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/tiny-llama")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--engines", default="hf,hf-cb,static,paged,vllm")
+    ap.add_argument("--engines", default="hf,static,paged,vllm")
     ap.add_argument("--batches", default="1,8,32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -72,8 +154,13 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     batches = [int(b) for b in args.batches.split(",")]
-    print(f"output tokens/s, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens, {args.threads} thread(s)")
+    decode = shapes()
+    bandwidth = copy_bandwidth()
+    roof = {name: roofline_tokens_per_s(args.model, lengths, bandwidth) for name, lengths in decode.items()}
+    print(f"{args.threads} torch thread(s); copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write, measured)")
+    print(f"output tokens/s, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens, prefill included:")
     print(f"{'engine':<8}" + "".join(f"{'batch ' + str(b):>12}" for b in batches))
+    decode_rows = {}
     for name in args.engines.split(","):
         if name == "vllm":
             from engines.vllm_peer import vllm_python
@@ -81,10 +168,17 @@ def main() -> None:
             if vllm_python() is None:
                 print("vllm    not installed (make vllm)")
                 continue
-            row = vllm_tokens_per_s(args.model, batches)
+            row, decode_rows[name] = vllm_rows(args.model, batches, decode, args.threads)
         else:
-            row = [tokens_per_s(name, args.model, b) for b in batches]
+            row = [output_tokens_per_s(name, args.model, b) for b in batches]
+            decode_rows[name] = [decode_tokens_per_s(name, args.model, lengths) for lengths in decode.values()]
         print(f"{name:<8}" + "".join(f"{v:>12.0f}" for v in row), flush=True)
+    print(f"\ndecode tokens/s ({DECODE_TOKENS} output tokens minus 1), and its share of the roofline:")
+    print(f"{'engine':<8}" + "".join(f"{k:>22}" for k in decode) + f"{'mixed/uniform':>15}")
+    print(f"{'roofline':<8}" + "".join(f"{v:>22.0f}" for v in roof.values()))
+    for name, values in decode_rows.items():
+        cells = "".join(f"{v:>14.0f} ({v / roof[k]:>4.0%})" for k, v in zip(decode, values, strict=True))
+        print(f"{name:<8}{cells}{values[1] / values[0]:>15.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.kv import Breakdown, KVPolicy, KVStats, PagedKV
-from engines.memory import OOMEvent
+from engines.memory import OOMEvent, OutOfMemory
 from engines.model import ModelRunner
 from engines.sampler import make_generator, sample
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -95,14 +95,14 @@ class Engine(ABC):
 
     @abstractmethod
     def stats(self) -> dict:
-        """The samples columns of DESIGN.md, and whatever more the engine knows."""
+        """The samples columns (docs/architecture.md), and whatever more the engine knows."""
 
     def memory_map(self) -> list[dict]:
         return []
 
     def _stats(self, policy: str, kv: KVStats, bd: Breakdown, live: list[Sequence], waiting: int,
                preempted_total: int, kv_bytes_per_token: int) -> dict:
-        """The one stats record every engine reports (the samples columns of DESIGN.md and more)."""
+        """The one stats record every engine reports (the samples columns of docs/architecture.md and more)."""
         return {
             "engine": self.name,
             "policy": policy,
@@ -219,7 +219,7 @@ class ScheduledEngine(Engine):
             oom = None
             try:
                 self.kv.fork(parent, child)
-            except Exception as e:  # contiguous policies copy, and the copy may not fit
+            except OutOfMemory as e:  # contiguous policies copy, and the copy may not fit
                 oom = e
             token = sample(logits, child.params, self.generators[child.seq_id])
             if oom is None:

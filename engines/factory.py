@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from engines.kv import PagedKV, StaticKV
+from engines import ENGINES
+from engines.kv import make_policy
 from engines.memory import make_memory
 from engines.scheduler import OnOOM, SchedulerConfig
-
-ENGINES = ("hf", "hf-cb", "static", "paged")
 
 
 class EngineConfigError(ValueError):
@@ -25,7 +24,7 @@ class EngineSpec:
     max_seq_len: int | None = None
     block_size: int = 16
     reserve: Literal["max", "pow2", "oracle"] = "max"
-    preflight: bool = True  # static: wait for free bytes before admitting (Orca); False: try, and OOM
+    preflight: bool = True  # contiguous: wait for free bytes before admitting (Orca); False: try, and OOM
     on_oom: OnOOM | None = None  # crash for hf, reject otherwise
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
@@ -68,11 +67,9 @@ def make_engine(spec: EngineSpec):
     from engines.engine import ScheduledEngine
 
     memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
+    policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine
     try:
-        if spec.engine == "paged":
-            kv = PagedKV(memory, kvb, max_seq_len, spec.block_size, spec.prefix_caching)
-        else:
-            kv = StaticKV(memory, kvb, max_seq_len, spec.reserve, spec.preflight)
+        kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
     except ValueError as e:
         raise EngineConfigError(str(e)) from None
     if kv.longest_sequence_tokens() < max_seq_len:

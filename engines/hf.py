@@ -156,7 +156,7 @@ class HFEngine(Engine):
             self.model.generate(
                 input_ids=ids.to(self.model.device),
                 attention_mask=mask.to(self.model.device),
-                past_key_values=cache,
+                cache=cache,
                 max_new_tokens=max(1, max_new),
                 do_sample=params.temperature > 0,
                 temperature=params.temperature if params.temperature > 0 else None,

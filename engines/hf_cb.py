@@ -100,7 +100,13 @@ class HFContinuousBatchingEngine(Engine):
         # transformers keeps finished requests' blocks for prefix sharing: counted as allocated, not free
         bd = Breakdown(token_states, 0, allocated - token_states, 0, free)
         kv = KVStats(capacity, allocated, free, free, len(live))
-        return self._stats("paged (transformers)", kv, bd, live, 0, 0, self.kv_bytes_per_token)
+        out = self._stats("paged (transformers)", kv, bd, live, 0, 0, self.kv_bytes_per_token)
+        # in its batch, not merely handed to it: requests still queued in transformers are waiting
+        scheduler = getattr(self.manager.batch_processor, "scheduler", None)
+        active = getattr(scheduler, "active_requests", None)
+        out["running"] = len(active) if active is not None else None
+        out["waiting"] = len(live) - out["running"] if active is not None else None
+        return out
 
     def close(self) -> None:
         self.manager.stop(block=True)

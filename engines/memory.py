@@ -70,6 +70,7 @@ class Allocation:
 
 class DeviceMemory(ABC):
     capacity_bytes: int
+    device: torch.device  # where the bytes (and the row indices into them) live
 
     @abstractmethod
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
@@ -137,6 +138,7 @@ class Arena(DeviceMemory):
             if backing_device is not None
             else None
         )
+        self.device = self.backing.device if self.backing is not None else torch.device("cpu")
         self._lock = threading.Lock()
         self._live: dict[int, Allocation] = {}
         self._allocated = 0

@@ -1,9 +1,14 @@
-"""A Llama-family forward whose attention reads and writes K/V through a KV policy's slots.
+"""A Llama-family forward whose attention reads and writes K/V through a KV policy's rows.
 
 Tokens of all sequences in a step are flattened (prefill chunks and decodes alike). Each layer scatters
-the new K/V rows into the policy's store at their slots, then gathers every sequence's context rows
-(a block-table or contiguous gather) into a padded batch for `scaled_dot_product_attention`.
-The same code runs on CPU and CUDA tensors.
+the new K/V rows into the policy's store, then attends over each sequence's own context and nothing more:
+- decodes (one query each) in length buckets: sorted by context length, a bucket holds sequences within
+  BUCKET_RATIO of its longest, padded to that one and attended with plain batched matmuls. Padding is
+  bounded by the ratio (not by the batch's longest), so a step costs about the tokens it holds: one long
+  retrieval prompt no longer makes fifteen chats pay for its length;
+- prefill chunks (several queries each) one by one through `scaled_dot_product_attention`.
+Row tensors come from the policy, which changes them only when it allocates: the per-step Python work is
+per sequence, not per token of context. The same code runs on CPU and CUDA tensors.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from engines.kv.base import KVPolicy
 from engines.sequence import Sequence
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# A decode bucket's shortest context is at least 1/BUCKET_RATIO of its longest: at most a third of what a
+# bucket reads is padding, and a batch of any length mix needs few buckets (each costs a few kernel calls).
+BUCKET_RATIO = 1.5
 
 
 @dataclass
@@ -30,16 +38,32 @@ class Chunk:
 
 
 @dataclass
+class Bucket:
+    """One-query sequences of similar context length, padded to the longest of them."""
+
+    token_index: torch.Tensor  # [B] flat index of each one's query
+    rows: torch.Tensor  # [B, L] context rows, padded with row 0
+    mask: torch.Tensor  # [B, 1, 1, L] True at a real key
+
+
+@dataclass
+class Prefill:
+    """One chunk of several queries: tokens [first, first + n) of the flat step, over `rows` of context."""
+
+    first: int
+    n: int
+    rows: torch.Tensor  # [C] its context rows, the chunk's own included
+    mask: torch.Tensor | None  # [n, C] causal from its start; None when the chunk is the whole context
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    write_slots: torch.Tensor  # [T]
-    context_slots: torch.Tensor  # [B, C] rows of each sequence's context, padded with 0
-    attn_mask: torch.Tensor  # [B, 1, Q, C] True where a query may attend
-    query_index: torch.Tensor  # [B, Q] flat token index of each query (padded with 0)
-    query_valid: torch.Tensor  # [B, Q]
-    last_index: torch.Tensor  # [B] flat index of each chunk's last token
-    decode_only: bool  # one query per sequence: the matmul path beats SDPA's padding
+    write_rows: torch.Tensor  # [T] where each token's K/V goes
+    last_index: torch.Tensor  # [chunks] flat index of each chunk's last token
+    buckets: list[Bucket]
+    prefills: list[Prefill]
 
 
 def load_hf_model(model_dir: str | Path, device: str = "cpu"):
@@ -75,43 +99,54 @@ class ModelRunner:
         self._rope = apply_rotary_pos_emb
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
-        ids, pos, slots, q_idx = [], [], [], []
+        dev = self.device
+        ids, pos, write, last = [], [], [], []
+        decodes, prefills = [], []
         flat = 0
         for c in chunks:
             n = c.end - c.start
+            rows = self.kv.rows(c.seq, c.end)
             ids.extend(c.seq.token_ids[c.start : c.end])
-            pos.extend(range(c.start, c.end))
-            slots.extend(self.kv.slots(c.seq, c.start, c.end))
-            q_idx.append(list(range(flat, flat + n)))
+            pos.append((c.start, c.end))
+            write.append(rows[c.start :])
+            if n == 1:
+                decodes.append((c.end, flat, rows))
+            else:
+                mask = None
+                if c.start:  # query i sits at position start + i and sees keys up to it
+                    mask = torch.arange(c.end, device=dev)[None, :] <= torch.arange(c.start, c.end, device=dev)[:, None]
+                prefills.append(Prefill(flat, n, rows, mask))
             flat += n
-        dev = self.device
-        lengths = [c.end for c in chunks]
-        context = self.kv.context_slots([c.seq for c in chunks], lengths).to(dev)
-        max_c = context.shape[1]
-        max_q = max(len(x) for x in q_idx)
-        query_index = torch.tensor([x + [0] * (max_q - len(x)) for x in q_idx], device=dev)
-        q_len = torch.tensor([len(x) for x in q_idx], device=dev)
-        c_len = torch.tensor(lengths, device=dev)
-        q_valid = torch.arange(max_q, device=dev)[None, :] < q_len[:, None]
-        # query i of a chunk sits at absolute position c_len - q_len + i and sees keys up to it
-        q_pos = (c_len - q_len)[:, None] + torch.arange(max_q, device=dev)[None, :]
-        k_pos = torch.arange(max_c, device=dev)[None, None, :]
-        mask = (k_pos <= q_pos[:, :, None]) & (k_pos < c_len[:, None, None])
+            last.append(flat - 1)
         return StepInputs(
             input_ids=torch.tensor(ids, device=dev),
-            positions=torch.tensor(pos, device=dev),
-            write_slots=torch.tensor(slots, device=dev),
-            context_slots=context,
-            attn_mask=mask[:, None],
-            decode_only=max_q == 1,
-            query_index=query_index,
-            query_valid=q_valid,
-            last_index=torch.tensor([x[-1] for x in q_idx], device=dev),
+            positions=torch.cat([torch.arange(a, b, device=dev) for a, b in pos]),
+            write_rows=torch.cat(write),
+            last_index=torch.tensor(last, device=dev),
+            buckets=self._buckets(decodes),
+            prefills=prefills,
         )
+
+    def _buckets(self, decodes: list[tuple[int, int, torch.Tensor]]) -> list[Bucket]:
+        """(context length, flat index, rows) of each decode, grouped longest first."""
+        out, group = [], []
+        for item in sorted(decodes, key=lambda d: -d[0]):
+            if group and item[0] * BUCKET_RATIO < group[0][0]:
+                out.append(self._bucket(group))
+                group = []
+            group.append(item)
+        return [*out, self._bucket(group)] if group else out
+
+    def _bucket(self, group: list[tuple[int, int, torch.Tensor]]) -> Bucket:
+        dev = self.device
+        rows = torch.nn.utils.rnn.pad_sequence([r for _, _, r in group], batch_first=True)
+        lengths = torch.tensor([n for n, _, _ in group], device=dev)
+        mask = torch.arange(rows.shape[1], device=dev)[None, :] < lengths[:, None]
+        return Bucket(torch.tensor([i for _, i, _ in group], device=dev), rows, mask[:, None, None, :])
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """Logits [B, vocab] at the last position of each chunk, in fp32."""
+        """Logits [chunks, vocab] at the last position of each chunk, in fp32."""
         inp = self.prepare(chunks)
         model = self.hf.model
         h = model.embed_tokens(inp.input_ids)[None]  # [1, T, H]
@@ -131,27 +166,33 @@ class ModelRunner:
         v = attn.v_proj(x).view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = self._rope(q, k, cos, sin)
         k_rows, v_rows = self.kv_planes[layer]  # [rows, KVH, D]
-        k_rows.index_copy_(0, inp.write_slots, k[0].transpose(0, 1))
-        v_rows.index_copy_(0, inp.write_slots, v[0].transpose(0, 1))
-        B, C = inp.context_slots.shape
-        # index_select copies whole rows: several times faster than advanced indexing here
-        flat = inp.context_slots.flatten()
-        keys = k_rows.index_select(0, flat).view(B, C, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        values = v_rows.index_select(0, flat).view(B, C, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if inp.decode_only:
-            out = self._decode_attention(q[0].transpose(0, 1), keys, values, inp.attn_mask)
-            return attn.o_proj(out.reshape(1, T, self.num_heads * self.head_dim))
-        queries = q[0].transpose(0, 1)[inp.query_index].transpose(1, 2)  # [B, H, Q, D]
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=inp.attn_mask, enable_gqa=self.num_heads != self.num_kv_heads
-        )  # [B, H, Q, D]
-        out = out.transpose(1, 2)[inp.query_valid]  # [T, H, D], in flat order
+        k_rows.index_copy_(0, inp.write_rows, k[0].transpose(0, 1))
+        v_rows.index_copy_(0, inp.write_rows, v[0].transpose(0, 1))
+        q = q[0].transpose(0, 1)  # [T, H, D]
+        out = torch.empty_like(q)
+        for b in inp.buckets:
+            out[b.token_index] = self._decode_attention(q[b.token_index], k_rows, v_rows, b)
+        for p in inp.prefills:
+            out[p.first : p.first + p.n] = self._prefill_attention(q[p.first : p.first + p.n], k_rows, v_rows, p)
         return attn.o_proj(out.reshape(1, T, self.num_heads * self.head_dim))
 
-    def _decode_attention(self, q, keys, values, mask) -> torch.Tensor:
-        """One query per sequence: grouped heads against their KV head by plain matmuls. q: [B, H, D]."""
-        B, groups = q.shape[0], self.num_heads // self.num_kv_heads
-        qg = q.reshape(B, self.num_kv_heads, groups, self.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.head_dim**-0.5  # [B, KVH, G, C]
-        scores = scores.masked_fill(~mask[:, :, 0, None, :], float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), values)  # [B, KVH, G, D]
+    def _decode_attention(self, q: torch.Tensor, k_rows, v_rows, b: Bucket) -> torch.Tensor:
+        """One query per sequence, grouped heads against their KV head by plain matmuls. q: [B, H, D]."""
+        B, L = b.rows.shape
+        groups = self.num_heads // self.num_kv_heads
+        flat = b.rows.flatten()
+        keys = k_rows.index_select(0, flat).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        values = v_rows.index_select(0, flat).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        qg = q.view(B, self.num_kv_heads, groups, self.head_dim)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.head_dim**-0.5  # [B, KVH, G, L]
+        scores = scores.masked_fill(~b.mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), values).view(B, self.num_heads, self.head_dim)
+
+    def _prefill_attention(self, q: torch.Tensor, k_rows, v_rows, p: Prefill) -> torch.Tensor:
+        """Several queries of one sequence over its context. q: [n, H, D]."""
+        keys = k_rows.index_select(0, p.rows).transpose(0, 1)[None]  # [1, KVH, C, D]
+        values = v_rows.index_select(0, p.rows).transpose(0, 1)[None]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=p.mask,
+                                             is_causal=p.mask is None,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)  # [1, H, n, D]
+        return out[0].transpose(0, 1)

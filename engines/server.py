@@ -205,8 +205,9 @@ class MetricsCollector:
 
         yield gauge("kv_cache_usage_perc", "KV capacity in use, 0-1 (as vllm:kv_cache_usage_perc)",
                     s["allocated_bytes"] / cap)
-        yield gauge("num_requests_running", "sequences running", s["running"])
-        yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
+        if s["running"] is not None:  # an engine that cannot tell (hf-cb on an old transformers) says nothing
+            yield gauge("num_requests_running", "sequences running", s["running"])
+            yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
         yield gauge("kv_capacity_bytes", "KV capacity", s["kv_capacity_bytes"])
         yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s["token_states_bytes"])
         yield gauge("kv_allocated_bytes", "KV held by live sequences", s["allocated_bytes"])

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from engines import ENGINES
 from engines.shapes import BUILD_DTYPES, DTYPE_BYTES, ModelNotFound, load_shape, preset_names
 from harness.units import parse_size
 
@@ -117,10 +118,11 @@ def add_engine_args(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> Non
     p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"))
     p.add_argument("--max-seq-len", type=positive_int)
     p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max", help="static engine")
+    p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max",
+                   help="the static engine's reservation (static-max, static-pow2, static-oracle name it too)")
     p.add_argument("--no-preflight", action="store_true",
-                   help="static: admit without checking free bytes, as a naive server does (an OOM then "
-                        "rejects or crashes); by default a request waits until its reservation fits")
+                   help="contiguous engines: admit or grow without checking free bytes, as a naive server does "
+                        "(an OOM then rejects or crashes); by default a request waits until free bytes cover it")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own)")
     p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
     p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
@@ -313,7 +315,6 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engines.factory import ENGINES
     from harness.bench import Bench, BenchConfig
     from harness.report import render
 
@@ -479,7 +480,7 @@ def build_parser() -> Parser:
     plan.set_defaults(func=cmd_plan)
 
     gen = sub.add_parser("generate", help="offline generation through any engine")
-    add_engine_args(gen, ("hf", "hf-cb", "static", "paged"))
+    add_engine_args(gen, ENGINES)
     gen.add_argument("--prompt", action="append", default=[])
     gen.add_argument("--prompt-ids", type=prompt_ids_arg, action="append", default=[])
     gen.add_argument("--max-tokens", type=positive_int, required=True)
@@ -492,7 +493,7 @@ def build_parser() -> Parser:
     gen.set_defaults(func=cmd_generate)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine")
-    add_engine_args(srv, ("hf", "hf-cb", "static", "paged", "vllm"))
+    add_engine_args(srv, (*ENGINES, "vllm"))
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
@@ -529,7 +530,7 @@ def build_parser() -> Parser:
     load.set_defaults(func=cmd_load)
 
     bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report")
-    bench.add_argument("--engines", default="hf,static,paged,hf-cb")
+    bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb")
     bench.add_argument("--workload", default="mixed-churn")
     bench.add_argument("--model", default="models/tiny-llama")
     bench.add_argument("--kv-budget", default="16MiB", type=str)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.kv import GrowthKV, KVPolicy, PagedKV, StaticKV
+from engines.kv import KVPolicy, PagedKV, make_policy
 from engines.kv.base import Breakdown
 from engines.memory import Arena
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -58,15 +58,11 @@ class StepModel:
                 "hbm_bytes_per_s": self.hbm_bytes_per_s, "peak_flops": self.peak_flops}
 
 
-def make_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
-                placement: str | None, preflight: bool = True) -> KVPolicy:
-    placement = placement or PAPER_PLACEMENT[name]
-    arena = Arena(budget_bytes, placement=placement, backing_device=None)
-    if name == "paged":
-        return PagedKV(arena, kvb, max_seq_len, block_size)
-    if name == "growth":
-        return GrowthKV(arena, kvb, max_seq_len)
-    return StaticKV(arena, kvb, max_seq_len, name.removeprefix("static-"), preflight=preflight)
+def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
+                    placement: str | None, preflight: bool = True) -> KVPolicy:
+    """The engines' own policy on a bookkeeping-only arena."""
+    arena = Arena(budget_bytes, placement=placement or PAPER_PLACEMENT[name], backing_device=None)
+    return make_policy(name, arena, kvb, max_seq_len, block_size, preflight)
 
 
 @dataclass
@@ -109,7 +105,7 @@ def astuple(b: Breakdown) -> tuple[int, ...]:
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
                     placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
                     preflight: bool = True) -> dict:
-    kv = make_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
+    kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
                      preflight)
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching

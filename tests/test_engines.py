@@ -72,7 +72,7 @@ def test_parallel_samples_are_reproducible_and_share_the_prompt_blocks(tiny_mode
 
 
 def test_preemption_resumes_to_the_same_greedy_tokens(tiny_model, reference):
-    # 8 blocks of 16 tokens cannot hold all five sequences at once: the newest are preempted and recomputed
+    # 12 blocks of 16 tokens cannot hold all five sequences at once: the newest are preempted and recomputed
     budget = 12 * 16 * 4096
     e = engine(tiny_model, "paged", budget=budget, max_seq_len=150, prefix_caching=False)
     outs = generate(e, PROMPTS, SamplingParams(32))
@@ -149,3 +149,13 @@ def test_a_budget_below_one_max_len_sequence_is_refused_at_start(tiny_model):
                 "--prompt-ids", "1,2,3", "--max-tokens", "4")
     assert r.returncode == 2
     assert "max_seq_len" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["paged", "static-max", "static-oracle", "growth"])
+def test_a_mixed_length_batch_gives_each_sequence_its_tokens_alone(tiny_model, name):
+    # one long retrieval-like prompt among short chats: different length buckets, one step
+    mixed = [[3 + (11 * i + n) % 4000 for i in range(n)] for n in (1200, 7, 130, 64, 2, 400)]
+    together = generate(engine(tiny_model, name, max_seq_len=1300), mixed, SamplingParams(12, ignore_eos=True))
+    for p, out in zip(mixed, together, strict=True):
+        alone = generate(engine(tiny_model, name, max_seq_len=1300), [p], SamplingParams(12, ignore_eos=True))
+        assert out[0].token_ids == alone[0][0].token_ids

@@ -38,6 +38,7 @@ class PolicyMachine(RuleBasedStateMachine):
             try:
                 self.kv.allocate(s, s.num_tokens)
                 self.seqs[s.seq_id] = s
+                self.check_write_target(s)
                 return
             except OutOfMemory:
                 pass
@@ -55,6 +56,15 @@ class PolicyMachine(RuleBasedStateMachine):
             self.kv.allocate(s, s.num_tokens)
         except OutOfMemory:
             self._drop(s)  # preempt: give everything back
+            return
+        self.check_write_target(s)
+
+    def check_write_target(self, s: Sequence) -> None:
+        """After allocate, the row the runner writes next (position num_tokens - 1) is s's alone."""
+        row = self.kv.slots(s, s.num_tokens - 1, s.num_tokens)[0]
+        for other in self.seqs.values():
+            if other is not s and other.num_tokens:
+                assert row not in self.kv.slots(other, 0, other.num_tokens), f"{s.seq_id} writes {other.seq_id}'s row"
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -109,13 +119,10 @@ class PagedMachine(PolicyMachine):
         for h, block_id in self.kv.pool.cached.items():
             assert self.kv.pool.blocks[block_id].block_hash == h
 
-    @invariant()
-    def no_block_written_by_two_sequences(self):
-        # a write lands at the last position; its block must belong to that sequence alone after allocate
-        for s in self.seqs.values():
-            if s.num_tokens:
-                b = self.kv.tables[s.seq_id][(s.num_tokens - 1) // self.kv.block_size]
-                assert b.ref_count >= 1
+    def check_write_target(self, s: Sequence) -> None:
+        super().check_write_target(s)
+        # copy-on-write has happened: the block holding the write is owned by one table
+        assert self.kv.tables[s.seq_id][(s.num_tokens - 1) // self.kv.block_size].ref_count == 1
 
 
 class ArenaPolicyMachine(PolicyMachine):

@@ -146,12 +146,12 @@ def _from_dict(data, origin: str) -> WorkloadSpec:
 
 
 def load_spec(name: str) -> WorkloadSpec:
-    """A preset name, a YAML spec file, or a trace file (Azure CSV or Mooncake JSONL)."""
+    """A preset name, a YAML spec file, or a trace file (Azure CSV or Mooncake JSONL, either maybe gzipped)."""
     if name in preset_names():
         text = resources.files("workloads").joinpath("presets", f"{name}.yaml").read_text()
         return _from_dict(yaml.safe_load(text), f"preset {name}")
     path = Path(name)
-    if path.suffix in (".csv", ".jsonl"):
+    if path.suffix in (".csv", ".jsonl") or path.name.endswith((".csv.gz", ".jsonl.gz")):
         return trace_spec(path)
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
@@ -174,7 +174,7 @@ def trace_spec(path: Path) -> WorkloadSpec:
     except TraceError as e:
         raise SpecError(str(e)) from None
     return WorkloadSpec(
-        name=path.stem,
+        name=path.name.split(".")[0],
         description=f"replay of {path.name}",
         attribution=ATTRIBUTION[fmt],
         arrival=Arrival(process="trace"),

@@ -1,8 +1,13 @@
-"""Readers for the real production traces in ../shared/traces (Azure conv CSV, Mooncake JSONL)."""
+"""Readers for the real production traces (Azure conv CSV, Mooncake JSONL), plain or gzipped.
+
+The traces the presets use ship in `workloads/traces/` with their licences and attribution (README there);
+`$FRAGBENCH_TRACES` names another folder to look in first.
+"""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -24,26 +29,43 @@ class TraceError(ValueError):
     """A trace that is missing or not in a known format."""
 
 
-def traces_dir() -> Path:
+BUNDLED = Path(__file__).resolve().parent / "traces"
+
+
+def trace_dirs() -> list[Path]:
     env = os.environ.get("FRAGBENCH_TRACES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "traces"
+    return [Path(env), BUNDLED] if env else [BUNDLED]
 
 
 def resolve(path: str) -> Path:
+    """The file itself, else NAME or NAME.gz in $FRAGBENCH_TRACES, else in the bundled traces."""
     p = Path(path)
-    if not p.is_absolute() and not p.exists():
-        p = traces_dir() / path
-    if not p.is_file():
-        raise TraceError(f"trace file not found: {path} (looked in {p.parent})")
-    return p
+    if p.is_file():
+        return p
+    if not p.is_absolute():
+        for folder in trace_dirs():
+            for candidate in (folder / path, folder / f"{path}.gz"):
+                if candidate.is_file():
+                    return candidate
+    looked = ", ".join(str(d) for d in trace_dirs())
+    raise TraceError(f"trace file not found: {path} (looked in {looked})")
+
+
+def _stem_suffix(path: Path) -> str:
+    return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
 def detect_format(path: Path) -> str:
-    if path.suffix == ".csv":
+    suffix = _stem_suffix(path)
+    if suffix == ".csv":
         return "azure"
-    if path.suffix == ".jsonl":
+    if suffix == ".jsonl":
         return "mooncake"
-    raise TraceError(f"unknown trace format for {path.name}: expected Azure .csv or Mooncake .jsonl")
+    raise TraceError(f"unknown trace format for {path.name}: expected Azure .csv or Mooncake .jsonl (or .gz)")
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else open(path, newline="")
 
 
 def read_trace(path: str, fmt: str | None = None) -> list[TraceRow]:
@@ -65,7 +87,7 @@ def _azure_time(stamp: str) -> datetime:
 
 
 def read_azure(path: Path) -> list[TraceRow]:
-    with open(path, newline="") as f:
+    with _open_text(path) as f:
         records = [(_azure_time(r["TIMESTAMP"]), int(r["ContextTokens"]), int(r["GeneratedTokens"]))
                    for r in csv.DictReader(f)]
     t0 = records[0][0]
@@ -74,7 +96,7 @@ def read_azure(path: Path) -> list[TraceRow]:
 
 def read_mooncake(path: Path) -> list[TraceRow]:
     rows = []
-    with open(path) as f:
+    with _open_text(path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)

@@ -88,13 +88,13 @@ class KVPolicy(ABC):
         """Give child the parent's KV (shared where the policy can share)."""
 
     @abstractmethod
-    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
-        """Row indices in `store()` of positions [start, end)."""
+    def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
+        """Row indices in `store()` of positions [0, n) of seq, as a tensor on the store's device. It
+        changes only when the policy allocates for seq: the runner may read it every step for free."""
 
-    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
-        """[B, max(lengths)] rows of positions [0, length) of each sequence, padded with row 0."""
-        width = max(lengths)
-        return torch.tensor([self.slots(s, 0, n) + [0] * (width - n) for s, n in zip(seqs, lengths, strict=True)])
+    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        """Row indices of positions [start, end), as a list."""
+        return self.rows(seq, end)[start:end].tolist()
 
     @abstractmethod
     def store(self) -> torch.Tensor:

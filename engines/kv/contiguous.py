@@ -14,6 +14,8 @@ class ContiguousKV(KVPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_seq_len = max_seq_len
         self.allocs: dict[str, Allocation] = {}
+        # every row index of the store: a sequence's rows are a view of it, nothing is built per step
+        self._all_rows = torch.arange(memory.capacity_bytes // kv_bytes_per_token, device=memory.device)
 
     def holds(self, seq: SeqLike) -> bool:
         return seq.seq_id in self.allocs
@@ -43,15 +45,9 @@ class ContiguousKV(KVPolicy):
         assert offset % self.kv_bytes_per_token == 0, "allocation not aligned to whole token rows"
         return offset // self.kv_bytes_per_token
 
-    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
+    def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
         base = self._base_row(seq)
-        return list(range(base + start, base + end))
-
-    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
-        base = torch.tensor([self._base_row(s) for s in seqs])
-        pos = torch.arange(max(lengths))
-        rows = base[:, None] + pos[None, :]
-        return rows.masked_fill(pos[None, :] >= torch.tensor(lengths)[:, None], 0)
+        return self._all_rows[base : base + n]
 
     def store(self) -> torch.Tensor:
         if not isinstance(self.memory, Arena) or self.memory.backing is None:

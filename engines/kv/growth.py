@@ -12,15 +12,17 @@ class GrowthKV(ContiguousKV):
 
     name = "growth"
 
-    def __init__(self, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, grow_tokens: int = 1):
+    def __init__(self, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, grow_tokens: int = 1,
+                 preflight: bool = True):
         super().__init__(memory, kv_bytes_per_token, max_seq_len)
         self.grow_tokens = grow_tokens
+        self.preflight = preflight  # False: grow without looking at free bytes, as torch.cat does
 
     def _target(self, num_tokens: int) -> int:
         return -(-num_tokens // self.grow_tokens) * self.grow_tokens
 
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
-        if num_tokens <= self.capacity_tokens(seq):
+        if num_tokens <= self.capacity_tokens(seq) or not self.preflight:
             return True
         return self.memory.stats().free_bytes >= self._target(num_tokens) * self.kv_bytes_per_token
 

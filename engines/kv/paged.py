@@ -1,15 +1,16 @@
 """Fixed-size blocks from one pool: block tables, ref counts, prefix caching, copy-on-write, LRU reuse.
 
-Invariants (checked by tests/test_kv_paged.py):
+Invariants (checked by tests/test_kv_invariants.py and tests/test_kv_policies.py):
 - a block with ref_count 0 is in the free queue, a block with ref_count > 0 is not;
 - ref_count equals the number of block tables holding the block;
-- a hashed block is reachable from `cached` under that hash, and only full blocks are hashed.
+- a hashed block is reachable from `cached` under that hash, and only full blocks are hashed;
+- a sequence's `rows` are its table's token rows, rebuilt when (and only when) a block is added or replaced.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,6 +67,17 @@ def chain_hash(parent: int | None, tokens: list[int]) -> int:
     return hash((parent, tuple(tokens)))
 
 
+@dataclass
+class SeqBlocks:
+    """Everything the pool knows of one sequence."""
+
+    table: list[Block]
+    cached_tokens: int = 0  # leading tokens found in the prefix cache when it was admitted
+    hashed_blocks: int = 0  # full blocks hashed so far, and the chain's last hash: each block is hashed once
+    last_hash: int | None = None
+    rows: torch.Tensor | None = field(default=None, repr=False)  # token rows of `table`; None: rebuild
+
+
 class PagedKV(KVPolicy):
     name = "paged"
 
@@ -90,15 +102,17 @@ class PagedKV(KVPolicy):
         self.pool_alloc = memory.allocate(num_blocks * self.block_bytes, owner="kv-block-pool")
         self.pool = BlockPool(num_blocks)
         self.prefix_caching = prefix_caching
-        self.tables: dict[str, list[Block]] = {}
-        self.cached_tokens: dict[str, int] = {}
-        self.hash_chain: dict[str, tuple[int, int | None]] = {}  # seq -> (blocks hashed, last hash)
+        self.seqs: dict[str, SeqBlocks] = {}
+        self._block_rows = torch.arange(block_size, device=memory.device)
         self.prefix_hits_tokens = 0
         self.prefix_queries_tokens = 0
 
     # -- what the scheduler calls
     def holds(self, seq: SeqLike) -> bool:
-        return seq.seq_id in self.tables
+        return seq.seq_id in self.seqs
+
+    def table(self, seq: SeqLike) -> list[Block]:
+        return self.seqs[seq.seq_id].table
 
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
         return self._blocks_needed(seq, num_tokens) <= self.pool.num_free
@@ -108,35 +122,33 @@ class PagedKV(KVPolicy):
         if need > self.pool.num_free:
             free = self.pool.num_free * self.block_bytes
             raise OutOfMemory(OOMEvent.classify(need * self.block_bytes, free, free, seq.seq_id))
-        table = self.tables.get(seq.seq_id)
-        if table is None:
-            table = self.tables[seq.seq_id] = self._match_prefix(seq, num_tokens)
-        self._copy_on_write(table, num_tokens)
-        while len(table) * self.block_size < num_tokens:
-            table.append(self.pool.take())
-        self._register_full_blocks(seq, table, num_tokens)
+        rec = self.seqs.get(seq.seq_id)
+        if rec is None:
+            rec = self.seqs[seq.seq_id] = self._match_prefix(seq, num_tokens)
+        self._copy_on_write(rec, num_tokens)
+        while len(rec.table) * self.block_size < num_tokens:
+            rec.table.append(self.pool.take())
+            rec.rows = None
+        self._register_full_blocks(seq, rec, num_tokens)
 
     def free(self, seq: SeqLike) -> None:
+        rec = self.seqs.pop(seq.seq_id, None)
         # reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first
-        for block in reversed(self.tables.pop(seq.seq_id, [])):
+        for block in reversed(rec.table if rec else []):
             self.pool.release(block)
-        self.cached_tokens.pop(seq.seq_id, None)
-        self.hash_chain.pop(seq.seq_id, None)
 
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
-        table = self.tables[parent.seq_id]
-        for block in table:
+        rec = self.seqs[parent.seq_id]
+        for block in rec.table:
             self.pool.touch(block)
-        self.tables[child.seq_id] = list(table)
-        self.cached_tokens[child.seq_id] = parent.num_tokens
-        if parent.seq_id in self.hash_chain:
-            self.hash_chain[child.seq_id] = self.hash_chain[parent.seq_id]
+        self.seqs[child.seq_id] = SeqBlocks(list(rec.table), parent.num_tokens, rec.hashed_blocks, rec.last_hash)
 
     def longest_sequence_tokens(self) -> int:
         return len(self.pool.blocks) * self.block_size
 
     def slack_tokens(self, seq: SeqLike) -> int:
-        return max(0, len(self.tables.get(seq.seq_id, ())) * self.block_size - seq.num_tokens)
+        rec = self.seqs.get(seq.seq_id)
+        return max(0, len(rec.table) * self.block_size - seq.num_tokens) if rec else 0
 
     def decode_headroom(self, seqs: list[SeqLike]) -> int:
         """Any free block serves any sequence: in k steps each crosses at most ceil(k / block_size) block
@@ -145,24 +157,18 @@ class PagedKV(KVPolicy):
         return max(super().decode_headroom(seqs), pool_steps)
 
     def num_cached_tokens(self, seq: SeqLike) -> int:
-        return self.cached_tokens.get(seq.seq_id, 0)
+        rec = self.seqs.get(seq.seq_id)
+        return rec.cached_tokens if rec else 0
 
-    def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
-        bs, table = self.block_size, self.tables[seq.seq_id]
-        return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
-
-    def context_slots(self, seqs: list[SeqLike], lengths: list[int]) -> torch.Tensor:
-        """Block tables padded into one tensor, expanded to rows with tensor arithmetic."""
-        bs, width = self.block_size, max(lengths)
-        num_blocks = -(-width // bs)
-        tables = [[b.block_id for b in self.tables[s.seq_id][:num_blocks]] for s in seqs]
-        table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables])
-        pos = torch.arange(width)
-        rows = table[:, pos // bs] * bs + pos % bs
-        return rows.masked_fill(pos[None, :] >= torch.tensor(lengths)[:, None], 0)
+    def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
+        rec = self.seqs[seq.seq_id]
+        if rec.rows is None:  # a block was added or replaced since the last look: once per block, not per step
+            ids = torch.tensor([b.block_id for b in rec.table], device=self._block_rows.device)
+            rec.rows = (ids[:, None] * self.block_size + self._block_rows[None, :]).flatten()
+        return rec.rows[:n]
 
     def block_table(self, seq: SeqLike) -> list[int]:
-        return [b.block_id for b in self.tables[seq.seq_id]]
+        return [b.block_id for b in self.seqs[seq.seq_id].table]
 
     def store(self) -> torch.Tensor:
         return self.memory.view(self.pool_alloc)
@@ -174,7 +180,8 @@ class PagedKV(KVPolicy):
         tokens, reservation, internal = used_blocks * bs, 0, 0
         seen: set[int] = set()
         for seq in seqs:
-            table = self.tables.get(seq.seq_id)
+            rec = self.seqs.get(seq.seq_id)
+            table = rec.table if rec else None
             if not table or table[-1].block_id in seen:
                 continue
             seen.add(table[-1].block_id)
@@ -199,13 +206,13 @@ class PagedKV(KVPolicy):
             allocated_bytes=capacity - free,
             free_bytes=free,
             largest_free_bytes=free,
-            num_seqs=len(self.tables),
+            num_seqs=len(self.seqs),
         )
 
     def memory_map(self) -> list[dict]:
         owners: dict[int, list[str]] = {}
-        for seq_id, table in self.tables.items():
-            for block in table:
+        for seq_id, rec in self.seqs.items():
+            for block in rec.table:
                 owners.setdefault(block.block_id, []).append(seq_id)
         return [
             {
@@ -219,7 +226,8 @@ class PagedKV(KVPolicy):
 
     # -- internals
     def _blocks_needed(self, seq: SeqLike, num_tokens: int) -> int:
-        table = self.tables.get(seq.seq_id)
+        rec = self.seqs.get(seq.seq_id)
+        table = rec.table if rec else None
         if table is not None and num_tokens <= len(table) * self.block_size:  # decode within its last block
             return 1 if table[(num_tokens - 1) // self.block_size].ref_count > 1 else 0
         total = -(-num_tokens // self.block_size)
@@ -242,40 +250,35 @@ class PagedKV(KVPolicy):
             hits.append(self.pool.blocks[block_id])
         return hits
 
-    def _match_prefix(self, seq: SeqLike, num_tokens: int) -> list[Block]:
+    def _match_prefix(self, seq: SeqLike, num_tokens: int) -> SeqBlocks:
         hits = self._lookup_prefix(seq, num_tokens)
         for block in hits:
             self.pool.touch(block)
-        self.cached_tokens[seq.seq_id] = len(hits) * self.block_size
         self.prefix_hits_tokens += len(hits) * self.block_size
         self.prefix_queries_tokens += num_tokens
-        return hits
+        return SeqBlocks(hits, cached_tokens=len(hits) * self.block_size)
 
     def _shared_tail(self, table: list[Block], num_tokens: int) -> bool:
         """Whether the next write (position num_tokens - 1) lands in a block another sequence reads."""
         idx = (num_tokens - 1) // self.block_size
         return idx < len(table) and table[idx].ref_count > 1
 
-    def _copy_on_write(self, table: list[Block], num_tokens: int) -> None:
-        if not self._shared_tail(table, num_tokens):
+    def _copy_on_write(self, rec: SeqBlocks, num_tokens: int) -> None:
+        if not self._shared_tail(rec.table, num_tokens):
             return
         idx = (num_tokens - 1) // self.block_size
-        old, new = table[idx], self.pool.take()
+        old, new = rec.table[idx], self.pool.take()
         self.copy_rows(old.block_id * self.block_size, new.block_id * self.block_size, self.block_size)
         self.pool.release(old)
-        table[idx] = new
+        rec.table[idx] = new
+        rec.rows = None
 
-    def _register_full_blocks(self, seq: SeqLike, table: list[Block], num_tokens: int) -> None:
-        """Hash blocks as they fill; the chain so far is kept so each block is hashed once."""
+    def _register_full_blocks(self, seq: SeqLike, rec: SeqBlocks, num_tokens: int) -> None:
+        """Hash blocks as they fill, continuing the sequence's chain: each block is hashed once."""
         if not self.prefix_caching:
             return
         bs = self.block_size
-        done, parent = self.hash_chain.get(seq.seq_id, (0, None))
-        full = min(num_tokens, len(seq.token_ids)) // bs
-        if full <= done:
-            return
-        for i in range(done, full):
-            parent = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
-            self.pool.register(table[i], parent)
-            done = i + 1
-        self.hash_chain[seq.seq_id] = (done, parent)
+        for i in range(rec.hashed_blocks, min(num_tokens, len(seq.token_ids)) // bs):
+            rec.last_hash = chain_hash(rec.last_hash, seq.token_ids[i * bs : (i + 1) * bs])
+            self.pool.register(rec.table[i], rec.last_hash)
+            rec.hashed_blocks = i + 1

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engines.engine import Engine, Request, TokenEvent
 from engines.memory import device_snapshot
+from engines.percentile import percentile
 from engines.scheduler import EngineCrash
 from engines.sequence import FinishReason, SamplingParams
 from engines.validation import CompletionRequest, InvalidRequest, error_body, parse_completion
@@ -164,10 +165,10 @@ class EngineThread:
                 {"t_s": t - self.started_s, **e.__dict__, **ctx} for t, e, ctx in self.engine.oom_events[-100:]
             ],
             abort_release_count=len(releases),
-            abort_release_p50_s=releases[len(releases) // 2] if releases else None,
-            abort_release_p99_s=p99(releases),
+            abort_release_p50_s=percentile(releases, 0.5),
+            abort_release_p99_s=percentile(releases, 0.99),
             abort_release_max_s=releases[-1] if releases else None,
-            abort_release_p99_steps=p99(self.engine.abort_release_steps),
+            abort_release_p99_steps=percentile(self.engine.abort_release_steps, 0.99),
             threads=threading.active_count(),
             engine_errors=0,
             memory_map=self.engine.memory_map(),
@@ -181,11 +182,6 @@ class EngineThread:
         if event.request_done:
             del self.streams[event.seq.request_id]
         stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
-
-
-def p99(values: list) -> float | None:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else None
 
 
 class MetricsCollector:

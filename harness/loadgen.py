@@ -22,6 +22,7 @@ monkey.patch_all()
 import gevent  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from engines.percentile import percentile  # noqa: E402
 from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
 from harness.results import Journal, request_row, to_parquet  # noqa: E402
 from workloads.generate import trace  # noqa: E402
@@ -107,7 +108,8 @@ def summarize(df) -> str:
     ok = df[df.status == "ok"]
     parts = [f"{len(df)} requests: " + ", ".join(f"{k} {v}" for k, v in df.status.value_counts().items())]
     if len(ok) and ok.ttft_s.notna().any():
-        parts.append(f"TTFT p50 {ok.ttft_s.median() * 1e3:.1f} ms, p99 {ok.ttft_s.quantile(0.99) * 1e3:.1f} ms")
+        p50, p99 = percentile(ok.ttft_s, 0.5), percentile(ok.ttft_s, 0.99)
+        parts.append(f"TTFT p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
     late = (df.late_s > 0.01).sum() if "late_s" in df else 0
     parts.append(f"{late} sent more than 10 ms late")
     return "; ".join(parts)

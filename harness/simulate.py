@@ -17,6 +17,7 @@ import numpy as np
 from engines.kv import KVPolicy, PagedKV, make_policy
 from engines.kv.base import Breakdown
 from engines.memory import Arena
+from engines.percentile import percentile
 from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 from engines.shapes import DTYPE_BYTES, ModelShape
@@ -201,9 +202,6 @@ def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t
     e2e = np.array([tr.end_s - tr.arrival_s for tr in done])
     tpot = np.array([(tr.end_s - tr.first_s) / (tr.target - 1) for tr in done if tr.target > 1])
 
-    def pct(x: np.ndarray, q: float) -> float | None:
-        return float(np.percentile(x, q)) if len(x) else None
-
     ooms = [e for _, e, _ in sched.oom_events]
     return {
         "policy": name, "placement": placement,
@@ -215,8 +213,9 @@ def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t
         "preemptions": sched.preempted_total,
         "output_tokens_per_s": sum(tr.target for tr in done) / (t or 1e-12),
         "requests_completed": len(done), "requests_oom": sum(tr.status == "oom" for tr in tracks),
-        "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_s": pct(tpot, 50),
-        "tpot_p99_s": pct(tpot, 99), "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99),
+        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+        "tpot_p50_s": percentile(tpot, 0.5), "tpot_p99_s": percentile(tpot, 0.99),
+        "e2e_p50_s": percentile(e2e, 0.5), "e2e_p99_s": percentile(e2e, 0.99),
         "simulated_s": t, "wall_s": wall_s, "kv_capacity_bytes": acc.capacity,
         "first_oom_running": first_oom_running(sched),
         "timeline": acc.timeline,

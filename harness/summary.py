@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engines.percentile import percentile
 from harness.results import read_journals
 from workloads.outcome import UNFINISHED
 
@@ -69,8 +70,7 @@ def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 def pct(series: pd.Series, q: float) -> float | None:
-    s = series.dropna()
-    return float(s.quantile(q)) if len(s) else None
+    return percentile(pd.to_numeric(series, errors="coerce"), q)
 
 
 def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:

@@ -68,6 +68,7 @@ class Engine(ABC):
         self.sink: Sink = lambda event: None
         self.poll: Callable[[], None] = lambda: None  # the server's hook: called between steps and inside long ones
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []  # when, what, the engine's state then
+        self.fragmentation_maps: list[tuple[float, OOMEvent, list[dict]]] = []  # when, what, the memory map then
         self.finished_total: dict[str, int] = {r.value: 0 for r in FinishReason}
         self.abort_release_s: list[float] = []
         self.abort_release_steps: list[int] = []  # engine steps between the abort's arrival and the free
@@ -152,6 +153,7 @@ class ScheduledEngine(Engine):
         self.kv = kv
         self.scheduler = Scheduler(kv, config)
         self.oom_events = self.scheduler.oom_events
+        self.fragmentation_maps = self.scheduler.fragmentation_maps
         self.runner = ModelRunner(hf_model, kv)
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork

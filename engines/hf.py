@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from engines.engine import Engine, Request
 from engines.kv import Breakdown, KVStats
 from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
-from engines.scheduler import EngineCrash
+from engines.scheduler import FRAGMENTATION_MAPS, EngineCrash
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
@@ -173,6 +173,8 @@ class HFEngine(Engine):
                 "running": len(live), "waiting": len(self.waiting),
                 "live_tokens": sum(s.num_tokens for s in live),
                 "kv_usage": mem.allocated_bytes / mem.capacity_bytes}))
+            if oom.event.cause == "fragmentation" and len(self.fragmentation_maps) < FRAGMENTATION_MAPS:
+                self.fragmentation_maps.append((self.oom_events[-1][0], oom.event, self.memory_map()))
             if self.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
             for seq in batch:

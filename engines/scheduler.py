@@ -18,6 +18,7 @@ from engines.sequence import FinishReason, SeqStatus, Sequence
 # reject: the request fails; crash: the engine goes down; wait: the request waits (or is preempted) and
 # retries once memory frees, as a scheduler that finds free bytes but no extent would do
 OnOOM = Literal["reject", "crash", "wait"]
+FRAGMENTATION_MAPS = 5  # memory maps kept at fragmentation OOMs (each is every extent of the arena)
 
 
 class EngineCrash(RuntimeError):
@@ -51,6 +52,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preempted_total = 0
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []
+        # the memory map at the first few failures with memory free: the holes no request fitted
+        self.fragmentation_maps: list[tuple[float, OOMEvent, list[dict]]] = []
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -109,6 +112,8 @@ class Scheduler:
             return True
         except OutOfMemory as oom:
             self.oom_events.append((self.clock(), oom.event, self.context()))
+            if oom.event.cause == "fragmentation" and len(self.fragmentation_maps) < FRAGMENTATION_MAPS:
+                self.fragmentation_maps.append((self.oom_events[-1][0], oom.event, self.kv.memory_map()))
             if self.config.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
             if self.config.on_oom == "reject":

@@ -172,6 +172,8 @@ class EngineThread:
             threads=threading.active_count(),
             engine_errors=0,
             memory_map=self.engine.memory_map(),
+            fragmentation_oom_maps=[{"t_s": t - self.started_s, "event": e.__dict__, "memory_map": mm}
+                                    for t, e, mm in self.engine.fragmentation_maps],
         )
         return stats
 

@@ -57,8 +57,95 @@ def section(sid: str, title: str, how: str, body: str) -> str:
     return (f'<section id="{sid}"><h2>{ESC(title)}</h2><p class="how">{ESC(how)}</p>{body}</section>')
 
 
+# -- the verdict in words: every sentence computed from this run, each linking to its evidence
+PAGED = ("paged", "hf-cb", "vllm")
+RUNBOOK = {
+    "capacity": "capacity: the live tokens did not fit; reduce max_num_seqs or max_seq_len, quantize the KV cache, "
+                "or add memory",
+    "reservation": "reservation and internal fragmentation: contiguous max-length reservations hold memory no token "
+                   "uses; use blocks",
+    "fragmentation": "external fragmentation: variable-size contiguous extents strand free memory; use blocks "
+                     "(more memory only delays it)",
+    "caching": "allocator caching: PyTorch reserved far more than it allocated; empty the cache or cap its fraction",
+}
+WASTE = {"reservation_share": "reservation", "internal_fragmentation_share": "internal fragmentation",
+         "external_fragmentation_share": "external fragmentation", "free_share": "free"}
+
+
+def link(sid: str, text: str) -> str:
+    return f'<a href="#{sid}">{ESC(text)}</a>'
+
+
+def mib(v) -> str:
+    return "n/a" if v is None or pd.isna(v) else f"{float(v) / 2**20:.1f} MiB"
+
+
+def diagnosis(s: dict, ooms: pd.DataFrame) -> str | None:
+    """The OOM runbook's line for one engine, from its own failures and where its memory went."""
+    if not len(ooms) and not s["crashes"]:
+        return None
+    if s["oom_fragmentation"] > s["oom_capacity"]:
+        return RUNBOOK["fragmentation"]
+    if (s["reservation_share"] or 0) + (s["internal_fragmentation_share"] or 0) > (s["token_states_share"] or 0):
+        return RUNBOOK["reservation"]
+    return RUNBOOK["capacity"]
+
+
+def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[str]:
+    engines = summary["engines"]
+    if not engines:
+        return ["No engine produced a result in this run."]
+    budget = meta.get("config", {}).get("kv_budget", "the same budget")
+    out = []
+    ranked = sorted(engines, key=lambda e: -(engines[e]["goodput_requests_per_s"] or 0))
+    best = ranked[0]
+    contiguous = [e for e in engines if e not in PAGED]
+    rates = ", ".join(f"{e} {engines[e]['goodput_requests_per_s']:.2f}" for e in ranked)
+    line = (f"Goodput (requests per second within the SLO): {rates}; {best} served the most")
+    if best in PAGED and contiguous:
+        rival = max(contiguous, key=lambda e: engines[e]["goodput_requests_per_s"] or 0)
+        theirs = engines[rival]["goodput_requests_per_s"] or 0
+        line += (f", {engines[best]['goodput_requests_per_s'] / theirs:.1f}x the best contiguous engine ({rival})"
+                 if theirs else ", and no contiguous engine served any request within the SLO")
+    out.append(link("verdict-table", line + "."))
+    held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
+                     for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
+    out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
+    where = []
+    for e, s in engines.items():
+        if s["token_states_share"] is None:
+            where.append(f"{e} exports usage only ({fmt(s['allocated_share'], '%')} allocated)")
+            continue
+        worst = max(WASTE, key=lambda k: s[k] or 0)
+        where.append(f"{e} {fmt(s['token_states_share'], '%')} token states, largest other share {WASTE[worst]} "
+                     f"{fmt(s[worst], '%')}")
+    out.append(link("figure2", "Where the memory went: " + "; ".join(where) + "."))
+    oom = events[events.kind == "oom"] if len(events) else events
+    failures = []
+    for e, s in engines.items():
+        mine = oom[oom.engine == e] if len(oom) else oom
+        if not s["oom_total"] and not s["crashes"]:
+            continue
+        part = f"{e}: {s['oom_capacity']} capacity and {s['oom_fragmentation']} fragmentation OOMs"
+        frag = mine[mine.cause == "fragmentation"] if len(mine) else mine
+        if len(frag):
+            part += (f" (the fragmentation ones failed with {mib(frag.free_bytes.median())} free, median, for "
+                     f"{mib(frag.requested_bytes.median())} requested, the largest free extent "
+                     f"{mib(frag.largest_free_bytes.median())})")
+        part += f", {s['crashes']} crashes"
+        failures.append(part)
+    out.append(link("oom-events", ("Failures: " + "; ".join(failures) + ".") if failures
+                    else "No engine failed an allocation or crashed."))
+    for e, s in engines.items():
+        mine = oom[oom.engine == e] if len(oom) else oom
+        line = diagnosis(s, mine)
+        if line:
+            out.append(link("memory-map", f"{e}, diagnosis: {line}."))
+    return out
+
+
 # -- sections
-def verdict(summary: dict, meta: dict) -> str:
+def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> str:
     cfg = meta.get("config", {})
     rows = []
     for engine, s in summary["engines"].items():
@@ -80,7 +167,9 @@ def verdict(summary: dict, meta: dict) -> str:
            f"10 Hz over the KV capacity while requests arrive, after a warm-up of {warmup_s(cfg):.1f} s from empty "
            "memory. Cancel release: disconnect noticed to KV freed, timed inside the server. Unfinished: still "
            "queued or running when the run's grace period ended.")
-    return section("verdict", "Verdict", how, table(header, rows))
+    sentences = verdict_sentences(summary, events if events is not None else pd.DataFrame(), meta)
+    words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in sentences) + "</ul>"
+    return section("verdict", "Verdict", how, words + f"<div id='verdict-table'>{table(header, rows)}</div>")
 
 
 def memory_breakdown(samples: pd.DataFrame) -> str:
@@ -162,41 +251,58 @@ def oom_events(events: pd.DataFrame) -> str:
                    "enough free bytes existed but no single extent fit. Red lines: crashes; green: restarts.", body)
 
 
+def draw_map(mm: list[dict]) -> tuple[go.Figure, str]:
+    """A block pool as a grid of blocks coloured by owner; an arena as extents along its addresses."""
+    fig = go.Figure()
+    if mm and "block" in mm[0]:
+        width = 64
+        owners = sorted({o for b in mm for o in b["owners"]})
+        index = {o: i + 1 for i, o in enumerate(owners)}
+        z = [(-1 if b["cached"] else 0) if not b["owners"] else
+             (len(owners) + 2 if len(b["owners"]) > 1 else index[b["owners"][0]]) for b in mm]
+        z += [None] * (-len(z) % width)
+        text = [", ".join(b["owners"]) or ("cached, free" if b["cached"] else "free") for b in mm]
+        text += [""] * (-len(text) % width)
+        fig.add_trace(go.Heatmap(z=np.array(z, dtype=float).reshape(-1, width),
+                                 text=np.array(text, dtype=object).reshape(-1, width),
+                                 hovertemplate="%{text}<extra></extra>", colorscale="Turbo", showscale=False))
+        fig.update_layout(height=120 + 12 * (len(z) // width), yaxis_autorange="reversed")
+        return fig, f"{len(mm)} blocks, {width} per row; shared blocks in the top colour, free ones dark"
+    for ext in mm:
+        free = ext["owner"] is None
+        fig.add_trace(go.Bar(y=["arena"], x=[ext["size"] / 2**20], base=[ext["offset"] / 2**20], orientation="h",
+                             marker_color="#d9d9d9" if free else None, marker_line_color="#c0392b" if free else None,
+                             marker_line_width=2 if free else 0, name=ext["owner"] or "free", showlegend=False,
+                             hovertemplate=f"{ESC(str(ext['owner'] or 'free'))}: %{{x:.2f}} MiB<extra></extra>"))
+    fig.update_layout(barmode="overlay", height=200, xaxis_title="address (MiB)")
+    holes = [e["size"] for e in mm if e["owner"] is None]
+    return fig, (f"{len(mm)} extents along the arena; {len(holes)} free extents (grey, outlined red) of "
+                 f"{mib(sum(holes))} in all, the largest {mib(max(holes, default=0))}")
+
+
 def memory_map(run_dir: Path) -> str:
     parts = []
     for path in sorted(run_dir.glob("memory_map-*.json")):
-        engine = path.stem.removeprefix("memory_map-")
         snap = json.loads(path.read_text())
-        mm = snap["memory_map"]
-        fig = go.Figure()
-        if mm and "block" in mm[0]:  # a block pool: a grid of blocks coloured by owner
-            width = 64
-            owners = sorted({o for b in mm for o in b["owners"]})
-            index = {o: i + 1 for i, o in enumerate(owners)}
-            z = [(-1 if b["cached"] else 0) if not b["owners"] else
-                 (len(owners) + 2 if len(b["owners"]) > 1 else index[b["owners"][0]]) for b in mm]
-            z += [None] * (-len(z) % width)
-            text = [", ".join(b["owners"]) or ("cached, free" if b["cached"] else "free") for b in mm]
-            text += [""] * (-len(text) % width)
-            fig.add_trace(go.Heatmap(z=np.array(z, dtype=float).reshape(-1, width),
-                                     text=np.array(text, dtype=object).reshape(-1, width),
-                                     hovertemplate="%{text}<extra></extra>", colorscale="Turbo", showscale=False))
-            fig.update_layout(height=120 + 12 * (len(z) // width), yaxis_autorange="reversed")
-            what = f"{len(mm)} blocks, {width} per row; shared blocks in the top colour, free ones dark"
-        else:  # an arena: extents along the address space
-            for ext in mm:
-                fig.add_trace(go.Bar(y=["arena"], x=[ext["size"] / 2**20], base=[ext["offset"] / 2**20],
-                                     orientation="h", marker_color="#d9d9d9" if ext["owner"] is None else None,
-                                     name=ext["owner"] or "free", showlegend=False,
-                                     hovertemplate=f"{ESC(str(ext['owner'] or 'free'))}: %{{x:.2f}} MiB"
-                                                   "<extra></extra>"))
-            fig.update_layout(barmode="overlay", height=200, xaxis_title="address (MiB)")
-            what = f"{len(mm)} extents along the arena; grey extents are free"
-        parts.append(f"<h3>{ESC(engine)} at t = {fmt(snap['t_s'])} s</h3><p class='how'>{ESC(what)}</p>"
+        if "-oom-" in path.stem:
+            engine, ev = path.stem.removeprefix("memory_map-").rsplit("-oom-", 1)[0], snap["event"]
+            title = (f"{engine} at a fragmentation OOM, t = {fmt(snap['t_s'])} s: {mib(ev['requested_bytes'])} "
+                     f"requested, {mib(ev['free_bytes'])} free, largest free extent {mib(ev['largest_free_bytes'])}")
+        else:
+            engine = path.stem.removeprefix("memory_map-")
+            title = f"{engine} at its worst moment, t = {fmt(snap['t_s'])} s"
+        fig, what = draw_map(snap["memory_map"])
+        parts.append(f"<h3 class='map' data-engine='{ESC(engine)}'>{ESC(title)}</h3><p class='how'>{ESC(what)}</p>"
                      + fig_html(fig))
-    return section("memory-map", "Memory map at the worst moment",
-                   "For each engine, the sample with the most allocated-but-idle plus stranded free memory.",
+    return section("memory-map", "Memory maps: the worst moment, and a failed allocation with memory free",
+                   "For each engine, the sample with the most allocated-but-idle plus stranded free memory; for an "
+                   "engine that failed an allocation while enough bytes were free, the map at that failure: the free "
+                   "extents are the holes no single request fitted.",
                    "".join(parts) or "<p>No memory map was captured.</p>")
+
+
+CAUSE_WORDS = {"fragmentation": "FRAGMENTATION (enough bytes were free, no extent fitted)",
+               "capacity": "capacity (not enough bytes free)"}
 
 
 def debug_pass(debug: pd.DataFrame, events: pd.DataFrame) -> str:
@@ -204,8 +310,9 @@ def debug_pass(debug: pd.DataFrame, events: pd.DataFrame) -> str:
              fmt(r.running), fmt(r.live_tokens), fmt(r.torch_allocated_bytes), fmt(r.torch_reserved_bytes),
              fmt(r.device_used_bytes), fmt(r.process_rss_bytes)] for r in debug.itertuples()] if len(debug) else []
     ooms = events[events.kind == "oom"]
-    rows += [[e.engine, f"failed allocation at {fmt(e.t_s)} s ({e.cause}, {fmt(e.requested_bytes)} B requested, "
-              f"{fmt(e.largest_free_bytes)} B largest free)", "", "", "", "", e.detail, "", "", "", ""]
+    rows += [[e.engine, f"failed allocation at {fmt(e.t_s)} s: {CAUSE_WORDS.get(e.cause, e.cause)}, "
+              f"{fmt(e.requested_bytes)} B requested, {fmt(e.free_bytes)} B free, {fmt(e.largest_free_bytes)} B "
+              "largest free", "", "", "", "", "", "", "", "", ""]
              for e in ooms.head(20).itertuples()]
     header = ["engine", "phase", "KV allocated B", "token states B", "KV usage", "running", "live tokens",
               "torch allocated B", "torch reserved B", "device used B", "server RSS B"]
@@ -281,7 +388,8 @@ def config(meta: dict) -> str:
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px}
 th{background:#f4f4f4}.how{color:#555;font-size:13px}.partial{background:#fde2e1;border:2px solid #c0392b;
-padding:.6em 1em;font-weight:bold}pre{background:#f8f8f8;padding:1em;overflow:auto;font-size:12px}"""
+padding:.6em 1em;font-weight:bold}ul.verdict li{margin:.3em 0}ul.verdict a{color:#222}
+pre{background:#f8f8f8;padding:1em;overflow:auto;font-size:12px}"""
 
 
 def render(run_dir: Path, out: Path) -> Path:
@@ -293,7 +401,7 @@ def render(run_dir: Path, out: Path) -> Path:
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
-        verdict(summary, meta), memory_breakdown(frames["samples"]), figure2(summary),
+        verdict(summary, meta, frames["events"]), memory_breakdown(frames["samples"]), figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"]), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
         throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),

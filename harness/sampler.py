@@ -1,4 +1,5 @@
-"""Samples a server's /stats at a fixed rate into the samples journal; keeps the worst memory map."""
+"""Samples a server's /stats at a fixed rate into the samples journal; keeps the worst memory map, and the
+maps the server took at fragmentation OOMs."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class Sampler:
         self.process = psutil.Process(pid)
         self.last: dict | None = None
         self.worst = -1
+        self.oom_maps_saved = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
 
@@ -73,6 +75,12 @@ class Sampler:
         except psutil.Error:
             row["process_rss_bytes"] = None
         self.journal.write(row)
+        for i, snap in enumerate((stats.get("fragmentation_oom_maps") or [])[self.oom_maps_saved :],
+                                 start=self.oom_maps_saved):
+            path = self.map_path.with_name(f"{self.map_path.stem}-oom-{i}.json")
+            # server uptime -> this engine's clock
+            path.write_text(json.dumps({**snap, "t_s": round(snap["t_s"] + row["t_s"] - stats["t_s"], 4)}))
+            self.oom_maps_saved = i + 1
         if waste(stats) > self.worst and stats.get("memory_map"):
             self.worst = waste(stats)
             self.map_path.write_text(json.dumps({"t_s": row["t_s"], "stats": {k: stats.get(k) for k in FIELDS},

@@ -40,12 +40,17 @@ $(MODEL_DIR)/config.json: $(STAMP)
 # (admitted without a memory check, so its max-length reservations OOM for capacity); static-oracle
 # reserves exactly prompt + max_tokens, so its extents differ in size, free out of order and strand holes:
 # it admits on free bytes (all a GPU server can see) and meets OOMs with memory free (fragmentation).
+# It sweeps the offered request rate (calibrated on this machine) and reports the rate each engine
+# sustains within the SLO: about 10 minutes on 2 cores. MODEL=DIR and KV_BUDGET=SIZE run your own model.
 comma := ,
+MODEL ?= $(MODEL_DIR)
+KV_BUDGET ?= 32MiB
 BENCH_ENGINES := hf,static-max,static-oracle,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
-BENCH_ARGS ?= --workload mixed-churn --kv-budget 32MiB --duration 60 --engine-args static-max=--no-preflight
+BENCH_ARGS ?= --workload mixed-churn --sweep --points 3 --point-duration 15 --calibrate-duration 8 --grace 6 \
+	--engine-args static-max=--no-preflight
 
-bench: setup model $(if $(BENCH_VLLM),vllm)
-	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL_DIR) $(BENCH_ARGS)
+bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
+	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) $(BENCH_ARGS)
 
 # Nightly: the standard run, then a comparison with the previous one (exit 1 on a regression).
 nightly: bench

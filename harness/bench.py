@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from engines.memory import device_note
 from engines.procs import free_port
 from harness.loadrun import LoadArgs, start_loadgen, stop_loadgen
-from harness.results import Journal
+from harness.results import Journal, read_journals, token_times
 from harness.sampler import Sampler, fetch_stats
 from harness.servers import ServerFailed, ServerProcess, start_server
 
@@ -46,6 +46,13 @@ class BenchConfig:
     run_id: str = ""
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
+    slo_attainment: float = 0.9
+    # capacity sweep: the workload offered at several rates, one server per engine for all of them
+    sweep: bool = False
+    rates: list[float] | None = None  # given, or found by calibration (the union over engines)
+    points: int = 4
+    point_s: float = 20.0  # seconds of arrivals per point
+    calibrate_s: float = 12.0  # seconds of one saturating calibration window
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
@@ -115,10 +122,18 @@ class Bench:
 
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=self.console) as progress:
+            def shower(engine: str, total: float):
+                task = progress.add_task(f"{engine:<6} starting", total=total)
+                return lambda text, done: progress.update(task, description=text, completed=min(done, total))
+
+            rates = None
+            if self.cfg.sweep:
+                rates = self.cfg.rates or self.calibrate_all(shower)
+                self.run_meta["sweep"] = {"rates": rates, "point_s": self.cfg.point_s, "points": {}}
+                self.write_meta()
             for engine in self.cfg.engines:
-                task = progress.add_task(f"{engine:<6} starting", total=self.cfg.duration_s)
-                self.run_engine(engine, lambda text, done, t=task: progress.update(t, description=text,
-                                                                                     completed=done))
+                total = len(rates) * self.cfg.point_s if rates else self.cfg.duration_s
+                self.run_engine(engine, shower(engine, total), rates)
                 self.run_meta["engines_done"].append(engine)
                 self.write_meta()
         self.run_meta["status"] = "complete"
@@ -141,7 +156,58 @@ class Bench:
         t = t_s if t_s is not None else time.time() - run.t0
         self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
 
-    def run_engine(self, engine: str, show) -> None:
+    # -- calibration: how fast each engine can go on this workload and hardware
+    def calibrate_all(self, shower) -> list[float]:
+        from harness.capacity import sweep_rates
+
+        found = {}
+        for engine in self.cfg.engines:
+            found[engine] = self.calibrate(engine, shower(f"{engine} cal", self.cfg.calibrate_s))
+            self.run_meta.setdefault("calibration", {})[engine] = found[engine]
+            self.write_meta()
+        usable = [r for r in found.values() if r > 0]
+        if not usable:
+            raise ServerFailed("no engine completed a request during calibration")
+        return sweep_rates(usable, self.cfg.points)
+
+    def calibrate(self, engine: str, show) -> float:
+        """The requests/s an engine sustains when saturated: output tokens it streamed per second inside the
+        window (requests still running count: an engine that runs many at once finishes them later) over
+        the workload's mean output per request. The offered rate starts at four times the workload's own and
+        doubles until the engine falls behind (at most four windows)."""
+        from workloads.generate import trace
+        from workloads.spec import load_spec
+
+        reqs = trace(load_spec(self.cfg.workload), self.cfg.seed, self.cfg.max_seq_len).requests
+        span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+        offered = 4 * (len(reqs) - 1) / span if span > 0 else 10.0
+        tokens_per_request = sum(r.max_tokens * r.n for r in reqs) / len(reqs)
+        run = EngineRun(engine, time.time(), free_port())
+        try:
+            run.server = self.start(run)
+        except ServerFailed as e:
+            self.event(run, "crash", detail=f"calibration server did not start: {e}")
+            return 0.0
+        achieved = 0.0
+        try:
+            for attempt in range(4):
+                out = self.dir / "engines" / engine / "calibrate" / f"{attempt}"
+                start = time.time() - run.t0 + 3  # the load generator's start-up
+                self.churn(run, None, show, LoadArgs(run.server.url, self.cfg.workload, out, self.cfg.calibrate_s,
+                                                     self.cfg.seed, self.cfg.max_seq_len, t0=run.t0, grace_s=2,
+                                                     engine=engine, rate=offered, start_at_s=start), start)
+                rows = read_journals([out / "requests.jsonl"], "requests")
+                end = start + self.cfg.calibrate_s
+                tokens = sum(start <= t <= end for row in rows.itertuples() for t in token_times(row))
+                achieved = tokens / self.cfg.calibrate_s / tokens_per_request
+                if achieved < 0.8 * offered:  # it fell behind: that is its pace
+                    break
+                offered *= 2
+        finally:
+            run.server.stop()
+        return round(achieved, 3)
+
+    def run_engine(self, engine: str, show, rates: list[float] | None = None) -> None:
         run = EngineRun(engine, time.time(), free_port())
         try:
             run.server = self.start(run)
@@ -162,7 +228,11 @@ class Bench:
             sampler.t0 = run.t0
             self.run_meta.setdefault("engine_t0", {})[engine] = run.t0
             self.write_meta()
-            self.churn(run, sampler, show)
+            if rates:
+                for rate in rates:
+                    self.point(run, sampler, show, rate)
+            else:
+                self.churn(run, sampler, show, self.load_args(run))
             time.sleep(1.0)
             self.debug_pass(run, "after the churn mix")
             self.releases(run)
@@ -171,10 +241,40 @@ class Bench:
             self.collect_ooms(run, sampler.last)
             run.server.stop()
 
-    def churn(self, run: EngineRun, sampler: Sampler, show) -> None:
-        out = self.dir / "engines" / run.engine
-        load = LoadArgs(run.server.url, self.cfg.workload, out, self.cfg.duration_s, self.cfg.seed,
-                        self.cfg.max_seq_len, t0=run.t0, grace_s=self.cfg.grace_s, engine=run.engine)
+    def load_args(self, run: EngineRun, **changes) -> LoadArgs:
+        return replace(LoadArgs(run.server.url, self.cfg.workload, self.dir / "engines" / run.engine,
+                                self.cfg.duration_s, self.cfg.seed, self.cfg.max_seq_len, t0=run.t0,
+                                grace_s=self.cfg.grace_s, engine=run.engine), **changes)
+
+    def point(self, run: EngineRun, sampler: Sampler, show, rate: float) -> None:
+        """One offered rate on the running server; its window is recorded before it starts."""
+        start = round(time.time() - run.t0 + 3, 3)  # the load generator's start-up
+        window = {"offered_rps": rate, "start_s": start, "end_s": start + self.cfg.point_s}
+        self.run_meta["sweep"]["points"].setdefault(run.engine, []).append(window)
+        self.write_meta()
+        done_before = sum(p["end_s"] - p["start_s"] for p in self.run_meta["sweep"]["points"][run.engine][:-1])
+        self.churn(run, sampler, lambda text, done: show(f"{run.engine:<6} {rate:g} req/s ({run.crashes} crashes)",
+                                                         done_before + done),
+                   self.load_args(run, duration_s=self.cfg.point_s, rate=rate, start_at_s=start), start)
+        self.drain(run)
+        self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s")
+
+    def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
+        """Points are independent: the next starts on an idle engine."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            stats = fetch_stats(run.server.url) if run.server.alive() else None
+            if stats and not stats.get("running") and not stats.get("waiting"):
+                return
+            time.sleep(0.2)
+
+    def plain(self, line: str) -> None:
+        """Progress where no terminal shows the bars (cron, CI logs): one line per phase."""
+        if not self.console.is_terminal:
+            print(f"fragbench bench: {line}", file=sys.stderr, flush=True)
+
+    def churn(self, run: EngineRun, sampler: Sampler | None, show, load: LoadArgs, start_s: float = 0.0) -> None:
+        out = load.out
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "loadgen.log", "ab") as log:
             loadgen = start_loadgen(load, stdout=log, stderr=subprocess.STDOUT)
@@ -186,15 +286,17 @@ class Bench:
                     run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
                     run.server.proc.wait()
                     killed = True
-                show(f"{run.engine:<6} churn ({run.crashes} crashes)", min(elapsed, self.cfg.duration_s))
-                self.collect_ooms(run, sampler.last)
+                show(f"{run.engine:<6} churn ({run.crashes} crashes)", max(0.0, elapsed - start_s))
+                if sampler is not None:
+                    self.collect_ooms(run, sampler.last)
                 if not run.server.alive():
                     self.restart(run, sampler)
                 time.sleep(0.3)
         finally:
             stop_loadgen(loadgen)
+        show(f"{run.engine:<6} done ({run.crashes} crashes)", load.duration_s)
 
-    def restart(self, run: EngineRun, sampler: Sampler) -> None:
+    def restart(self, run: EngineRun, sampler: Sampler | None) -> None:
         crashed_at = time.time() - run.t0
         log = run.server.log_path.read_text(errors="replace")
         crash = CRASH_LINE.findall(log)
@@ -214,7 +316,8 @@ class Bench:
             raise
         back = time.time() - run.t0
         run.down.append((crashed_at, back))
-        sampler.process = psutil.Process(run.server.proc.pid)
+        if sampler is not None:
+            sampler.process = psutil.Process(run.server.proc.pid)
         self.event(run, "restart", back, detail=f"down {back - crashed_at:.1f} s")
         (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
         with open(self.dir / "engines" / run.engine / "down.json", "w") as f:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -330,18 +331,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError("--engines vllm: vLLM is not installed: run `make vllm`")
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model!r} is not a model directory (run `make model`)")
-    trace_or_usage(args.workload, args.seed, args.max_seq_len, 4096)
+    workload = trace_or_usage(args.workload, args.seed, args.max_seq_len, 4096)
+    check_sweep(args, workload)
     cfg = BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=args.kv_budget,
                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
                       kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
-                      warmup_s=args.warmup)
+                      warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+                      slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
+                      points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration)
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
     report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
     print(f"results: {run_dir}\nreport:  {report}")
     return 0
+
+
+def rate_list(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates takes comma-separated numbers, not {text!r}") from None
+    if not rates or any(not 0 < r < float("inf") for r in rates):
+        raise argparse.ArgumentTypeError(f"--rates needs one or more positive finite rates, not {text!r}")
+    return sorted(set(rates))
+
+
+def check_sweep(args: argparse.Namespace, workload) -> None:
+    """Flags that cannot make a sweep: one line each, before anything starts."""
+    for flag in ("slo_ttft", "slo_tpot", "point_duration", "calibrate_duration"):
+        value = getattr(args, flag)
+        if value is not None and not 0 < value < float("inf"):
+            raise UsageError(f"--{flag.replace('_', '-')} must be a positive number of seconds, not {value}")
+    if not 0 < args.slo_attainment <= 1:
+        raise UsageError(f"--slo-attainment must be in (0, 1], not {args.slo_attainment}")
+    if (args.sweep or args.rates) and args.point_duration is not None:
+        warmup = args.warmup if args.warmup is not None else 0.1 * args.point_duration
+        if args.point_duration <= warmup:
+            raise UsageError(f"--point-duration {args.point_duration} s is not longer than the warm-up of {warmup} s")
+    if args.sweep or args.rates:
+        if workload.closed_concurrency:
+            raise UsageError(f"--sweep: workload {args.workload} is closed-loop; it has no arrival rate to sweep")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -403,17 +434,47 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             resolve(spec.trace.path)
         except TraceError as e:
             raise UsageError(str(e)) from None
+    from harness.capacity import SLO
     from harness.simreport import render_simulation, render_text
 
-    out = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
-                         args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
-                         preflight=not args.no_preflight)
+    check_sweep(args, trace_or_usage(args.workload, args.seed, max_seq_len, shape.vocab_size))
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    with simulation_progress() as progress:
+        out = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
+                             args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
+                             preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
+                             sweep_points=args.points if args.sweep or args.rates else 0,
+                             slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
+                             progress=progress)
     if args.report:
         render_simulation(out, Path(args.report))
     for result in out["policies"].values():
         del result["timeline"]  # drawn in the report; too long for the terminal
     print(json.dumps(out, indent=2) if args.json else render_text(out))
     return 0
+
+
+class simulation_progress:
+    """A rich bar on stderr while simulations run (a sweep is many of them)."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("simulate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.start()
+        self.task = None
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        if self.task is None or done == 0:
+            self.task = self.bar.add_task("", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
 
 
 # -- check
@@ -547,6 +608,18 @@ def build_parser() -> Parser:
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
+    sweep = bench.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
+    sweep.add_argument("--sweep", action="store_true",
+                       help="offer the workload at several request rates per engine and find the highest each "
+                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
+    sweep.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
+    sweep.add_argument("--points", type=positive_int, default=4, help="rates to sweep after calibration")
+    sweep.add_argument("--point-duration", type=float, default=20.0, help="seconds of arrivals per rate")
+    sweep.add_argument("--calibrate-duration", type=float, default=12.0, help="seconds per calibration window")
+    sweep.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
+    sweep.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
+    sweep.add_argument("--slo-attainment", type=float, default=0.9,
+                       help="share of requests that must meet the SLO for a rate to count as sustained")
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
@@ -583,6 +656,16 @@ def build_parser() -> Parser:
                      help="static policies admit without checking free bytes (a naive server) and reject on OOM")
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--report", help="write an HTML page with the breakdown over time")
+    sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
+    ssweep = sim.add_argument_group("capacity sweep")
+    ssweep.add_argument("--sweep", action="store_true",
+                        help="offer the workload at several rates per policy and find the highest each sustains")
+    ssweep.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
+    ssweep.add_argument("--points", type=positive_int, default=12, help="rates to sweep after calibration")
+    ssweep.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
+    ssweep.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
+    ssweep.add_argument("--slo-attainment", type=float, default=0.9)
+    sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone
     sim.set_defaults(func=cmd_simulate)
 
     chk = sub.add_parser("check", help="pre-deployment sanity check of any OpenAI-compatible server")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 # metric -> whether higher is better
 HEADLINE = {
+    "sustained_rps": True,
     "output_tokens_per_s": True,
     "requests_per_s": True,
     "goodput_requests_per_s": True,
@@ -40,13 +41,23 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else summarize(run_dir)
 
 
+def figures(summary: dict, engine: str) -> dict:
+    """An engine's headline numbers, with its sustained rate when the run swept rates."""
+    out = dict(summary["engines"].get(engine, {}))
+    if engine in summary.get("capacity", {}):
+        out["sustained_rps"] = summary["capacity"][engine]["sustained_rps"]
+    return out
+
+
 def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
     rows = []
     for engine in base["engines"]:
         if engine not in new["engines"]:
             continue
         for metric, higher_better in HEADLINE.items():
-            b, n = base["engines"][engine].get(metric), new["engines"][engine].get(metric)
+            b, n = figures(base, engine).get(metric), figures(new, engine).get(metric)
+            if metric == "sustained_rps" and b is None and n is None:
+                continue  # neither run swept rates
             if b is None or n is None:
                 rows.append(Row(engine, metric, b, n, None, False))
                 continue

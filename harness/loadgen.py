@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gevent import monkey
@@ -25,7 +26,7 @@ from locust.env import Environment  # noqa: E402
 from engines.percentile import percentile  # noqa: E402
 from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
 from harness.results import Journal, request_row, to_parquet  # noqa: E402
-from workloads.generate import trace  # noqa: E402
+from workloads.generate import at_rate, trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
 from workloads.spec import SpecError, load_spec  # noqa: E402
 from workloads.traces import TraceError  # noqa: E402
@@ -43,6 +44,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--t0", type=float, help="wall-clock origin of the trace's arrival times")
+    ap.add_argument("--rate", type=float, help="offer the workload at this many requests/s (its arrival shape "
+                                               "kept, its clock rescaled); each row records it as offered_rps")
+    ap.add_argument("--start-at", type=float, default=0.0,
+                    help="seconds after --t0 when the first arrival falls; --duration counts from there")
     ap.add_argument("--grace", type=float, default=30.0)
     ap.add_argument("--api-key")
     ap.add_argument("--model", help="the 'model' field of each request")
@@ -52,11 +57,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def environment(args: argparse.Namespace, journal_path: Path) -> Environment:
     t = trace(load_spec(args.workload), args.seed, args.max_seq_len, args.vocab_size)
+    requests = at_rate(t.requests, args.rate, args.start_at) if args.rate else [
+        replace(r, arrival_s=r.arrival_s + args.start_at) for r in t.requests]
     journal = Journal(journal_path)
     env = Environment(user_classes=[ReplayUser], host=args.target.rstrip("/"))
     env.replay_plan = ReplayPlan(
-        requests=t.requests, t0=args.t0, duration_s=args.duration,
-        on_outcome=lambda o: journal.write(request_row(args.engine, o)),
+        requests=requests, t0=args.t0, duration_s=args.start_at + args.duration,
+        on_outcome=lambda o: journal.write({**request_row(args.engine, o), "offered_rps": args.rate}),
         closed_concurrency=t.closed_concurrency, grace_s=args.grace, api_key=args.api_key, model=args.model,
     )
     env.replay_workers = args.workers
@@ -65,7 +72,7 @@ def environment(args: argparse.Namespace, journal_path: Path) -> Environment:
 
 
 def wait(env: Environment, args: argparse.Namespace) -> None:
-    deadline = args.t0 + args.duration + args.grace + 5
+    deadline = args.t0 + args.start_at + args.duration + args.grace + 5
     while time.time() < deadline and not env.replay_done:
         gevent.sleep(0.2)
 
@@ -95,7 +102,7 @@ def run_master(args: argparse.Namespace, out: Path, argv: list[str]) -> None:
     while len(runner.clients.ready) < args.workers:
         gevent.sleep(0.1)
     runner.start(args.workers, spawn_rate=args.workers)
-    deadline = args.t0 + args.duration + args.grace + 5
+    deadline = args.t0 + args.start_at + args.duration + args.grace + 5
     gevent.sleep(2)  # heartbeats report the spawned users
     while time.time() < deadline and runner.user_count > 0:
         gevent.sleep(0.5)

@@ -32,13 +32,16 @@ class LoadArgs:
     model: str | None = None
     api_key: str | None = None
     workers: int = 1
+    rate: float | None = None  # offer the workload at this many requests/s (a sweep point)
+    start_at_s: float = 0.0  # seconds after t0 when its first arrival falls
 
     def argv(self) -> list[str]:
         out = ["--target", self.target, "--workload", self.workload, "--out", str(self.out),
                "--duration", str(self.duration_s), "--seed", str(self.seed), "--max-seq-len", str(self.max_seq_len),
                "--vocab-size", str(self.vocab_size), "--grace", str(self.grace_s), "--engine", self.engine,
-               "--workers", str(self.workers)]
-        for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key)):
+               "--workers", str(self.workers), "--start-at", str(self.start_at_s)]
+        for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key),
+                            ("--rate", self.rate)):
             if value is not None:
                 out += [flag, str(value)]
         return out

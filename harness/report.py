@@ -9,13 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from harness.results import token_times
 from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize, warmup_s
 
-SECTIONS = ("verdict", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
+SECTIONS = ("verdict", "capacity", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
             "latency", "throughput", "workload", "config")
 CATEGORY_LABELS = ("token states", "reservation", "internal fragmentation", "external fragmentation", "free")
 CATEGORY_COLORS = ("#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#d9d9d9")
@@ -28,6 +30,7 @@ PAPER_FIGURE2 = {
     "vLLM": (96.3, 0.0, 3.7, 0.0),
 }
 ESC = html.escape
+PALETTE = plotly.colors.qualitative.Plotly  # one colour per engine across a figure's panels
 
 
 def fig_html(fig: go.Figure) -> str:
@@ -91,23 +94,30 @@ def diagnosis(s: dict, ooms: pd.DataFrame) -> str | None:
     return RUNBOOK["capacity"]
 
 
+def goodput_sentence(engines: dict) -> str:
+    ranked = sorted(engines, key=lambda e: -(engines[e]["goodput_requests_per_s"] or 0))
+    best = ranked[0]
+    contiguous = [e for e in engines if e not in PAGED]
+    rates = ", ".join(f"{e} {engines[e]['goodput_requests_per_s']:.2f}" for e in ranked)
+    line = f"Goodput at the workload's own rate (requests per second within the SLO): {rates}; {best} served the most"
+    if best in PAGED and contiguous:
+        rival = max(contiguous, key=lambda e: engines[e]["goodput_requests_per_s"] or 0)
+        theirs = engines[rival]["goodput_requests_per_s"] or 0
+        line += (f", {engines[best]['goodput_requests_per_s'] / theirs:.1f}x the best contiguous engine ({rival})"
+                 if theirs else ", and no contiguous engine served any request within the SLO")
+    return line + "."
+
+
 def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[str]:
     engines = summary["engines"]
     if not engines:
         return ["No engine produced a result in this run."]
     budget = meta.get("config", {}).get("kv_budget", "the same budget")
     out = []
-    ranked = sorted(engines, key=lambda e: -(engines[e]["goodput_requests_per_s"] or 0))
-    best = ranked[0]
-    contiguous = [e for e in engines if e not in PAGED]
-    rates = ", ".join(f"{e} {engines[e]['goodput_requests_per_s']:.2f}" for e in ranked)
-    line = (f"Goodput (requests per second within the SLO): {rates}; {best} served the most")
-    if best in PAGED and contiguous:
-        rival = max(contiguous, key=lambda e: engines[e]["goodput_requests_per_s"] or 0)
-        theirs = engines[rival]["goodput_requests_per_s"] or 0
-        line += (f", {engines[best]['goodput_requests_per_s'] / theirs:.1f}x the best contiguous engine ({rival})"
-                 if theirs else ", and no contiguous engine served any request within the SLO")
-    out.append(link("verdict-table", line + "."))
+    if summary.get("capacity"):
+        out.append(link("capacity", capacity_sentence(summary["capacity"])))
+    if not summary.get("capacity"):  # one offered rate: goodput at it is the measure of what memory bought
+        out.append(link("verdict-table", goodput_sentence(engines)))
     held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
                      for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
     out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
@@ -142,6 +152,60 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
         if line:
             out.append(link("memory-map", f"{e}, diagnosis: {line}."))
     return out
+
+
+def where_words(c: dict) -> str:
+    return {"beyond": " or more (every rate met the SLO)", "below": " (under the lowest rate swept)"}.get(
+        c["sustained_where"], "")
+
+
+def capacity_sentence(capacity: dict) -> str:
+    slo = next(iter(capacity.values()))["slo"]
+    order = sorted(capacity, key=lambda e: -capacity[e]["sustained_rps"])
+    rates = ", ".join(f"{e} {capacity[e]['sustained_rps']:.2f} req/s{where_words(capacity[e])}" for e in order)
+    line = (f"Sustained request rate within the SLO (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for "
+            f"{100 * slo['attainment']:.0f} % of requests): {rates}")
+    contiguous = [e for e in capacity if e not in PAGED]
+    paged = [e for e in capacity if e in PAGED]
+    if contiguous and paged:
+        rival = max(contiguous, key=lambda e: capacity[e]["sustained_rps"])
+        for e in paged:
+            mine, theirs = capacity[e]["sustained_rps"], capacity[rival]["sustained_rps"]
+            line += (f"; {e} sustains {mine / theirs:.1f}x the best contiguous engine ({rival})" if theirs > 0
+                     else f"; no contiguous engine sustained any rate, {e} {mine:.2f} req/s")
+    return line + "."
+
+
+def capacity_section(summary: dict) -> str:
+    cap = summary.get("capacity")
+    if not cap:
+        return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
+                       "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("normalized latency (s/token)", "goodput (req/s)",
+                                                         "mean running requests"), horizontal_spacing=0.07)
+    for i, (engine, c) in enumerate(cap.items()):
+        x = [p["offered_rps"] for p in c["points"]]
+        color = PALETTE[i % len(PALETTE)]
+        for col, key in enumerate(("normalized_latency_s_per_token", "goodput_rps", "mean_running"), start=1):
+            fig.add_trace(go.Scatter(x=x, y=[p[key] for p in c["points"]], mode="lines+markers", name=engine,
+                                     legendgroup=engine, showlegend=col == 1, line_color=color), row=1, col=col)
+    fig.update_xaxes(title_text="offered req/s")
+    fig.update_layout(height=380)
+    contiguous = [e for e in cap if e not in PAGED]
+    best = max((cap[e]["sustained_rps"] for e in contiguous), default=0.0)
+    rows = [[e, f"{c['sustained_rps']:.2f}{where_words(c)}", f"{c['sustained_rps'] / best:.2f}x" if best else "n/a",
+             " / ".join(f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')}" for p in c["points"])]
+            for e, c in sorted(cap.items(), key=lambda kv: -kv[1]["sustained_rps"])]
+    slo = next(iter(cap.values()))["slo"]
+    how = (f"The workload's request mix offered at each rate (its arrival shape kept, its clock rescaled), every "
+           f"engine at the same rates, one server per engine for all of them. Normalized latency: the mean over "
+           f"completed requests of end-to-end latency / output tokens (the vLLM paper's Figure 12). A request meets "
+           f"the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s']:g} s; rejected, OOM'd, crashed or "
+           f"unfinished requests miss it; client cancellations are left out. Sustained: the highest rate at which "
+           f"{100 * slo['attainment']:.0f} % meet it, interpolated between the rates measured.")
+    body = fig_html(fig) + table(["engine", "sustained req/s", "vs best contiguous", "SLO attainment per rate"],
+                                 rows)
+    return section("capacity", "Capacity at the SLO: what the memory buys", how, body)
 
 
 # -- sections
@@ -337,13 +401,6 @@ def latency(requests: pd.DataFrame) -> str:
                    "gap between streamed tokens; E2E = end - send. Successful requests only.", fig_html(fig))
 
 
-def token_times(r) -> list[float]:
-    if r.stream and r.first_token_s is not None and not pd.isna(r.first_token_s):
-        gaps = json.loads(r.inter_token_s) if isinstance(r.inter_token_s, str) else []
-        return list(r.first_token_s + np.concatenate([[0.0], np.cumsum(gaps)]))
-    return [r.end_s] * int(r.output_tokens or 0) if r.end_s is not None and not pd.isna(r.end_s) else []
-
-
 def throughput(requests: pd.DataFrame) -> str:
     fig = go.Figure()
     for engine, r in requests.groupby("engine", sort=False):
@@ -401,7 +458,8 @@ def render(run_dir: Path, out: Path) -> Path:
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
-        verdict(summary, meta, frames["events"]), memory_breakdown(frames["samples"]), figure2(summary),
+        verdict(summary, meta, frames["events"]), capacity_section(summary), memory_breakdown(frames["samples"]),
+        figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"]), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
         throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),

@@ -7,6 +7,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 REQUEST_COLUMNS = [
@@ -62,6 +63,14 @@ def to_parquet(run_dir: Path, kind: str) -> pd.DataFrame:
     df = read_journals(sorted(run_dir.glob(f"{kind}*.jsonl")), kind)
     df.to_parquet(run_dir / f"{kind}.parquet", index=False)
     return df
+
+
+def token_times(r) -> list[float]:
+    """When each output token of a requests row reached the client (a whole answer: all at its end)."""
+    if r.stream and r.first_token_s is not None and not pd.isna(r.first_token_s):
+        gaps = json.loads(r.inter_token_s) if isinstance(r.inter_token_s, str) else []
+        return list(r.first_token_s + np.concatenate([[0.0], np.cumsum(gaps)]))
+    return [r.end_s] * int(r.output_tokens or 0) if r.end_s is not None and not pd.isna(r.end_s) else []
 
 
 def request_row(engine: str, outcome) -> dict:

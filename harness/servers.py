@@ -58,12 +58,15 @@ def start_server(
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
+    since = log_path.stat().st_size  # an earlier server's lines (a restart, a calibration) are not this one's
     proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerFailed(f"{engine} server exited with {proc.returncode}: {tail(log_path)}")
-        m = READY.search(log_path.read_text(errors="replace"))
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            m = READY.search(f.read().decode(errors="replace"))
         if m and healthy(m.group(1)):
             return ServerProcess(proc, m.group(1), log_path)
         time.sleep(0.2)

@@ -9,7 +9,16 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from harness.report import CATEGORY_COLORS, CATEGORY_LABELS, PAPER_FIGURE2, STYLE, fig_html
+from harness.report import (
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    PAPER_FIGURE2,
+    STYLE,
+    capacity_section,
+    capacity_sentence,
+    fig_html,
+    fmt,
+)
 from harness.summary import SHARE_COLUMNS
 
 
@@ -42,6 +51,11 @@ def render_text(out: dict) -> str:
     for name, r in out["policies"].items():
         if r["first_oom_running"] is not None:
             lines.append(f"  {name}: first OOM with {r['first_oom_running']} sequences running")
+    if out.get("capacity"):
+        lines.append("  " + capacity_sentence(out["capacity"]))
+        for name, c in out["capacity"].items():
+            lines.append(f"  {name:<14}" + "  ".join(f"{p['offered_rps']:g} req/s: {fmt(p['slo_attainment'], '%')}"
+                                                     for p in c["points"]))
     return "\n".join(lines)
 
 
@@ -73,5 +87,5 @@ def render_simulation(out: dict, path: Path) -> Path:
         "<section id='figure2'><h2>Mean breakdown beside the vLLM paper's Figure 2</h2><p class='how'>The paper's "
         "last bar, 'external fragmentation &amp; others', includes free memory.</p>"
         f"{fig_html(bars)}</section><section id='memory-breakdown'><h2>Breakdown over simulated time</h2>"
-        f"{fig_html(fig)}</section></body></html>")
+        f"{fig_html(fig)}</section>{capacity_section(out)}</body></html>")
     return path

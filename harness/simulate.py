@@ -9,10 +9,12 @@ step times of that stretch are summed in closed form. Memory accounting is time-
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from engines.kv import KVPolicy, PagedKV, make_policy
 from engines.kv.base import Breakdown
@@ -21,11 +23,13 @@ from engines.percentile import percentile
 from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
 from engines.shapes import DTYPE_BYTES, ModelShape
+from harness.capacity import SLO, capacity_block, request_metrics, sweep_rates
 from harness.gpus import GPU
 from harness.plan import Plan
-from workloads.generate import TraceRequest, has_shared_prefixes, iter_requests
+from workloads.generate import TraceRequest, at_rate, has_shared_prefixes, iter_requests
 from workloads.spec import WorkloadSpec
 
+DEFAULT_SLO = SLO()
 PAPER_PLACEMENT = {"static-max": "buddy", "static-pow2": "buddy", "static-oracle": "best-fit", "growth": "best-fit",
                    "paged": "best-fit"}
 
@@ -105,7 +109,8 @@ def astuple(b: Breakdown) -> tuple[int, ...]:
 
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
                     placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
-                    preflight: bool = True) -> dict:
+                    preflight: bool = True) -> tuple[dict, list[Track]]:
+    """The policy's result, and every request's track (for a sweep's per-request SLO figures)."""
     kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
                      preflight)
     if isinstance(kv, PagedKV):
@@ -179,7 +184,8 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
             track.end_s, track.status = t, "ok"
             done.append(track)
     wall_s = time.perf_counter() - started
-    return result(name, sched, done + list(tracks.values()), acc, t, wall_s, placement or PAPER_PLACEMENT[name])
+    every = done + list(tracks.values())
+    return result(name, sched, every, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), every
 
 
 def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> None:
@@ -228,7 +234,11 @@ def first_oom_running(sched: Scheduler) -> int | None:
 
 def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, policies: list[str],
                    block_size: int, placement: str | None, num_requests: int, seed: int = 0,
-                   max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True) -> dict:
+                   max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True, n_jobs: int = 1,
+                   sweep_points: int = 0, slo: SLO = DEFAULT_SLO, rates: list[float] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> dict:
+    """Each policy at the workload's own rate; with sweep_points, also a capacity sweep. Independent
+    simulations run in a pool of n_jobs processes; the result does not depend on n_jobs."""
     model = StepModel.of(shape, dtype, gpu)
     shared = has_shared_prefixes(spec)
     out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
@@ -236,11 +246,96 @@ def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, 
            "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
            "static_preflight": preflight,
            "step_model": model.constants(), "policies": {}}
-    for name in policies:
-        requests = iter_requests(spec, seed, plan.max_seq_len, shape.vocab_size, num_requests, token_ids=shared)
-        out["policies"][name] = simulate_policy(name, requests, plan, model, block_size, placement, max_num_seqs,
-                                                shared, sample_every_s=1.0, preflight=preflight)
+    jobs = [SimJob(name, plan, model, spec, seed, num_requests, shape.vocab_size, shared, block_size, placement,
+                   max_num_seqs, preflight) for name in policies]
+    for job, (res, _) in zip(jobs, pool_map(run_job, jobs, n_jobs, progress), strict=True):
+        out["policies"][job.policy] = res
+    if sweep_points:
+        out["capacity"] = sweep(jobs, sweep_points, slo, n_jobs, progress, rates)
     return out
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One independent simulation: a policy on a workload, at the workload's own rate or at `rate_rps`."""
+
+    policy: str
+    plan: Plan
+    model: StepModel
+    spec: WorkloadSpec
+    seed: int
+    num_requests: int
+    vocab_size: int
+    shared: bool
+    block_size: int
+    placement: str | None
+    max_num_seqs: int
+    preflight: bool
+    rate_rps: float | None = None
+
+
+def run_job(job: SimJob) -> tuple[dict, pd.DataFrame]:
+    requests = iter_requests(job.spec, job.seed, job.plan.max_seq_len, job.vocab_size, job.num_requests,
+                             token_ids=job.shared)
+    if job.rate_rps is not None:
+        requests = iter(at_rate(list(requests), job.rate_rps))
+    res, tracks = simulate_policy(job.policy, requests, job.plan, job.model, job.block_size, job.placement,
+                                  job.max_num_seqs, job.shared, sample_every_s=1.0, preflight=job.preflight)
+    return res, requests_frame(tracks)
+
+
+def requests_frame(tracks: list[Track]) -> pd.DataFrame:
+    """The tracks as request rows with the columns capacity.request_metrics reads."""
+    rows = [{"status": tr.status or "unfinished", "arrival_s": tr.arrival_s, "output_tokens": tr.target,
+             "ttft_s": tr.first_s - tr.arrival_s if tr.first_s is not None else None,
+             "tpot_s": (tr.end_s - tr.first_s) / (tr.target - 1) if tr.end_s is not None and tr.first_s is not None
+             and tr.target > 1 else None,
+             "e2e_s": tr.end_s - tr.arrival_s if tr.end_s is not None else None} for tr in tracks]
+    return pd.DataFrame(rows, columns=["status", "arrival_s", "output_tokens", "ttft_s", "tpot_s", "e2e_s"])
+
+
+def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] | None = None) -> list:
+    """fn over jobs in a process pool of n_jobs (serially for 1), results in the jobs' order."""
+    if progress:
+        progress(0, len(jobs))
+    if n_jobs <= 1 or len(jobs) <= 1:
+        out = []
+        for i, job in enumerate(jobs):
+            out.append(fn(job))
+            if progress:
+                progress(i + 1, len(jobs))
+        return out
+    with ProcessPoolExecutor(max_workers=min(n_jobs, len(jobs))) as pool:
+        futures = [pool.submit(fn, job) for job in jobs]
+        for i, _ in enumerate(as_completed(futures)):
+            if progress:
+                progress(i + 1, len(jobs))
+        return [f.result() for f in futures]
+
+
+def calibrated_rps(res: dict) -> float:
+    """What a saturated run completed per simulated second."""
+    return res["requests_completed"] / res["simulated_s"] if res["simulated_s"] else 0.0
+
+
+def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rates: list[float] | None) -> dict:
+    """Calibrate each policy with every request arriving at once, then offer the union's rates to all."""
+    if rates is None:
+        calibration = pool_map(run_job, [replace(j, rate_rps=1e9) for j in jobs], n_jobs, progress)
+        usable = [r for r in (calibrated_rps(res) for res, _ in calibration) if r > 0]
+        if not usable:
+            return {}
+        rates = sweep_rates(usable, points)
+    grid = [replace(j, rate_rps=r) for j in jobs for r in rates]
+    results = pool_map(run_job, grid, n_jobs, progress)
+    per_policy: dict[str, list[dict]] = {}
+    for job, (res, frame) in zip(grid, results, strict=True):
+        window = frame.arrival_s.max() if len(frame) else 1.0
+        per_policy.setdefault(job.policy, []).append({
+            "offered_rps": job.rate_rps, **request_metrics(frame, max(window, 1e-9), slo),
+            "mean_running": res["mean_running"], "token_states_share": res["token_states_share"],
+            "oom_total": res["oom_total"], "oom_fragmentation": res["oom_fragmentation"], "crashes": 0})
+    return {policy: capacity_block(pts, slo) for policy, pts in per_policy.items()}
 
 
 __all__ = ["PAPER_PLACEMENT", "StepModel", "run_simulation"]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from engines.percentile import percentile
+from harness.capacity import SLO, capacity_block, meets_slo, request_metrics
 from harness.results import read_journals
 from workloads.outcome import UNFINISHED
 
@@ -73,22 +74,48 @@ def pct(series: pd.Series, q: float) -> float | None:
     return percentile(pd.to_numeric(series, errors="coerce"), q)
 
 
-def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
+def slo_of(cfg: dict) -> SLO:
+    return SLO(cfg.get("slo_ttft_s", 2.0), cfg.get("slo_tpot_s", 0.25), cfg.get("slo_attainment", 0.9))
+
+
+def point_warmup_s(meta: dict) -> float:
     cfg = meta.get("config", {})
-    # memory shares over the steady part of the time requests arrive: not the warm-up ramp from empty
-    # memory, not the drain after the last arrival
-    duration = cfg.get("duration_s", np.inf)
-    churn = smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= duration)]
-    window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
-    ok = req[req.status == "ok"]
-    out: dict = {}
+    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * meta["sweep"]["point_s"]
+
+
+def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
+    """Samples of the steady part of the time requests arrive: not the warm-up ramp from empty memory, not
+    the drain after the last arrival (in a sweep: of every point's window)."""
+    cfg = meta.get("config", {})
+    windows = (meta.get("sweep") or {}).get("points", {}).get(engine)
+    if not windows:
+        return smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= cfg.get("duration_s", np.inf))]
+    warm = point_warmup_s(meta)
+    inside = np.zeros(len(smp), dtype=bool)
+    for w in windows:
+        inside |= ((smp.t_s >= w["start_s"] + warm) & (smp.t_s <= w["end_s"])).to_numpy()
+    return smp[inside]
+
+
+def memory_figures(churn: pd.DataFrame) -> dict:
     cap = churn.kv_capacity_bytes.astype(float)
+    out = {}
     for share, col in SHARE_COLUMNS.items():
         values = churn[col].astype(float) / cap if len(churn) and churn[col].notna().all() else None
         out[share] = float(values.mean()) if values is not None and len(values) else None
     out["allocated_share"] = float((churn.allocated_bytes / cap).mean()) if len(churn) else None
-    out["mean_running"] = float(churn.running.mean()) if len(churn) else None
-    out["max_running"] = int(churn.running.max()) if len(churn) else None
+    out["mean_running"] = float(churn.running.astype(float).mean()) if len(churn) and churn.running.notna().any() \
+        else None
+    out["max_running"] = int(churn.running.max()) if len(churn) and churn.running.notna().any() else None
+    return out
+
+
+def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
+    cfg = meta.get("config", {})
+    churn = steady(smp, meta, engine)
+    window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
+    ok = req[req.status == "ok"]
+    out: dict = memory_figures(churn)
     ooms = ev[ev.kind == "oom"]
     out["oom_total"] = int(len(ooms))
     out["oom_fragmentation"] = int((ooms.cause == "fragmentation").sum())
@@ -97,9 +124,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["preemptions"] = int(pre)
     out["output_tokens_per_s"] = float(req.output_tokens.fillna(0).sum() / window)
     out["requests_per_s"] = float(len(ok) / window)
-    slo = (ok.ttft_s.fillna(ok.e2e_s) <= cfg.get("slo_ttft_s", 2.0)) & (ok.tpot_s.fillna(0) <= cfg.get(
-        "slo_tpot_s", 0.25))
-    out["goodput_requests_per_s"] = float(slo.sum() / window)
+    out["goodput_requests_per_s"] = float(meets_slo(ok, slo_of(cfg)).sum() / window)
     out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
     out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
     out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
@@ -118,6 +143,28 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     return out
 
 
+def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict | None:
+    """The sweep's points for one engine, each from its own window, and the rate it sustains."""
+    windows = (meta.get("sweep") or {}).get("points", {}).get(engine)
+    if not windows or "offered_rps" not in req:
+        return None
+    slo, warm = slo_of(meta.get("config", {})), point_warmup_s(meta)
+    grace = meta.get("config", {}).get("grace_s", 0.0)
+    rates = pd.to_numeric(req.offered_rps, errors="coerce")
+    points = []
+    for w in windows:
+        rows = req[np.isclose(rates, w["offered_rps"])]
+        in_window = smp[(smp.t_s >= w["start_s"] + warm) & (smp.t_s <= w["end_s"])]
+        events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
+        ooms = events[events.kind == "oom"]
+        mem = memory_figures(in_window)
+        points.append({"offered_rps": w["offered_rps"], **request_metrics(rows, w["end_s"] - w["start_s"], slo),
+                       "mean_running": mem["mean_running"], "token_states_share": mem["token_states_share"],
+                       "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
+                       "crashes": int((events.kind == "crash").sum())})
+    return capacity_block(points, slo)
+
+
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
     meta = load_meta(run_dir)
     frames = frames or load_frames(run_dir)
@@ -128,6 +175,9 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
+            block = capacity(engine, r, s, e, meta)
+            if block is not None:
+                summary.setdefault("capacity", {})[engine] = block
     return summary
 
 

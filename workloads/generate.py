@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -118,6 +118,15 @@ def iter_requests(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_
     n = num_requests or spec.num_requests
     gen = _replay if spec.trace is not None else _synthesize
     return gen(spec, rng, scale, max_seq_len, vocab_size, n, token_ids)
+
+
+def at_rate(requests: list[TraceRequest], rate_rps: float, start_s: float = 0.0) -> list[TraceRequest]:
+    """The same requests offered at rate_rps: the arrival process's shape kept, its clock rescaled, and
+    every arrival shifted by start_s."""
+    span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
+    native = (len(requests) - 1) / span if span > 0 else rate_rps
+    stretch = native / rate_rps
+    return [replace(r, arrival_s=round(start_s + r.arrival_s * stretch, 6)) for r in requests]
 
 
 def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:

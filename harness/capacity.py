@@ -1,0 +1,94 @@
+"""Capacity at an SLO, as the vLLM paper measures it (Figure 12): offered request rate against latency,
+and the highest rate each engine sustains. One definition for bench and simulate.
+
+A request meets the SLO when it completes with TTFT <= ttft_s and TPOT <= tpot_s; a rejected, OOM'd,
+crashed, failed or unfinished request misses it; a request the client itself cancelled (the workload's
+churn) is left out. A rate is sustained when at least `attainment` of its requests meet the SLO; between
+two measured rates the crossing is interpolated linearly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from engines.percentile import percentile
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.25
+    attainment: float = 0.9
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def meets_slo(ok: pd.DataFrame, slo: SLO) -> pd.Series:
+    """Of completed requests: within both limits. A whole (non-streamed) answer shows neither TTFT nor TPOT,
+    only when it ended: it meets the SLO if it ended no later than a stream within both limits would have,
+    TTFT + TPOT x (output tokens - 1)."""
+    ttft = pd.to_numeric(ok.ttft_s, errors="coerce")
+    tpot = pd.to_numeric(ok.tpot_s, errors="coerce")
+    streamed = (ttft <= slo.ttft_s) & (tpot.fillna(0.0) <= slo.tpot_s)
+    tokens = pd.to_numeric(ok.output_tokens, errors="coerce").fillna(1).clip(lower=1)
+    whole = pd.to_numeric(ok.e2e_s, errors="coerce") <= slo.ttft_s + slo.tpot_s * (tokens - 1)
+    return streamed.where(ttft.notna(), whole)
+
+
+def request_metrics(req: pd.DataFrame, window_s: float, slo: SLO) -> dict:
+    """The client-side figures of one point: `req` has status, ttft_s, tpot_s, e2e_s, output_tokens."""
+    judged = req[req.status != "cancelled"]
+    ok = judged[judged.status == "ok"]
+    met = meets_slo(ok, slo)
+    per_token = pd.to_numeric(ok.e2e_s, errors="coerce") / pd.to_numeric(ok.output_tokens, errors="coerce")
+    per_token = per_token[np.isfinite(per_token)]
+    return {
+        "requests": int(len(judged)),
+        "achieved_rps": len(ok) / window_s,
+        "goodput_rps": float(met.sum()) / window_s,
+        "slo_attainment": float(met.sum()) / len(judged) if len(judged) else None,
+        "ttft_p50_s": percentile(ok.ttft_s, 0.5), "ttft_p99_s": percentile(ok.ttft_s, 0.99),
+        "tpot_p50_s": percentile(ok.tpot_s, 0.5), "tpot_p99_s": percentile(ok.tpot_s, 0.99),
+        "normalized_latency_s_per_token": float(per_token.mean()) if len(per_token) else None,
+    }
+
+
+def sustained_rate(points: list[dict], slo: SLO) -> tuple[float, str]:
+    """The highest offered rate meeting the SLO, and where it lies: 'within' the measured rates, 'beyond'
+    the last (a lower bound), or 'below' the first (interpolated from an ideal server at rate 0)."""
+    pts = sorted((p["offered_rps"], p["slo_attainment"] or 0.0) for p in points)
+    prev_rate, prev_att = 0.0, 1.0
+    for rate, att in pts:
+        if att < slo.attainment:
+            frac = (prev_att - slo.attainment) / (prev_att - att) if prev_att > att else 0.0
+            where = "below" if prev_rate == 0.0 else "within"
+            return prev_rate + frac * (rate - prev_rate), where
+        prev_rate, prev_att = rate, att
+    return prev_rate, "beyond"
+
+
+def sweep_rates(calibrated_rps: list[float], points: int) -> list[float]:
+    """`points` offered rates, geometric, from well under the slowest engine's saturation to past the
+    fastest one's: every engine's knee lies inside, and every engine runs the same rates."""
+    lo, hi = 0.3 * min(calibrated_rps), 1.5 * max(calibrated_rps)
+    if points == 1:
+        return [round(hi, 3)]
+    return [round(lo * (hi / lo) ** (i / (points - 1)), 3) for i in range(points)]
+
+
+def capacity_block(points: list[dict], slo: SLO) -> dict:
+    rate, where = sustained_rate(points, slo)
+    return {"sustained_rps": rate, "sustained_where": where, "slo": slo.to_json(),
+            "points": sorted(points, key=lambda p: p["offered_rps"])}
+
+
+def ratios(capacity: dict[str, dict], contiguous: list[str]) -> dict[str, float | None]:
+    """Each engine's sustained rate over the best contiguous engine's."""
+    best = max((capacity[e]["sustained_rps"] for e in contiguous if e in capacity), default=0.0)
+    return {e: (c["sustained_rps"] / best if best > 0 else math.inf if c["sustained_rps"] > 0 else None)
+            for e, c in capacity.items()}

@@ -52,8 +52,10 @@ BENCH_ARGS ?= --workload mixed-churn --sweep --points 3 --point-duration 15 --ca
 bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) $(BENCH_ARGS)
 
-# Nightly: the standard run, then a comparison with the previous one (exit 1 on a regression).
+# Nightly: the standard run, the history of every run beside its report, then a comparison with the
+# previous run (exit 1 on a regression).
 nightly: bench
+	$(BIN)/fragbench history results --out reports/history.html
 	@runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
 	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2; else echo "nightly: no previous run to compare with"; fi
 

@@ -29,6 +29,7 @@ from harness.servers import ServerFailed, ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
+OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
 
 
 @dataclass
@@ -302,9 +303,7 @@ class Bench:
         crash = CRASH_LINE.findall(log)
         detail = json.loads(crash[-1]) if crash else {}
         if detail:
-            self.event(run, "oom", crashed_at, requested_bytes=detail.get("requested_bytes"),
-                       free_bytes=detail.get("free_bytes"), largest_free_bytes=detail.get("largest_free_bytes"),
-                       cause=detail.get("cause"), detail=json.dumps(detail))
+            self.oom_event(run, crashed_at, detail, "the engine crashed on it")
         self.event(run, "crash", crashed_at, detail=f"exit code {run.server.proc.returncode}",
                    cause=detail.get("cause"))
         run.crashes += 1
@@ -330,10 +329,17 @@ class Bench:
         new = stats["oom_total"] - run.oom_seen
         offset = time.time() - run.t0 - stats.get("t_s", 0)  # server uptime -> engine time
         for ev in stats.get("oom_events", [])[-new:]:
-            self.event(run, "oom", ev["t_s"] + offset, requested_bytes=ev["requested_bytes"],
-                       free_bytes=ev["free_bytes"], largest_free_bytes=ev["largest_free_bytes"], cause=ev["cause"],
-                       detail=json.dumps({k: ev.get(k) for k in ("running", "waiting", "live_tokens", "kv_usage")}))
+            self.oom_event(run, ev["t_s"] + offset, ev, "the request failed")
         run.oom_seen = stats["oom_total"]
+
+    def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
+        """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
+        state = {k: ev.get(k) for k in OOM_STATE}
+        words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                          for k, v in state.items() if v is not None)
+        self.event(run, "oom", t_s, requested_bytes=ev.get("requested_bytes"), free_bytes=ev.get("free_bytes"),
+                   largest_free_bytes=ev.get("largest_free_bytes"), cause=ev.get("cause"),
+                   detail=f"{outcome}; {words}", **state)
 
     def releases(self, run: EngineRun) -> None:
         try:

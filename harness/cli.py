@@ -406,6 +406,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if any(r.regressed for r in rows) else 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    from harness.history import render_history
+
+    if args.baseline < 1 or not 0 <= args.threshold < float("inf"):
+        raise UsageError("--baseline must be at least 1 and --threshold a percentage >= 0")
+    try:
+        out, count = render_history(Path(args.results), Path(args.out), args.baseline, args.threshold)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"history of {count} runs: {out}")
+    return 0
+
+
 # -- simulate
 def cmd_simulate(args: argparse.Namespace) -> int:
     from engines.kv import POLICIES
@@ -633,6 +646,13 @@ def build_parser() -> Parser:
     cmp_.add_argument("--threshold", type=float, default=10.0, help="percent")
     cmp_.add_argument("--out")
     cmp_.set_defaults(func=cmd_compare)
+
+    hist = sub.add_parser("history", help="every run of a results folder over time, regressions marked")
+    hist.add_argument("results", help="a results folder (results/ by default for bench)")
+    hist.add_argument("--out", default="reports/history.html")
+    hist.add_argument("--baseline", type=int, default=7, help="previous runs whose median the last is held to")
+    hist.add_argument("--threshold", type=float, default=10.0, help="percent")
+    hist.set_defaults(func=cmd_history)
 
     sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model")
     sim.add_argument("--model", required=True, help="model preset or directory")

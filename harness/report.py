@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from engines.percentile import percentile
 from harness.results import token_times
 from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize, warmup_s
 
@@ -236,6 +237,19 @@ def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> st
     return section("verdict", "Verdict", how, words + f"<div id='verdict-table'>{table(header, rows)}</div>")
 
 
+MAX_POINTS = 1200  # per engine and time series: a one-hour run draws as fast as a one-minute one
+
+
+def downsample(s: pd.DataFrame, by: str = "allocated_bytes", max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """At most max_points rows, keeping each time bucket's lowest and highest `by` row: peaks survive."""
+    if len(s) <= max_points:
+        return s
+    bucket = pd.Series(np.arange(len(s)) * (max_points // 2) // len(s), index=s.index)
+    value = pd.to_numeric(s[by], errors="coerce").fillna(0)
+    keep = pd.concat([value.groupby(bucket).idxmin(), value.groupby(bucket).idxmax()]).unique()
+    return s.loc[sorted(keep)]
+
+
 def memory_breakdown(samples: pd.DataFrame) -> str:
     engines = list(samples.engine.unique())
     if not engines:
@@ -243,7 +257,7 @@ def memory_breakdown(samples: pd.DataFrame) -> str:
     fig = make_subplots(rows=len(engines), cols=1, shared_xaxes=True, subplot_titles=engines,
                         vertical_spacing=0.06)
     for i, engine in enumerate(engines, start=1):
-        s = samples[(samples.engine == engine) & (samples.t_s >= 0)]
+        s = downsample(samples[(samples.engine == engine) & (samples.t_s >= 0)].sort_values("t_s"))
         cap = s.kv_capacity_bytes.astype(float)
         if s.token_states_bytes.isna().all():  # usage only (vLLM): allocated, then free
             fig.add_trace(go.Scatter(x=s.t_s, y=100 * s.allocated_bytes.astype(float) / cap, stackgroup=f"e{i}",
@@ -285,6 +299,7 @@ def figure2(summary: dict) -> str:
 def scheduler(samples: pd.DataFrame) -> str:
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=("running", "waiting", "preempted (total)"))
     for engine, s in samples[samples.t_s >= 0].groupby("engine", sort=False):
+        s = downsample(s.sort_values("t_s"), by="running")
         for row, col in enumerate(("running", "waiting", "preempted_total"), start=1):
             fig.add_trace(go.Scatter(x=s.t_s, y=s[col], name=engine, legendgroup=engine, showlegend=row == 1),
                           row=row, col=1)
@@ -294,25 +309,59 @@ def scheduler(samples: pd.DataFrame) -> str:
                    fig_html(fig))
 
 
-def oom_events(events: pd.DataFrame) -> str:
+OOM_ROWS = 20  # events listed one by one; the rest are in events.parquet
+MAX_MARKERS = 2000  # OOM markers drawn per engine and measure
+
+
+def span(values: pd.Series, unit: str = "") -> str:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if not len(v):
+        return "n/a"
+    lo, hi = (mib(v.min()), mib(v.max())) if unit == "MiB" else (fmt(float(v.min())), fmt(float(v.max())))
+    return lo if lo == hi else f"{lo} - {hi}"
+
+
+def oom_summary(ooms: pd.DataFrame) -> str:
+    rows = []
+    for (engine, cause), e in ooms.groupby(["engine", "cause"], sort=False):
+        state = {c: e[c] if c in e else pd.Series(dtype=float) for c in ("running", "live_tokens")}
+        rows.append([engine, cause, len(e), fmt(float(e.t_s.min())), fmt(float(e.t_s.max())),
+                     span(e.requested_bytes, "MiB"), span(e.free_bytes, "MiB"), span(e.largest_free_bytes, "MiB"),
+                     span(state["running"]), span(state["live_tokens"])])
+    return table(["engine", "cause", "count", "first (s)", "last (s)", "requested", "free", "largest free",
+                  "running then", "live tokens then"], rows)
+
+
+def oom_events(events: pd.DataFrame, run_dir: Path) -> str:
     ooms = events[events.kind == "oom"]
     crashes = events[events.kind.isin(["crash", "restart"])]
     fig = go.Figure()
     for col, symbol in (("requested_bytes", "x"), ("free_bytes", "circle"), ("largest_free_bytes", "diamond")):
         for engine, e in ooms.groupby("engine", sort=False):
+            e = e.iloc[:: max(1, len(e) // MAX_MARKERS)]  # every k-th: a long run draws as fast as a short one
             fig.add_trace(go.Scatter(x=e.t_s, y=e[col].astype(float) / 2**20, mode="markers", marker_symbol=symbol,
                                      name=f"{engine}: {col.removesuffix('_bytes').replace('_', ' ')}",
                                      text=e.cause, hovertemplate="%{y:.2f} MiB, %{text}"))
-    for _, c in crashes.iterrows():
+    for _, c in crashes.head(200).iterrows():
         fig.add_vline(x=c.t_s, line_dash="dot", line_color="red" if c.kind == "crash" else "green")
     fig.update_layout(height=380, xaxis_title="s", yaxis_title="MiB")
+    if not len(ooms):
+        return section("oom-events", "OOM events", "Each failed KV allocation.", fig_html(fig) + "<p>No OOM in this "
+                       "run.</p>")
     rows = [[e.engine, fmt(e.t_s), e.cause, fmt(e.requested_bytes), fmt(e.free_bytes), fmt(e.largest_free_bytes),
-             e.detail] for e in ooms.head(50).itertuples()]
-    body = fig_html(fig) + (table(["engine", "t (s)", "cause", "requested B", "free B", "largest free B", "state"],
-                                  rows) if rows else "<p>No OOM in this run.</p>")
+             *(fmt(getattr(e, c, None)) for c in ("running", "waiting", "live_tokens")),
+             fmt(getattr(e, "kv_usage", None), "%")] for e in ooms.head(OOM_ROWS).itertuples()]
+    rest = len(ooms) - len(rows)
+    more = (f"<p class='how'>The other {rest} events are rows of kind 'oom' in "
+            f"<code>{ESC(str(run_dir / 'events.parquet'))}</code>.</p>") if rest > 0 else ""
+    body = (fig_html(fig) + "<h3>By engine and cause</h3>" + oom_summary(ooms)
+            + f"<h3>The first {len(rows)} of {len(ooms)}</h3>"
+            + table(["engine", "t (s)", "cause", "requested B", "free B", "largest free B", "running", "waiting",
+                     "live tokens", "KV usage"], rows) + more)
     return section("oom-events", "OOM events",
-                   "Each failed KV allocation: requested vs free vs largest free extent. Cause 'fragmentation' means "
-                   "enough free bytes existed but no single extent fit. Red lines: crashes; green: restarts.", body)
+                   "Each failed KV allocation: requested vs free vs largest free extent, and the engine at that "
+                   "moment. Cause 'fragmentation' means enough free bytes existed but no single extent fit. Red lines: "
+                   "crashes; green: restarts.", body)
 
 
 def draw_map(mm: list[dict]) -> tuple[go.Figure, str]:
@@ -374,10 +423,11 @@ def debug_pass(debug: pd.DataFrame, events: pd.DataFrame) -> str:
              fmt(r.running), fmt(r.live_tokens), fmt(r.torch_allocated_bytes), fmt(r.torch_reserved_bytes),
              fmt(r.device_used_bytes), fmt(r.process_rss_bytes)] for r in debug.itertuples()] if len(debug) else []
     ooms = events[events.kind == "oom"]
-    rows += [[e.engine, f"failed allocation at {fmt(e.t_s)} s: {CAUSE_WORDS.get(e.cause, e.cause)}, "
-              f"{fmt(e.requested_bytes)} B requested, {fmt(e.free_bytes)} B free, {fmt(e.largest_free_bytes)} B "
-              "largest free", "", "", "", "", "", "", "", "", ""]
-             for e in ooms.head(20).itertuples()]
+    for (engine, cause), group in ooms.groupby(["engine", "cause"], sort=False):  # one line each: the OOM
+        e = group.iloc[0]  # section lists them
+        rows.append([engine, f"{len(group)} failed allocations, {CAUSE_WORDS.get(cause, cause)}; the first at "
+                     f"{fmt(e.t_s)} s: {fmt(e.requested_bytes)} B requested, {fmt(e.free_bytes)} B free, "
+                     f"{fmt(e.largest_free_bytes)} B largest free", "", "", "", "", "", "", "", "", ""])
     header = ["engine", "phase", "KV allocated B", "token states B", "KV usage", "running", "live tokens",
               "torch allocated B", "torch reserved B", "device used B", "server RSS B"]
     return section("debug-pass", "The debugging pass",
@@ -393,12 +443,17 @@ def latency(requests: pd.DataFrame) -> str:
     fig = make_subplots(rows=3, cols=1, subplot_titles=("TTFT (s)", "TPOT (s)", "E2E (s)"), vertical_spacing=0.08)
     for engine, r in ok.groupby("engine", sort=False):
         for row, col in enumerate(("ttft_s", "tpot_s", "e2e_s"), start=1):
-            fig.add_trace(go.Box(x=r["class"], y=r[col], name=engine, legendgroup=engine, showlegend=row == 1,
-                                 boxpoints=False), row=row, col=1)
+            # quartiles computed here, not every value shipped: the page stays small for any run length
+            classes = [c for c, g in r.groupby("class") if g[col].notna().any()]
+            q = {k: [percentile(r[r["class"] == c][col], p) for c in classes]
+                 for k, p in (("lowerfence", 0.01), ("q1", 0.25), ("median", 0.5), ("q3", 0.75), ("upperfence", 0.99))}
+            fig.add_trace(go.Box(x=classes, name=engine, legendgroup=engine, showlegend=row == 1, **q),
+                          row=row, col=1)
     fig.update_layout(boxmode="group", height=800)
     return section("latency", "Latency per request class",
                    "Client-side, per request, exact (not bucketed): TTFT = first streamed token - send; TPOT = mean "
-                   "gap between streamed tokens; E2E = end - send. Successful requests only.", fig_html(fig))
+                   "gap between streamed tokens; E2E = end - send. Successful requests only. Boxes: quartiles; "
+                   "whiskers: p1 and p99.", fig_html(fig))
 
 
 def throughput(requests: pd.DataFrame) -> str:
@@ -460,7 +515,7 @@ def render(run_dir: Path, out: Path) -> Path:
     body = "".join([
         verdict(summary, meta, frames["events"]), capacity_section(summary), memory_breakdown(frames["samples"]),
         figure2(summary),
-        scheduler(frames["samples"]), oom_events(frames["events"]), memory_map(run_dir),
+        scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
         throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),
     ])

@@ -41,6 +41,12 @@ class Journal:
     def close(self) -> None:
         self._f.close()
 
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
     rows = []

@@ -1,0 +1,81 @@
+"""The report says what it found and stays readable at any length; nightly runs get a history."""
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from harness.report import render, verdict_sentences
+from harness.summary import finalize
+from harness.synthetic import write_run
+from tests.conftest import run_cli
+from tests.test_bench import chromium
+
+FAST = {"token_states": 0.9, "running": 15, "ttft_s": 0.2}
+SLOW = {"token_states": 0.2, "running": 3, "ttft_s": 4.0}
+
+
+def test_the_verdict_names_this_runs_engines_and_numbers_and_turns_with_the_outcome(tmp_path):
+    first = finalize(write_run(tmp_path / "a", {"paged": FAST, "static-max": SLOW}, duration_s=30, ooms=10))
+    second = finalize(write_run(tmp_path / "b", {"paged": SLOW, "static-max": FAST}, duration_s=30, ooms=10))
+    meta = {"config": {"kv_budget": "32MiB"}}
+    events = pd.read_parquet(tmp_path / "a" / "events.parquet")
+    a, b = verdict_sentences(first, events, meta), verdict_sentences(second, events, meta)
+    assert "paged served the most" in a[0] and "x the best contiguous engine (static-max)" in a[0]
+    assert "static-max served the most" in b[0]
+    held_a = a[1].split("mean over the churn: ")[1]
+    assert held_a.startswith("paged") and b[1].split("mean over the churn: ")[1].startswith("static-max")
+    assert f"{100 * first['engines']['paged']['token_states_share']:.1f} %" in a[2]
+    assert "static-max: 5 capacity and 5 fragmentation OOMs" in a[3]
+    assert any("static-max, diagnosis" in s for s in a)
+
+
+def test_a_run_with_5000_oom_events_gets_a_summary_and_20_rows(tmp_path):
+    run = write_run(tmp_path / "long", {"static-max": SLOW, "paged": FAST}, duration_s=120, ooms=5000)
+    finalize(run)
+    html = render(run, tmp_path / "long.html").read_text()
+    oom = html[html.index('id="oom-events"'):html.index('id="memory-map"')]
+    assert "By engine and cause" in oom and oom.count("<td>static-max</td><td>fragmentation</td><td>2500</td>") == 1
+    assert "The first 20 of 5000" in oom and "The other 4980 events" in oom
+    first20 = oom[oom.index("The first 20"):]
+    assert first20.count("<tr>") == 21  # a header and 20 events
+    assert "{" not in oom.split("<script")[0].replace("{}", "")  # no JSON in the cells
+
+
+@pytest.fixture
+def results(tmp_path):
+    folder = tmp_path / "results"
+    for i, (name, shape) in enumerate((("r1", FAST), ("r2", SLOW))):
+        finalize(write_run(folder / name, {"paged": shape, "static-max": SLOW}, duration_s=20,
+                           started=f"2026-11-2{i}T03:00:00+00:00", git_sha=f"{i:040d}"))
+    bad = write_run(folder / "r3", {"paged": FAST}, duration_s=5)
+    (bad / "summary.json").write_text("{not json")
+    return folder
+
+
+def test_history_draws_the_readable_runs_and_names_the_skipped_one(results, tmp_path):
+    out = tmp_path / "history.html"
+    r = run_cli("history", str(results), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "mixed-churn at 32MiB: 2 runs" in html and "Skipped: r3 (unreadable" in html
+    assert "2026-11-20T03:00:00" in html and "2026-11-21T03:00:00" in html
+    assert "REGRESSION" in html  # r2's paged is far slower than r1's
+
+
+def test_history_of_nothing_readable_exits_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = run_cli("history", str(tmp_path / "empty"), "--out", str(tmp_path / "h.html"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it with apt)")
+def test_history_page_draws_in_headless_chromium(results, tmp_path):
+    out = tmp_path / "history.html"
+    assert run_cli("history", str(results), "--out", str(out)).returncode == 0
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path}",
+           "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
+           "--dump-dom", out.resolve().as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    assert dom.count('class="main-svg"') >= 1 and json.dumps("REGRESSION")[1:-1] in dom

@@ -46,7 +46,7 @@ comma := ,
 MODEL ?= $(MODEL_DIR)
 KV_BUDGET ?= 32MiB
 BENCH_ENGINES := hf,static-max,static-oracle,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
-BENCH_ARGS ?= --workload mixed-churn --sweep --points 3 --point-duration 15 --calibrate-duration 8 --grace 6 \
+BENCH_ARGS ?= --workload mixed-churn --sweep --points 4 --point-duration 12 --calibrate-duration 8 --grace 5 \
 	--engine-args static-max=--no-preflight
 
 bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)

@@ -25,7 +25,7 @@ def main() -> None:
     shape, gpu, spec = load_shape("llama-3-70b"), gpu_preset("h200-141gb"), load_spec("azure-conv")
     plan = make_plan(shape, gpu.memory_bytes, "float8", max_seq_len=8192)
     start = time.perf_counter()
-    out = run_simulation(shape, gpu, plan, spec, ["paged"], 16, None, args.requests, dtype="float8")
+    out = run_simulation(shape, gpu, plan, spec, ["paged"], 16, None, args.requests, dtype="float8").out
     wall = time.perf_counter() - start
     r = out["policies"]["paged"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10

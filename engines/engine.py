@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -32,6 +32,52 @@ class TokenEvent:
 
 
 Sink = Callable[[TokenEvent], None]
+
+
+@dataclass
+class BlockPoolStats:
+    """What a block pool adds: its geometry, sharing and prefix cache."""
+
+    block_size: int
+    num_blocks: int
+    shared_blocks: int
+    max_block_ref_count: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_query_tokens: int
+
+
+@dataclass
+class EngineStats:
+    """The one record every engine reports, named once: the samples columns (docs/architecture.md), the
+    Figure-2 categories and the counters. `/stats` is its JSON, flat."""
+
+    engine: str
+    policy: str
+    kv_capacity_bytes: int
+    token_states_bytes: int
+    reservation_bytes: int
+    internal_fragmentation_bytes: int
+    external_fragmentation_bytes: int
+    allocated_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+    running: int | None  # None: the engine cannot tell (hf-cb without transformers' scheduler)
+    waiting: int | None
+    preempted_total: int
+    live_tokens: int
+    kv_bytes_per_token: int
+    oom_total: int
+    oom_fragmentation: int
+    steps: int
+    blocks: BlockPoolStats | None = None
+    decode_steps: int | None = None  # the naive engine: tokens generated, batch by batch
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(out.pop("blocks") or {})
+        if out["decode_steps"] is None:
+            del out["decode_steps"]
+        return out
 
 
 @dataclass
@@ -95,35 +141,24 @@ class Engine(ABC):
     def has_work(self) -> bool: ...
 
     @abstractmethod
-    def stats(self) -> dict:
-        """The samples columns (docs/architecture.md), and whatever more the engine knows."""
+    def stats(self) -> EngineStats: ...
 
     def memory_map(self) -> list[dict]:
         return []
 
-    def _stats(self, policy: str, kv: KVStats, bd: Breakdown, live: list[Sequence], waiting: int,
-               preempted_total: int, kv_bytes_per_token: int) -> dict:
-        """The one stats record every engine reports (the samples columns of docs/architecture.md and more)."""
-        return {
-            "engine": self.name,
-            "policy": policy,
-            "kv_capacity_bytes": kv.kv_capacity_bytes,
-            "token_states_bytes": bd.token_states_bytes,
-            "reservation_bytes": bd.reservation_bytes,
-            "internal_fragmentation_bytes": bd.internal_fragmentation_bytes,
-            "external_fragmentation_bytes": bd.external_fragmentation_bytes,
-            "allocated_bytes": kv.allocated_bytes,
-            "free_bytes": kv.free_bytes,
-            "largest_free_bytes": kv.largest_free_bytes,
-            "running": len(live),
-            "waiting": waiting,
-            "preempted_total": preempted_total,
-            "live_tokens": sum(s.num_tokens for s in live),
-            "kv_bytes_per_token": kv_bytes_per_token,
-            "oom_total": len(self.oom_events),
-            "oom_fragmentation": sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
-            "steps": self.steps,
-        }
+    def _stats(self, policy: str, kv: KVStats, bd: Breakdown, live: list[Sequence], waiting: int | None,
+               preempted_total: int, kv_bytes_per_token: int, **more) -> EngineStats:
+        return EngineStats(
+            engine=self.name, policy=policy, kv_capacity_bytes=kv.kv_capacity_bytes,
+            token_states_bytes=bd.token_states_bytes, reservation_bytes=bd.reservation_bytes,
+            internal_fragmentation_bytes=bd.internal_fragmentation_bytes,
+            external_fragmentation_bytes=bd.external_fragmentation_bytes, allocated_bytes=kv.allocated_bytes,
+            free_bytes=kv.free_bytes, largest_free_bytes=kv.largest_free_bytes,
+            running=more.pop("running", len(live)), waiting=waiting, preempted_total=preempted_total,
+            live_tokens=sum(s.num_tokens for s in live), kv_bytes_per_token=kv_bytes_per_token,
+            oom_total=len(self.oom_events),
+            oom_fragmentation=sum(1 for _, e, _ in self.oom_events if e.cause == "fragmentation"),
+            steps=self.steps, **more)
 
     def _stop_reason(self, seq: Sequence) -> FinishReason | None:
         """Why seq ends after its newest token, if it does: EOS, max_tokens or the context."""
@@ -245,21 +280,15 @@ class ScheduledEngine(Engine):
         self.pending_forks.pop(seq.seq_id, None)
 
     # -- what it reports
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         live = self.scheduler.live()
-        out = self._stats(self.kv.name, self.kv.stats(), self.kv.breakdown(live), live, len(self.scheduler.waiting),
-                          self.scheduler.preempted_total, self.kv.kv_bytes_per_token)
+        blocks = None
         if isinstance(self.kv, PagedKV):
             refs = [b.ref_count for b in self.kv.pool.blocks]
-            out.update(
-                block_size=self.kv.block_size,
-                num_blocks=len(refs),
-                shared_blocks=sum(1 for r in refs if r > 1),
-                max_block_ref_count=max(refs),
-                prefix_cache_hit_tokens=self.kv.prefix_hits_tokens,
-                prefix_cache_query_tokens=self.kv.prefix_queries_tokens,
-            )
-        return out
+            blocks = BlockPoolStats(self.kv.block_size, len(refs), sum(1 for r in refs if r > 1), max(refs),
+                                    self.kv.prefix_hits_tokens, self.kv.prefix_queries_tokens)
+        return self._stats(self.kv.name, self.kv.stats(), self.kv.breakdown(live), live, len(self.scheduler.waiting),
+                           self.scheduler.preempted_total, self.kv.kv_bytes_per_token, blocks=blocks)
 
     def memory_map(self) -> list[dict]:
         return self.kv.memory_map()

@@ -10,6 +10,7 @@ from engines import ENGINES
 from engines.kv import make_policy
 from engines.memory import make_memory
 from engines.scheduler import OnOOM, SchedulerConfig
+from engines.shapes import ModelShape
 
 
 class EngineConfigError(ValueError):
@@ -48,8 +49,7 @@ def make_engine(spec: EngineSpec):
         raise EngineConfigError(
             f"--max-seq-len {max_seq_len} exceeds the model's context of {cfg.max_position_embeddings}"
         )
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kvb = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * hf_model.dtype.itemsize
+    kvb = ModelShape.from_config(spec.model_dir, cfg.to_dict()).kv_bytes_per_token(str(hf_model.dtype).split(".")[-1])
     need = max_seq_len * kvb
     if spec.kv_budget_bytes < need:
         raise EngineConfigError(

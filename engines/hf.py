@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicLayer
 
-from engines.engine import Engine, Request
+from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
 from engines.scheduler import FRAGMENTATION_MAPS, EngineCrash
@@ -194,7 +194,7 @@ class HFEngine(Engine):
                     self._released(*self.aborted_at.pop(seq.seq_id))
             self.batch = []
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         mem = self.memory.stats()
         live = [s for s in self.batch if not s.is_finished]
         token_states = min(mem.allocated_bytes, sum(s.num_tokens for s in live) * self.kv_bytes_per_token)
@@ -207,9 +207,8 @@ class HFEngine(Engine):
             free_bytes=mem.largest_free_bytes,
         )
         kv = KVStats(mem.capacity_bytes, mem.allocated_bytes, mem.free_bytes, mem.largest_free_bytes, len(live))
-        out = self._stats("growth", kv, bd, live, len(self.waiting), 0, self.kv_bytes_per_token)
-        out["decode_steps"] = self.decode_steps
-        return out
+        return self._stats("growth", kv, bd, live, len(self.waiting), 0, self.kv_bytes_per_token,
+                           decode_steps=self.decode_steps)
 
     def memory_map(self) -> list[dict]:
         return [{"offset": o, "size": s, "owner": owner} for o, s, owner in self.memory.extents()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from engines.engine import Engine, Request
+from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
@@ -90,7 +90,7 @@ class HFContinuousBatchingEngine(Engine):
         self.seqs.pop(seq.seq_id, None)
         self._emit(seq, token, True)
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         cache = self.manager.batch_processor.cache if self.manager.batch_processor else None
         capacity = cache.num_sectors * cache.bytes_per_sector if cache else 0
         free = int(cache.compute_free_capacity(relative=False)) if cache else 0
@@ -100,13 +100,12 @@ class HFContinuousBatchingEngine(Engine):
         # transformers keeps finished requests' blocks for prefix sharing: counted as allocated, not free
         bd = Breakdown(token_states, 0, allocated - token_states, 0, free)
         kv = KVStats(capacity, allocated, free, free, len(live))
-        out = self._stats("paged (transformers)", kv, bd, live, 0, 0, self.kv_bytes_per_token)
         # in its batch, not merely handed to it: requests still queued in transformers are waiting
         scheduler = getattr(self.manager.batch_processor, "scheduler", None)
         active = getattr(scheduler, "active_requests", None)
-        out["running"] = len(active) if active is not None else None
-        out["waiting"] = len(live) - out["running"] if active is not None else None
-        return out
+        running = len(active) if active is not None else None
+        return self._stats("paged (transformers)", kv, bd, live, len(live) - running if active is not None else None,
+                           0, self.kv_bytes_per_token, running=running)
 
     def close(self) -> None:
         self.manager.stop(block=True)

@@ -82,13 +82,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def metric_samples(text: str) -> list[tuple[str, dict, float]]:
+    """Every sample of a Prometheus text page: (name, labels, value). Raises ValueError on garbage."""
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def metric_values(text: str) -> dict[str, float]:
-    """Each sample of a Prometheus text page, summed over its labels (one engine, one model)."""
+    """Each metric of a Prometheus text page, summed over its labels (one engine, one model)."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    for name, _, value in metric_samples(text):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
-__all__ = ["exit_on_sigterm", "free_port", "group_alive", "metric_values", "spawn", "stop", "wait_group_gone"]
+__all__ = ["exit_on_sigterm", "free_port", "group_alive", "metric_samples", "metric_values", "spawn", "stop",
+           "wait_group_gone"]

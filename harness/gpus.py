@@ -30,3 +30,11 @@ def gpu_preset(name: str) -> GPU:
     if name not in GPUS:
         raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
     return GPUS[name]
+
+
+def resolve_gpu(name: str | None, memory_bytes: int | None, hbm_bytes_per_s: float = 0.0,
+                peak_flops: float = 0.0) -> GPU | None:
+    """A preset by name, else a GPU of the given memory (and speed, where a step model needs one), else None."""
+    if name:
+        return gpu_preset(name)
+    return GPU(f"{memory_bytes} B", memory_bytes, hbm_bytes_per_s, peak_flops) if memory_bytes else None

@@ -18,6 +18,13 @@ class LengthMix:
     source: str
 
 
+def workload_mix(requests: list, name: str, max_seq_len: int) -> LengthMix:
+    """The mean prompt and output of a workload's requests (TraceRequest-like: prompt_ids, max_tokens)."""
+    return LengthMix(sum(len(r.prompt_ids) for r in requests) / len(requests),
+                     sum(r.max_tokens for r in requests) / len(requests),
+                     f"workload {name}, {len(requests)} requests at max_seq_len {max_seq_len}")
+
+
 # The vLLM paper's ShareGPT setting (section 6.2), used when no workload is named.
 SHAREGPT_MIX = LengthMix(161.0, 338.0, "ShareGPT-like means from the vLLM paper (161 in, 338 out)")
 

@@ -59,11 +59,13 @@ def render_text(out: dict) -> str:
     return "\n".join(lines)
 
 
-def render_simulation(out: dict, path: Path) -> Path:
+def render_simulation(sim, path: Path) -> Path:
+    """sim: a harness.simulate.Simulation."""
+    out = sim.out
     names = list(out["policies"])
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)
     for i, name in enumerate(names, start=1):
-        tl = out["policies"][name]["timeline"]
+        tl = sim.timelines[name]
         t = [row[0] for row in tl]
         for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
             fig.add_trace(go.Scatter(x=t, y=[100 * row[1 + k] for row in tl], name=label, stackgroup=f"p{i}",

@@ -109,8 +109,9 @@ def astuple(b: Breakdown) -> tuple[int, ...]:
 
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
                     placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
-                    preflight: bool = True) -> tuple[dict, list[Track]]:
-    """The policy's result, and every request's track (for a sweep's per-request SLO figures)."""
+                    preflight: bool = True) -> tuple[dict, list[Track], list[tuple]]:
+    """The policy's result, every request's track (for a sweep's per-request SLO figures), and the breakdown
+    sampled over simulated time (for the report)."""
     kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
                      preflight)
     if isinstance(kv, PagedKV):
@@ -185,7 +186,7 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
             done.append(track)
     wall_s = time.perf_counter() - started
     every = done + list(tracks.values())
-    return result(name, sched, every, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), every
+    return result(name, sched, every, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), every, acc.timeline
 
 
 def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> None:
@@ -224,7 +225,6 @@ def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t
         "e2e_p50_s": percentile(e2e, 0.5), "e2e_p99_s": percentile(e2e, 0.99),
         "simulated_s": t, "wall_s": wall_s, "kv_capacity_bytes": acc.capacity,
         "first_oom_running": first_oom_running(sched),
-        "timeline": acc.timeline,
     }
 
 
@@ -236,7 +236,7 @@ def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, 
                    block_size: int, placement: str | None, num_requests: int, seed: int = 0,
                    max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True, n_jobs: int = 1,
                    sweep_points: int = 0, slo: SLO = DEFAULT_SLO, rates: list[float] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> dict:
+                   progress: Callable[[int, int], None] | None = None) -> Simulation:
     """Each policy at the workload's own rate; with sweep_points, also a capacity sweep. Independent
     simulations run in a pool of n_jobs processes; the result does not depend on n_jobs."""
     model = StepModel.of(shape, dtype, gpu)
@@ -248,11 +248,18 @@ def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, 
            "step_model": model.constants(), "policies": {}}
     jobs = [SimJob(name, plan, model, spec, seed, num_requests, shape.vocab_size, shared, block_size, placement,
                    max_num_seqs, preflight) for name in policies]
-    for job, (res, _) in zip(jobs, pool_map(run_job, jobs, n_jobs, progress), strict=True):
-        out["policies"][job.policy] = res
+    timelines = {}
+    for job, (res, _, timeline) in zip(jobs, pool_map(run_job, jobs, n_jobs, progress), strict=True):
+        out["policies"][job.policy], timelines[job.policy] = res, timeline
     if sweep_points:
         out["capacity"] = sweep(jobs, sweep_points, slo, n_jobs, progress, rates)
-    return out
+    return Simulation(out, timelines)
+
+
+@dataclass
+class Simulation:
+    out: dict  # what --json prints
+    timelines: dict[str, list[tuple]]  # policy -> (t, five shares, running) over simulated time, for the report
 
 
 @dataclass(frozen=True)
@@ -274,14 +281,15 @@ class SimJob:
     rate_rps: float | None = None
 
 
-def run_job(job: SimJob) -> tuple[dict, pd.DataFrame]:
+def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
     requests = iter_requests(job.spec, job.seed, job.plan.max_seq_len, job.vocab_size, job.num_requests,
                              token_ids=job.shared)
     if job.rate_rps is not None:
         requests = iter(at_rate(list(requests), job.rate_rps))
-    res, tracks = simulate_policy(job.policy, requests, job.plan, job.model, job.block_size, job.placement,
-                                  job.max_num_seqs, job.shared, sample_every_s=1.0, preflight=job.preflight)
-    return res, requests_frame(tracks)
+    res, tracks, timeline = simulate_policy(job.policy, requests, job.plan, job.model, job.block_size,
+                                            job.placement, job.max_num_seqs, job.shared, sample_every_s=1.0,
+                                            preflight=job.preflight)
+    return res, requests_frame(tracks), timeline
 
 
 def requests_frame(tracks: list[Track]) -> pd.DataFrame:
@@ -322,14 +330,14 @@ def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rate
     """Calibrate each policy with every request arriving at once, then offer the union's rates to all."""
     if rates is None:
         calibration = pool_map(run_job, [replace(j, rate_rps=1e9) for j in jobs], n_jobs, progress)
-        usable = [r for r in (calibrated_rps(res) for res, _ in calibration) if r > 0]
+        usable = [r for r in (calibrated_rps(res) for res, _, _ in calibration) if r > 0]
         if not usable:
             return {}
         rates = sweep_rates(usable, points)
     grid = [replace(j, rate_rps=r) for j in jobs for r in rates]
     results = pool_map(run_job, grid, n_jobs, progress)
     per_policy: dict[str, list[dict]] = {}
-    for job, (res, frame) in zip(grid, results, strict=True):
+    for job, (res, frame, _) in zip(grid, results, strict=True):
         window = frame.arrival_s.max() if len(frame) else 1.0
         per_policy.setdefault(job.policy, []).append({
             "offered_rps": job.rate_rps, **request_metrics(frame, max(window, 1e-9), slo),

@@ -78,14 +78,14 @@ def test_preemption_resumes_to_the_same_greedy_tokens(tiny_model, reference):
     outs = generate(e, PROMPTS, SamplingParams(32))
     assert e.scheduler.preempted_total > 0
     assert [o[0].token_ids for o in outs] == reference
-    assert e.stats()["allocated_bytes"] == 0
+    assert e.stats().allocated_bytes == 0
 
 
 def test_static_engine_with_preflight_waits_and_completes_every_request(tiny_model, reference):
     e = engine(tiny_model, "static", budget=2 * 150 * 4096, max_seq_len=150)
     outs = generate(e, PROMPTS, SamplingParams(32))
     assert [o[0].token_ids for o in outs] == reference
-    assert e.stats()["allocated_bytes"] == 0 and e.stats()["oom_total"] == 0
+    assert e.stats().allocated_bytes == 0 and e.stats().oom_total == 0
 
 
 def test_static_engine_without_preflight_rejects_what_does_not_fit(tiny_model):
@@ -93,8 +93,8 @@ def test_static_engine_without_preflight_rejects_what_does_not_fit(tiny_model):
     outs = generate(e, PROMPTS, SamplingParams(32))
     reasons = [o[0].finish_reason for o in outs]
     assert reasons.count("oom") == 3 and reasons.count("length") == 2  # two reservations fit at once
-    assert e.stats()["oom_total"] == 3 and e.stats()["oom_fragmentation"] == 0
-    assert e.stats()["allocated_bytes"] == 0
+    assert e.stats().oom_total == 3 and e.stats().oom_fragmentation == 0
+    assert e.stats().allocated_bytes == 0
 
 
 @pytest.mark.parametrize("name", ("hf", "static", "paged"))
@@ -118,16 +118,16 @@ def test_abort_frees_everything(tiny_model, name):
         e.poll()
         e.step()
     assert aborted
-    assert e.stats()["allocated_bytes"] == 0 and e.stats()["running"] == 0
+    assert e.stats().allocated_bytes == 0 and e.stats().running == 0
     assert {ev.seq.finish_reason.value for ev in seen if ev.finished} == {"abort"}
 
 
 def test_hf_growth_goes_through_the_arena(tiny_model):
     e = engine(tiny_model, "hf")
     allocated = []
-    e.poll = lambda: allocated.append(e.stats()["allocated_bytes"])
+    e.poll = lambda: allocated.append(e.stats().allocated_bytes)
     generate(e, PROMPTS[:2], SamplingParams(8))
-    assert max(allocated) > 0 and e.stats()["allocated_bytes"] == 0
+    assert max(allocated) > 0 and e.stats().allocated_bytes == 0
 
 
 def test_hf_oom_crashes_by_default_and_rejects_on_request(tiny_model):
@@ -141,7 +141,7 @@ def test_hf_oom_crashes_by_default_and_rejects_on_request(tiny_model):
     reject = engine(tiny_model, "hf", budget=512 * 4096, max_seq_len=512, on_oom="reject")
     outs = generate(reject, prompts, SamplingParams(100))
     assert {o[0].finish_reason for o in outs} == {"oom"}
-    assert reject.stats()["allocated_bytes"] == 0
+    assert reject.stats().allocated_bytes == 0
 
 
 def test_a_budget_below_one_max_len_sequence_is_refused_at_start(tiny_model):

@@ -168,6 +168,18 @@ class Engine(ABC):
             return FinishReason.LENGTH
         return None
 
+    def _append(self, seq: Sequence, token: int) -> None:
+        """A new token: the stop rule, then the event (finished when the rule says so)."""
+        seq.token_ids.append(token)
+        reason = self._stop_reason(seq)
+        if reason is not None:
+            self._finish(seq, reason)
+        self._emit(seq, token, reason is not None)
+
+    @abstractmethod
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Mark seq finished and free what it holds (or, for a batch, what it no longer needs)."""
+
     def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
         done = False
         if finished:
@@ -220,7 +232,7 @@ class ScheduledEngine(Engine):
     def _end_request(self, request_id: str, reason: FinishReason) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
-                self.scheduler.finish(seq, reason)
+                self._finish(seq, reason)
                 self._emit(seq, None, True)
 
     def has_work(self) -> bool:
@@ -267,12 +279,8 @@ class ScheduledEngine(Engine):
                 self._emit(child, token, False)
                 self.scheduler.add(child)  # recomputes its prompt when there is room
 
-    def _append(self, seq: Sequence, token: int) -> None:
-        seq.token_ids.append(token)
-        reason = self._stop_reason(seq)
-        if reason is not None:
-            self.scheduler.finish(seq, reason)
-        self._emit(seq, token, reason is not None)
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
 
     def _forget(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
-from engines.scheduler import FRAGMENTATION_MAPS, EngineCrash
+from engines.scheduler import FRAGMENTATION_MAPS, EngineCrash, oom_context
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
@@ -107,22 +107,22 @@ class HFEngine(Engine):
             else:  # in the running batch: its KV goes back when the batch ends
                 self.aborted_at[seq.seq_id] = (requested_at or time.monotonic(), steps_at)
             self._finish(seq, FinishReason.ABORT)
+            self._emit(seq, None, True)
 
     def has_work(self) -> bool:
         return bool(self.waiting)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, token: int | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Its row stays in the batch (and its KV with it) until the batch ends."""
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
-        self._emit(seq, token, True)
 
-    def _append(self, seq: Sequence, token: int) -> None:
-        seq.token_ids.append(token)
-        reason = self._stop_reason(seq)
-        if reason is not None:
-            self._finish(seq, reason, token)
-        else:
-            self._emit(seq, token, False)
+    def _fail_batch(self, batch: list[Sequence], reason: FinishReason, error: str | None = None) -> None:
+        for seq in batch:
+            if not seq.is_finished:
+                seq.error = error
+                self._finish(seq, reason)
+                self._emit(seq, None, True)
 
     def _next_batch(self) -> list[Sequence]:
         """Consecutive waiting requests that share one sampling configuration, up to max_batch rows."""
@@ -169,22 +169,15 @@ class HFEngine(Engine):
         except OutOfMemory as oom:
             live = [s for s in batch if not s.is_finished]
             mem = self.memory.stats()
-            self.oom_events.append((time.monotonic(), oom.event, {
-                "running": len(live), "waiting": len(self.waiting),
-                "live_tokens": sum(s.num_tokens for s in live),
-                "kv_usage": mem.allocated_bytes / mem.capacity_bytes}))
+            self.oom_events.append((time.monotonic(), oom.event,
+                                    oom_context(live, len(self.waiting), mem.allocated_bytes, mem.capacity_bytes)))
             if oom.event.cause == "fragmentation" and len(self.fragmentation_maps) < FRAGMENTATION_MAPS:
                 self.fragmentation_maps.append((self.oom_events[-1][0], oom.event, self.memory_map()))
             if self.on_oom == "crash":
                 raise EngineCrash(oom.event) from None
-            for seq in batch:
-                if not seq.is_finished:
-                    self._finish(seq, FinishReason.OOM)
+            self._fail_batch(batch, FinishReason.OOM)
         except Exception as err:  # a failure inside generate belongs to this batch's requests alone
-            for seq in batch:
-                if not seq.is_finished:
-                    seq.error = f"{type(err).__name__}: {err}"[:300]
-                    self._finish(seq, FinishReason.ERROR)
+            self._fail_batch(batch, FinishReason.ERROR, f"{type(err).__name__}: {err}"[:300])
         finally:
             for layer in cache.layers:
                 layer.release()
@@ -211,4 +204,4 @@ class HFEngine(Engine):
                            decode_steps=self.decode_steps)
 
     def memory_map(self) -> list[dict]:
-        return [{"offset": o, "size": s, "owner": owner} for o, s, owner in self.memory.extents()]
+        return self.memory.memory_map()

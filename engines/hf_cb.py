@@ -73,21 +73,22 @@ class HFContinuousBatchingEngine(Engine):
             self._end(seq, FinishReason.OOM, None)
             return
         for token in result.generated_tokens[seq.num_output_tokens :]:
-            seq.token_ids.append(token)
             self.steps += 1
-            reason = self._stop_reason(seq)
-            if reason is not None:
-                if reason == FinishReason.STOP:
-                    self.manager.cancel_request(seq.seq_id)  # transformers would go on past our EOS
-                return self._end(seq, reason, token)
-            self._emit(seq, token, False)
+            self._append(seq, token)
+            if seq.is_finished:
+                return
         if result.is_finished():
             self._end(seq, FinishReason.LENGTH, None)
 
-    def _end(self, seq: Sequence, reason: FinishReason, token: int | None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if reason == FinishReason.STOP:
+            self.manager.cancel_request(seq.seq_id)  # transformers would go on past our EOS
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.seqs.pop(seq.seq_id, None)
+
+    def _end(self, seq: Sequence, reason: FinishReason, token: int | None) -> None:
+        self._finish(seq, reason)
         self._emit(seq, token, True)
 
     def stats(self) -> EngineStats:

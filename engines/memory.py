@@ -86,6 +86,10 @@ class DeviceMemory(ABC):
     def extents(self) -> list[tuple[int, int, str | None]]:
         """(offset, size, owner or None when free), in address order: the memory map."""
 
+    def memory_map(self) -> list[dict]:
+        """The extents as the report draws them."""
+        return [{"offset": o, "size": s, "owner": owner} for o, s, owner in self.extents()]
+
     @property
     @abstractmethod
     def backed(self) -> bool:

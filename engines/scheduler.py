@@ -21,6 +21,12 @@ OnOOM = Literal["reject", "crash", "wait"]
 FRAGMENTATION_MAPS = 5  # memory maps kept at fragmentation OOMs (each is every extent of the arena)
 
 
+def oom_context(running: list[Sequence], waiting: int, allocated_bytes: int, capacity_bytes: int) -> dict:
+    """What an engine looked like when an allocation failed: every engine records the same fields."""
+    return {"running": len(running), "waiting": waiting, "live_tokens": sum(s.num_tokens for s in running),
+            "kv_usage": allocated_bytes / (capacity_bytes or 1)}
+
+
 class EngineCrash(RuntimeError):
     """An allocation failed under `--on-oom crash`: the engine goes down as a naive server would."""
 
@@ -122,11 +128,8 @@ class Scheduler:
             return False
 
     def context(self) -> dict:
-        """What the engine looked like when an allocation failed."""
         kv = self.kv.stats()
-        return {"running": len(self.running), "waiting": len(self.waiting),
-                "live_tokens": sum(s.num_tokens for s in self.running),
-                "kv_usage": kv.allocated_bytes / (kv.kv_capacity_bytes or 1)}
+        return oom_context(self.running, len(self.waiting), kv.allocated_bytes, kv.kv_capacity_bytes)
 
     def preempt(self, seq: Sequence) -> None:
         """Recompute: drop its KV and put it back at the head of the queue, tokens kept."""

@@ -14,13 +14,14 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from engines.kv.base import CATEGORIES
 from engines.percentile import percentile
 from harness.results import token_times
 from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize, warmup_s
 
 SECTIONS = ("verdict", "capacity", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
             "latency", "throughput", "workload", "config")
-CATEGORY_LABELS = ("token states", "reservation", "internal fragmentation", "external fragmentation", "free")
+CATEGORY_LABELS = tuple(c.replace("_", " ") for c in CATEGORIES)
 CATEGORY_COLORS = ("#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#d9d9d9")
 # The vLLM paper (Kwon et al., SOSP 2023), Figure 2: % of KV memory. Its last bar, "external
 # fragmentation & others", includes free memory.

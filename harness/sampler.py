@@ -11,12 +11,13 @@ from pathlib import Path
 
 import psutil
 
+from engines.kv.base import CATEGORY_COLUMNS
 from harness.results import SAMPLE_COLUMNS, Journal
 
 # /stats fields copied into every sample row: the samples columns, then what the report needs beside them
 FIELDS = (
     *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s")),
-    "reservation_bytes", "internal_fragmentation_bytes", "external_fragmentation_bytes", "live_tokens",
+    *(c for c in CATEGORY_COLUMNS.values() if c not in SAMPLE_COLUMNS), "live_tokens",
     "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count",
 )
 

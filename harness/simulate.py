@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from engines.kv import KVPolicy, PagedKV, make_policy
-from engines.kv.base import Breakdown
+from engines.kv.base import CATEGORIES, Breakdown
 from engines.memory import Arena
 from engines.percentile import percentile
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -92,19 +92,14 @@ class Accumulator:
     next_sample_s: float = 0.0
 
     def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
-        mid = (np.array(astuple(before)) + np.array(astuple(after))) / 2
+        mid = (np.array(before.astuple()) + np.array(after.astuple())) / 2
         self.bytes_s += mid * dt
         self.seconds += dt
         self.running_s += running * dt
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
-            self.timeline.append((t, *(np.array(astuple(after)) / self.capacity), running))
+            self.timeline.append((t, *(np.array(after.astuple()) / self.capacity), running))
             self.next_sample_s = t + every_s
-
-
-def astuple(b: Breakdown) -> tuple[int, ...]:
-    return (b.token_states_bytes, b.reservation_bytes, b.internal_fragmentation_bytes,
-            b.external_fragmentation_bytes, b.free_bytes)
 
 
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
@@ -212,9 +207,7 @@ def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t
     ooms = [e for _, e, _ in sched.oom_events]
     return {
         "policy": name, "placement": placement,
-        "token_states_share": float(shares[0]), "reservation_share": float(shares[1]),
-        "internal_fragmentation_share": float(shares[2]), "external_fragmentation_share": float(shares[3]),
-        "free_share": float(shares[4]),
+        **{f"{c}_share": float(v) for c, v in zip(CATEGORIES, shares, strict=True)},
         "mean_running": acc.running_s / seconds, "max_running": acc.max_running,
         "oom_total": len(ooms), "oom_fragmentation": sum(e.cause == "fragmentation" for e in ooms),
         "preemptions": sched.preempted_total,

@@ -9,18 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.capacity import SLO, capacity_block, meets_slo, request_metrics
 from harness.results import read_journals
 from workloads.outcome import UNFINISHED
 
-SHARE_COLUMNS = {
-    "token_states_share": "token_states_bytes",
-    "reservation_share": "reservation_bytes",
-    "internal_fragmentation_share": "internal_fragmentation_bytes",
-    "external_fragmentation_share": "external_fragmentation_bytes",
-    "free_share": "largest_free_bytes",  # free bytes outside the largest extent are external fragmentation
-}
+SHARE_COLUMNS = {f"{c}_share": column for c, column in CATEGORY_COLUMNS.items()}  # summary key -> samples column
 
 
 def warmup_s(cfg: dict) -> float:

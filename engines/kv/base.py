@@ -11,6 +11,9 @@ import torch
 from engines.memory import DeviceMemory
 
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+# each category's column in /stats and samples: free is the largest free extent (the rest of the free bytes
+# are external fragmentation)
+CATEGORY_COLUMNS = {c: "largest_free_bytes" if c == "free" else f"{c}_bytes" for c in CATEGORIES}
 
 
 class SeqLike(Protocol):
@@ -39,6 +42,10 @@ class Breakdown:
     @property
     def capacity_bytes(self) -> int:
         return sum(asdict(self).values())
+
+    def astuple(self) -> tuple[int, ...]:
+        """The bytes in CATEGORIES order."""
+        return tuple(asdict(self).values())
 
     def shares(self) -> dict[str, float]:
         cap = self.capacity_bytes or 1

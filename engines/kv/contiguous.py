@@ -85,9 +85,7 @@ class ContiguousKV(KVPolicy):
         )
 
     def memory_map(self) -> list[dict]:
-        return [
-            {"offset": o, "size": s, "owner": owner} for o, s, owner in self.memory.extents()
-        ]
+        return self.memory.memory_map()
 
     def _replace(self, seq: SeqLike, tokens: int) -> None:
         """Allocate the new buffer before freeing the old, as torch.cat does: both live at the peak."""

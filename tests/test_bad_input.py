@@ -13,8 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import aiohttp
 import pandas as pd
@@ -28,35 +26,14 @@ from engines.memory import Arena
 from engines.procs import free_port
 from harness.servers import start_server
 from tests.conftest import ROOT, run_cli
+from tests.test_reliability import drained, get, post
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 NORMAL = {"prompt": [5, 6, 7, 8], "max_tokens": 6, **GREEDY}
 
 
-def post(url: str, body: bytes, timeout: float = 60) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def drained(url: str, timeout_s: float = 10) -> dict:
-    deadline = time.time() + timeout_s
-    while True:
-        stats = get(f"{url}/stats")[1]
-        if (stats["allocated_bytes"] == 0 and stats["running"] == 0) or time.time() > deadline:
-            return stats
-        time.sleep(0.1)
+def complete(url: str, body: bytes) -> tuple[int, dict]:
+    return post(f"{url}/v1/completions", body)
 
 
 # -- the whole request schema, fuzzed against a live server of each engine
@@ -99,7 +76,7 @@ def hostile(draw) -> bytes:
 def live(request, tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("fuzz") / f"{request.param}.log"
     with start_server(request.param, str(tiny_model), "16MiB", log, extra=["--max-seq-len", "256"]) as srv:
-        status, first = post(srv.url, json.dumps(NORMAL).encode())
+        status, first = complete(srv.url, json.dumps(NORMAL).encode())
         assert status == 200
         srv.expected = first["choices"][0]["token_ids"]
         yield srv
@@ -108,11 +85,11 @@ def live(request, tiny_model, tmp_path_factory):
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=hostile())
 def test_hostile_bodies_get_a_4xx_and_normal_requests_their_tokens(live, body):
-    status, answer = post(live.url, body)
+    status, answer = complete(live.url, body)
     assert status < 500, answer
     if status >= 400:
         assert answer["error"]["message"] and answer["error"]["code"] == status
-    status, normal = post(live.url, json.dumps(NORMAL).encode())
+    status, normal = complete(live.url, json.dumps(NORMAL).encode())
     assert status == 200 and normal["choices"][0]["token_ids"] == live.expected
 
 
@@ -179,7 +156,7 @@ def test_an_error_in_one_sequence_fails_that_request_alone(poisoned_server):
         assert len(tokens) == 40 and not errors
     tokens, errors = results[4]
     assert errors and "probability tensor" in errors[0]["message"]
-    status, whole = post(url, json.dumps({"prompt": [1, 2], "max_tokens": 3, "seed": 666, **GREEDY}).encode())
+    status, whole = complete(url, json.dumps({"prompt": [1, 2], "max_tokens": 3, "seed": 666, **GREEDY}).encode())
     assert status == 500 and "probability tensor" in whole["error"]["message"]
     assert get(f"{url}/health")[0] == 200
     stats = drained(url)
@@ -290,7 +267,7 @@ def test_every_policy_starts_within_any_budget(budget, placement, block_size):
 
 def test_a_budget_off_the_allocator_granule_starts_and_serves(tiny_model, tmp_path):
     with start_server("paged", str(tiny_model), "33MB", tmp_path / "s.log") as srv:
-        status, out = post(srv.url, json.dumps({"prompt": "hello", "max_tokens": 3, **GREEDY}).encode())
+        status, out = complete(srv.url, json.dumps({"prompt": "hello", "max_tokens": 3, **GREEDY}).encode())
         assert status == 200 and len(out["choices"][0]["token_ids"]) == 3
         assert get(f"{srv.url}/stats")[1]["kv_capacity_bytes"] <= 33_000_000
 

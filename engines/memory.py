@@ -395,6 +395,32 @@ def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: 
     raise ValueError(f"memory backend must be arena or cuda, not {kind!r}")
 
 
+def resolve_device(requested: str = "auto") -> str:
+    """`auto` is the GPU where CUDA is available, else the CPU; asking for CUDA without it is an error."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {requested}: this machine has no CUDA device (use --device cpu or auto)")
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda[:N], not {requested!r}")
+    return requested
+
+
+def device_info(device: str) -> dict:
+    """What run.json records of the device a run used."""
+    info = {"device": device, "name": None, "driver": None, "cuda": None}
+    if device.startswith("cuda"):
+        info.update(name=torch.cuda.get_device_name(torch.device(device)), cuda=torch.version.cuda)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # NVML missing or refusing: the rest still stands
+            pass
+    return info
+
+
 def device_snapshot() -> dict:
     """What the device itself says: the PyTorch CUDA allocator and NVML, or None where there is no GPU."""
     out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None}

@@ -20,7 +20,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engines.memory import device_note
+from engines.memory import device_info, device_note
 from engines.procs import free_port
 from harness.loadrun import LoadArgs, start_loadgen, stop_loadgen
 from harness.results import Journal, read_journals, token_times
@@ -48,6 +48,8 @@ class BenchConfig:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
     slo_attainment: float = 0.9
+    device: str = "cpu"  # resolved: cpu or cuda[:N]
+    memory: str = "arena"  # arena: one buffer carved exactly; cuda: PyTorch's caching allocator
     # capacity sweep: the workload offered at several rates, one server per engine for all of them
     sweep: bool = False
     rates: list[float] | None = None  # given, or found by calibration (the union over engines)
@@ -90,9 +92,9 @@ def versions() -> dict:
     return out
 
 
-def hardware() -> dict:
+def hardware(device: str) -> dict:
     return {"machine": platform.machine(), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-            "device": device_note()}
+            "device": device_note(), **{f"device_{k}": v for k, v in device_info(device).items()}}
 
 
 class Bench:
@@ -108,7 +110,7 @@ class Bench:
         self.run_meta = {
             "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
             "config": {**asdict(cfg), "out_dir": str(cfg.out_dir)}, "git_sha": git_sha(),
-            "versions": versions(), "hardware": hardware(), "engines_done": [], "command": sys.argv,
+            "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
         }
         self.write_meta()
 
@@ -146,7 +148,8 @@ class Bench:
     # -- one engine
     def server_args(self, engine: str, port: int) -> list[str]:
         args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len), *self.cfg.engine_args.get(engine, [])]
-        return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads)]
+        return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads), "--device", self.cfg.device,
+                                              "--memory", self.cfg.memory]
 
     def start(self, run: EngineRun) -> ServerProcess:
         log = self.dir / "logs" / f"{run.engine}.log"

@@ -135,7 +135,16 @@ def add_engine_args(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> Non
     p.add_argument("--max-num-seqs", type=positive_int, default=64)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--memory", choices=["arena", "cuda"], default="arena")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
+
+
+def device_or_usage(requested: str) -> str:
+    from engines.memory import resolve_device
+
+    try:
+        return resolve_device(requested)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def engine_from_args(args: argparse.Namespace):
@@ -156,7 +165,7 @@ def engine_from_args(args: argparse.Namespace):
         max_batch=args.max_batch,
         prefix_caching=not args.no_prefix_caching,
         memory=args.memory,
-        device=args.device,
+        device=device_or_usage(args.device),
     )
     quiet_transformers()
     if args.threads:
@@ -352,7 +361,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
                       warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                       slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
-                      points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration)
+                      points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
+                      device=device_or_usage(args.device), memory=args.memory)
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
@@ -621,6 +631,10 @@ def build_parser() -> Parser:
     bench.add_argument("--out", default="results")
     bench.add_argument("--reports", default="reports")
     bench.add_argument("--run-id")
+    bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
+    bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
+                       help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
+                            "cuda: every KV allocation a real tensor from PyTorch's caching allocator")
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")

@@ -30,6 +30,7 @@ from harness.servers import ServerFailed, ServerProcess, start_server
 ROOT = Path(__file__).resolve().parents[1]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
+BENCH_SPAN = 7.5  # the highest swept rate over the lowest: a few real-time points must resolve the knees
 
 
 @dataclass
@@ -172,7 +173,7 @@ class Bench:
         usable = [r for r in found.values() if r > 0]
         if not usable:
             raise ServerFailed("no engine completed a request during calibration")
-        return sweep_rates(usable, self.cfg.points)
+        return sweep_rates(usable, self.cfg.points, max_span=BENCH_SPAN)
 
     def calibrate(self, engine: str, show) -> float:
         """The requests/s an engine sustains when saturated: output tokens it streamed per second inside the

@@ -72,13 +72,13 @@ def sustained_rate(points: list[dict], slo: SLO) -> tuple[float, str]:
     return prev_rate, "beyond"
 
 
-def sweep_rates(calibrated_rps: list[float], points: int) -> list[float]:
+def sweep_rates(calibrated_rps: list[float], points: int, max_span: float | None = None) -> list[float]:
     """`points` offered rates, geometric, from under the slowest engine's saturation to past the fastest
-    one's, every engine at the same rates. The range spans at most 7.5x: an engine that saturates far below
-    the others (a naive one that crashes) gets its knee extrapolated below the first rate rather than
-    stretching the grid so thin that no knee is resolved."""
+    one's, every engine at the same rates. With few points (a bench on a small machine), `max_span` caps
+    hi/lo: an engine that saturates far below the others (a naive one that crashes) then gets its knee
+    extrapolated below the first rate, rather than the grid stretched so thin that no knee is resolved."""
     hi = 1.5 * max(calibrated_rps)
-    lo = max(0.3 * min(calibrated_rps), hi / 7.5)
+    lo = max(0.3 * min(calibrated_rps), hi / max_span if max_span else 0.0)
     if points == 1:
         return [round(hi, 3)]
     return [round(lo * (hi / lo) ** (i / (points - 1)), 3) for i in range(points)]

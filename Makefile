@@ -62,6 +62,7 @@ nightly: bench
 # The long forms of the reliability checks, with their figures (leaks, 5xx and lost rows must be 0).
 stress: setup model
 	$(BIN)/python benchmarks/stress.py
+	FRAGBENCH_FUZZ_EXAMPLES=500 $(BIN)/python -m pytest -q tests/test_bad_input.py -k hostile
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -19,6 +19,18 @@ def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="session")
+def swept(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
+    """One bench sweep of a fragmenting contiguous engine and the paged one, at two offered rates: the
+    capacity tests and the fragmentation tests both read it (one run, to keep the suite short)."""
+    out = tmp_path_factory.mktemp("sweep")
+    r = run_cli("bench", "--engines", "static-oracle,paged", "--model", str(tiny_model), "--rates", "0.5,4",
+                "--point-duration", "12", "--grace", "4", "--kv-budget", "32MiB", "--workload", "mixed-churn",
+                "--out", str(out), "--reports", str(out), "--run-id", "sweep", timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out / "sweep", out / "sweep.html"
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The tiny model, built once per test session (seeded: the same weights every time)."""
     from engines.modelbuild import build_model

@@ -82,7 +82,9 @@ def live(request, tiny_model, tmp_path_factory):
         yield srv
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+# make stress runs many more (FRAGBENCH_FUZZ_EXAMPLES)
+@settings(max_examples=int(os.environ.get("FRAGBENCH_FUZZ_EXAMPLES", "15")), deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(body=hostile())
 def test_hostile_bodies_get_a_4xx_and_normal_requests_their_tokens(live, body):
     status, answer = complete(live.url, body)

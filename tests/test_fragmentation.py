@@ -1,4 +1,5 @@
-"""Contiguous allocation's signature failure, seen in a bench run: an OOM while enough memory is free."""
+"""Contiguous allocation's signature failure, seen in a bench run: an OOM while enough memory is free.
+The run is the session's sweep (conftest.swept): static-oracle and paged in 32 MiB of KV on mixed-churn."""
 
 import json
 import subprocess
@@ -10,14 +11,9 @@ from tests.conftest import run_cli
 from tests.test_bench import chromium
 
 
-@pytest.fixture(scope="module")
-def run(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("frag")
-    r = run_cli("bench", "--engines", "static-oracle,paged", "--model", str(tiny_model), "--duration", "25",
-                "--grace", "5", "--kv-budget", "32MiB", "--workload", "mixed-churn", "--out", str(out),
-                "--reports", str(out), "--run-id", "frag", timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out / "frag", out / "frag.html"
+@pytest.fixture
+def run(swept):
+    return swept
 
 
 def test_variable_size_reservations_fail_with_memory_free_and_blocks_do_not(run):

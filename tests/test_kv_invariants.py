@@ -112,7 +112,7 @@ class PagedMachine(PolicyMachine):
 
     @invariant()
     def ref_counts_equal_owners_and_free_queue_is_exact(self):
-        owners = Counter(b.block_id for t in self.kv.tables.values() for b in t)
+        owners = Counter(b.block_id for rec in self.kv.seqs.values() for b in rec.table)
         for b in self.kv.pool.blocks:
             assert b.ref_count == owners.get(b.block_id, 0)
             assert (b.ref_count == 0) == (b.block_id in self.kv.pool.free_queue)
@@ -122,7 +122,7 @@ class PagedMachine(PolicyMachine):
     def check_write_target(self, s: Sequence) -> None:
         super().check_write_target(s)
         # copy-on-write has happened: the block holding the write is owned by one table
-        assert self.kv.tables[s.seq_id][(s.num_tokens - 1) // self.kv.block_size].ref_count == 1
+        assert self.kv.table(s)[(s.num_tokens - 1) // self.kv.block_size].ref_count == 1
 
 
 class ArenaPolicyMachine(PolicyMachine):

@@ -168,6 +168,7 @@ class Bench:
         found = {}
         for engine in self.cfg.engines:
             found[engine] = self.calibrate(engine, shower(f"{engine} cal", self.cfg.calibrate_s))
+            self.plain(f"{engine}: calibrated at {found[engine]:g} req/s")
             self.run_meta.setdefault("calibration", {})[engine] = found[engine]
             self.write_meta()
         usable = [r for r in found.values() if r > 0]
@@ -224,6 +225,7 @@ class Bench:
                           self.dir / f"memory_map-{engine}.json").start()
         try:
             show(f"{engine:<6} debug pass", 0)
+            self.plain(f"{engine}: server up, debugging pass")
             self.debug_pass(run, "after model load")
             self.request_alone(run, "short request alone", prompt_tokens=16, max_tokens=16)
             self.request_alone(run, "long request alone", prompt_tokens=int(self.cfg.max_seq_len * 0.75),
@@ -238,6 +240,7 @@ class Bench:
                     self.point(run, sampler, show, rate)
             else:
                 self.churn(run, sampler, show, self.load_args(run))
+                self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
             time.sleep(1.0)
             self.debug_pass(run, "after the churn mix")
             self.releases(run)
@@ -262,7 +265,8 @@ class Bench:
                                                          done_before + done),
                    self.load_args(run, duration_s=self.cfg.point_s, rate=rate, start_at_s=start), start)
         self.drain(run)
-        self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s")
+        self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s; "
+                   + self.figures(run, sampler))
 
     def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
         """Points are independent: the next starts on an idle engine."""
@@ -272,6 +276,12 @@ class Bench:
             if stats and not stats.get("running") and not stats.get("waiting"):
                 return
             time.sleep(0.2)
+
+    @staticmethod
+    def figures(run: EngineRun, sampler: Sampler | None) -> str:
+        last = (sampler.last if sampler else None) or {}
+        return (f"{last.get('oom_total', 'n/a')} OOMs ({last.get('oom_fragmentation', 'n/a')} fragmentation) so far, "
+                f"{run.crashes} crashes, {last.get('preempted_total', 'n/a')} preemptions")
 
     def plain(self, line: str) -> None:
         """Progress where no terminal shows the bars (cron, CI logs): one line per phase."""

@@ -14,8 +14,7 @@ class ContiguousKV(KVPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_seq_len = max_seq_len
         self.allocs: dict[str, Allocation] = {}
-        # every row index of the store: a sequence's rows are a view of it, nothing is built per step
-        self._all_rows = torch.arange(memory.capacity_bytes // kv_bytes_per_token, device=memory.device)
+        self._all_rows: torch.Tensor | None = None  # built on the first rows(): the simulator never asks
 
     def holds(self, seq: SeqLike) -> bool:
         return seq.seq_id in self.allocs
@@ -46,6 +45,10 @@ class ContiguousKV(KVPolicy):
         return offset // self.kv_bytes_per_token
 
     def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
+        """A view of every row index of the store: nothing is built per step."""
+        if self._all_rows is None:
+            self._all_rows = torch.arange(self.memory.capacity_bytes // self.kv_bytes_per_token,
+                                          device=self.memory.device)
         base = self._base_row(seq)
         return self._all_rows[base : base + n]
 

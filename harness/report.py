@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from engines.kv.base import CATEGORIES
 from engines.percentile import percentile
 from harness.results import token_times
-from harness.summary import SHARE_COLUMNS, load_frames, load_meta, summarize, warmup_s
+from harness.summary import SHARE_COLUMNS, load_frames, load_meta, point_warmup_s, summarize, warmup_s
 
 SECTIONS = ("verdict", "capacity", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
             "latency", "throughput", "workload", "config")
@@ -228,11 +228,13 @@ def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> st
     header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
               "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
               "token / reserv. / internal / external / free", "requests"]
-    how = (f"Per engine over its churn window; goodput counts requests with TTFT <= {cfg.get('slo_ttft_s', 2.0)} s "
-           f"and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time averages of /stats samples at "
-           f"10 Hz over the KV capacity while requests arrive, after a warm-up of {warmup_s(cfg):.1f} s from empty "
-           "memory. Cancel release: disconnect noticed to KV freed, timed inside the server. Unfinished: still "
-           "queued or running when the run's grace period ended.")
+    window = (f"every sweep point's window, after a warm-up of {point_warmup_s(meta):.1f} s into each"
+              if meta.get("sweep") else f"its churn window, after a warm-up of {warmup_s(cfg):.1f} s")
+    how = (f"Per engine over {window} (from empty memory); goodput counts requests with TTFT <= "
+           f"{cfg.get('slo_ttft_s', 2.0)} s and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time "
+           "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
+           "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "
+           "run's grace period ended.")
     sentences = verdict_sentences(summary, events if events is not None else pd.DataFrame(), meta)
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in sentences) + "</ul>"
     return section("verdict", "Verdict", how, words + f"<div id='verdict-table'>{table(header, rows)}</div>")

@@ -22,7 +22,6 @@ import pandas as pd
 from engines.procs import metric_samples, metric_values
 from harness.loadrun import LoadArgs, run_loadgen
 
-ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = {
     1: "How many bytes does one token of KV cost for this model and precision?",
     2: "What is the maximum live-token budget?",

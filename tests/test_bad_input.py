@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from engines.kv import GrowthKV, PagedKV, StaticKV
 from engines.memory import Arena
 from engines.procs import free_port
+from engines.vllm_peer import vllm_python
 from harness.servers import start_server
 from tests.conftest import ROOT, run_cli
 from tests.test_reliability import drained, get, post
@@ -228,6 +229,17 @@ def test_sigterm_to_bench_mid_run_leaves_no_child(tiny_model, tmp_path):
         assert not all_gone(children)
     finally:
         bench.kill()
+
+
+@pytest.mark.skipif(vllm_python() is None, reason="vLLM is not installed (make vllm)")
+def test_sigterm_to_serve_vllm_leaves_no_vllm_process(tiny_model, tmp_path):
+    srv = start_server("vllm", str(tiny_model), "64MiB", tmp_path / "vllm.log", extra=["--max-seq-len", "512"],
+                       timeout_s=900)
+    children = descendants(srv.proc.pid)
+    assert children  # the api_server, and its EngineCore
+    os.kill(srv.proc.pid, signal.SIGTERM)  # the serve process alone, as systemd or a script would
+    srv.proc.wait(60)
+    assert not all_gone(children, 60)
 
 
 def test_a_spawned_child_dies_with_a_sigkilled_parent(tmp_path):

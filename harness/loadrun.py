@@ -34,25 +34,35 @@ class LoadArgs:
     workers: int = 1
     rate: float | None = None  # offer the workload at this many requests/s (a sweep point)
     start_at_s: float = 0.0  # seconds after t0 when its first arrival falls
+    master_bind: str | None = None  # HOST:PORT: a master waiting for `workers` workers from other machines
+    connect_timeout_s: float = 30.0  # how long a master waits for its workers
 
     def argv(self) -> list[str]:
         out = ["--target", self.target, "--workload", self.workload, "--out", str(self.out),
                "--duration", str(self.duration_s), "--seed", str(self.seed), "--max-seq-len", str(self.max_seq_len),
                "--vocab-size", str(self.vocab_size), "--grace", str(self.grace_s), "--engine", self.engine,
-               "--workers", str(self.workers), "--start-at", str(self.start_at_s)]
+               "--workers", str(self.workers), "--start-at", str(self.start_at_s),
+               "--connect-timeout", str(self.connect_timeout_s)]
         for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key),
                             ("--rate", self.rate)):
             if value is not None:
                 out += [flag, str(value)]
+        if self.master_bind:
+            out += ["--master", "--expect-workers", str(self.workers), "--master-bind", self.master_bind]
         return out
 
 
-def start_loadgen(args: LoadArgs, **popen_kwargs) -> subprocess.Popen:
+def worker_argv(master_host: str, connect_timeout_s: float) -> list[str]:
+    return ["--worker", "--master-host", master_host, "--connect-timeout", str(connect_timeout_s)]
+
+
+def start_loadgen(args: LoadArgs | list[str], **popen_kwargs) -> subprocess.Popen:
     """The generator as a child that dies with us; stop it with `stop_loadgen`."""
-    return spawn([sys.executable, "-m", "harness.loadgen", *args.argv()], cwd=ROOT, **popen_kwargs)
+    argv = args.argv() if isinstance(args, LoadArgs) else args
+    return spawn([sys.executable, "-m", "harness.loadgen", *argv], cwd=ROOT, **popen_kwargs)
 
 
-def run_loadgen(args: LoadArgs, **popen_kwargs) -> int:
+def run_loadgen(args: LoadArgs | list[str], **popen_kwargs) -> int:
     """Run it to the end; whatever stops us (SIGTERM, Ctrl-C) stops it too."""
     proc = start_loadgen(args, **popen_kwargs)
     try:

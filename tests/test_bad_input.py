@@ -84,7 +84,7 @@ def live(request, tiny_model, tmp_path_factory):
 
 
 # make stress runs many more (FRAGBENCH_FUZZ_EXAMPLES)
-@settings(max_examples=int(os.environ.get("FRAGBENCH_FUZZ_EXAMPLES", "15")), deadline=None,
+@settings(max_examples=int(os.environ.get("FRAGBENCH_FUZZ_EXAMPLES", "10")), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(body=hostile())
 def test_hostile_bodies_get_a_4xx_and_normal_requests_their_tokens(live, body):
@@ -189,7 +189,7 @@ def test_an_engine_wide_error_ends_every_request_and_the_process(tiny_model, tmp
 
 
 def test_bench_restarts_an_engine_that_failed_and_records_the_crash(tiny_model, tmp_path):
-    r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--duration", "12", "--grace", "5",
+    r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--duration", "8", "--grace", "5",
                 "--kv-budget", "16MiB", "--workload", "chat-short", "--engine-args", "paged=--fail-at-step 150",
                 "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "failing", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

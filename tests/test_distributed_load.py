@@ -12,7 +12,7 @@ from tests.conftest import ROOT, run_cli
 from workloads.generate import trace
 from workloads.spec import load_spec
 
-DURATION = 8.0
+DURATION = 6.0
 
 
 def cli(*args: str) -> subprocess.Popen:

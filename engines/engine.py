@@ -180,6 +180,11 @@ class Engine(ABC):
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark seq finished and free what it holds (or, for a batch, what it no longer needs)."""
 
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        """End seq without a new token: finished, and its stream told so."""
+        self._finish(seq, reason)
+        self._emit(seq, None, True)
+
     def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
         done = False
         if finished:
@@ -232,8 +237,7 @@ class ScheduledEngine(Engine):
     def _end_request(self, request_id: str, reason: FinishReason) -> None:
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
-                self._finish(seq, reason)
-                self._emit(seq, None, True)
+                self._end(seq, reason)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

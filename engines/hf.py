@@ -106,8 +106,7 @@ class HFEngine(Engine):
                 self._released(requested_at, steps_at)
             else:  # in the running batch: its KV goes back when the batch ends
                 self.aborted_at[seq.seq_id] = (requested_at or time.monotonic(), steps_at)
-            self._finish(seq, FinishReason.ABORT)
-            self._emit(seq, None, True)
+            self._end(seq, FinishReason.ABORT)
 
     def has_work(self) -> bool:
         return bool(self.waiting)
@@ -121,8 +120,7 @@ class HFEngine(Engine):
         for seq in batch:
             if not seq.is_finished:
                 seq.error = error
-                self._finish(seq, reason)
-                self._emit(seq, None, True)
+                self._end(seq, reason)
 
     def _next_batch(self) -> list[Sequence]:
         """Consecutive waiting requests that share one sampling configuration, up to max_batch rows."""

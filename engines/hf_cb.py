@@ -53,7 +53,7 @@ class HFContinuousBatchingEngine(Engine):
         for seq in list(self.by_request.get(request_id, [])):
             if not seq.is_finished:
                 self.manager.cancel_request(seq.seq_id)
-                self._end(seq, FinishReason.ABORT, None)
+                self._end(seq, FinishReason.ABORT)
         self._released(requested_at, steps_at)  # handed to transformers' manager, which frees on its thread
 
     def has_work(self) -> bool:
@@ -70,7 +70,7 @@ class HFContinuousBatchingEngine(Engine):
         if seq is None or seq.is_finished:
             return
         if result.error:
-            self._end(seq, FinishReason.OOM, None)
+            self._end(seq, FinishReason.OOM)
             return
         for token in result.generated_tokens[seq.num_output_tokens :]:
             self.steps += 1
@@ -78,7 +78,7 @@ class HFContinuousBatchingEngine(Engine):
             if seq.is_finished:
                 return
         if result.is_finished():
-            self._end(seq, FinishReason.LENGTH, None)
+            self._end(seq, FinishReason.LENGTH)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if reason == FinishReason.STOP:
@@ -86,10 +86,6 @@ class HFContinuousBatchingEngine(Engine):
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.seqs.pop(seq.seq_id, None)
-
-    def _end(self, seq: Sequence, reason: FinishReason, token: int | None) -> None:
-        self._finish(seq, reason)
-        self._emit(seq, token, True)
 
     def stats(self) -> EngineStats:
         cache = self.manager.batch_processor.cache if self.manager.batch_processor else None

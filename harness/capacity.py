@@ -9,7 +9,6 @@ two measured rates the crossing is interpolated linearly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -89,9 +88,3 @@ def capacity_block(points: list[dict], slo: SLO) -> dict:
     return {"sustained_rps": rate, "sustained_where": where, "slo": slo.to_json(),
             "points": sorted(points, key=lambda p: p["offered_rps"])}
 
-
-def ratios(capacity: dict[str, dict], contiguous: list[str]) -> dict[str, float | None]:
-    """Each engine's sustained rate over the best contiguous engine's."""
-    best = max((capacity[e]["sustained_rps"] for e in contiguous if e in capacity), default=0.0)
-    return {e: (c["sustained_rps"] / best if best > 0 else math.inf if c["sustained_rps"] > 0 else None)
-            for e, c in capacity.items()}

@@ -276,7 +276,7 @@ class ScheduledEngine(Engine):
                 oom = e
             token = sample(logits, child.params, self.generators[child.seq_id])
             if oom is None:
-                self.scheduler.add_running(child)
+                self.scheduler.add_running(child, parent)
                 self._append(child, token)
             else:
                 child.token_ids.append(token)

@@ -1,9 +1,17 @@
 """Iteration-level continuous batching, shared by the static and paged engines (and the simulator):
 FCFS admission under a token budget and a sequence cap, preemption by recompute of the newest sequence
-when KV runs out, and abort at any step. What differs between engines is the KV policy alone."""
+when KV runs out, and abort at any step. What differs between engines is the KV policy alone.
+
+Every running sequence gains one token per step, so the scheduler asks the policy about a running sequence
+only when its slack (the tokens its slots still cover) runs out: a heap keyed by the step at which that
+happens. A step's cost is then its admissions, its finishes and the sequences that cross a block (or
+reservation) boundary, not the size of the running batch: what lets the simulator replay millions of requests.
+"""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,9 +52,15 @@ class SchedulerConfig:
 
 @dataclass
 class StepPlan:
-    chunks: list[Chunk]
+    decodes: list[Sequence]  # running sequences computing their newest token, in admission order
+    prefills: list[Chunk]  # sequences admitted in this step, in queue order
     preempted: list[Sequence] = field(default_factory=list)
     rejected: list[Sequence] = field(default_factory=list)  # failed with FinishReason.OOM
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        """What the runner computes: one position per decode, then each admission's uncached prompt."""
+        return [Chunk(s, s.num_tokens - 1, s.num_tokens) for s in self.decodes] + self.prefills
 
 
 class Scheduler:
@@ -55,7 +69,16 @@ class Scheduler:
         self.config = config
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # admission order: preemption takes the newest
+        # Steps taken: a running sequence's num_tokens - steps is constant while it runs (one token each).
+        self.steps = 0
+        # (step at which its slots run out, admission rank, entry number, seq). An entry is current while
+        # _due[seq_id] is its step and the sequence runs; those of preempted, finished or re-allocated sequences
+        # are skipped when they surface. Asking early is harmless (allocate is idempotent), late never happens.
+        self._due_heap: list[tuple[int, int, int, Sequence]] = []
+        self._due: dict[str, int] = {}
+        self._rank: dict[str, int] = {}  # running sequence -> admission number, the running list's order
+        self._counter = itertools.count()
         self.preempted_total = 0
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []
         # the memory map at the first few failures with memory free: the holes no request fitted
@@ -69,25 +92,27 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> StepPlan:
-        plan = StepPlan(chunks=[])
-        budget = self.config.max_num_batched_tokens
-        for seq in list(self.running):
+        """One step: room for every running sequence's next token, then FCFS admissions. Each call is a step
+        that every sequence running after it takes (its caller appends one token to each)."""
+        self.steps += 1
+        plan = StepPlan(decodes=[], prefills=[])
+        for seq in self._pop_due(self.steps):
             if seq.status != SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if not self._make_room(seq, plan):
-                continue
-            if self._allocate(seq, seq.num_tokens, plan):
-                plan.chunks.append(Chunk(seq, seq.num_tokens - 1, seq.num_tokens))
-                budget -= 1
-            elif self.config.on_oom == "wait":
-                self.preempt(seq)
-                plan.preempted.append(seq)
+            if self._make_room(seq, plan):
+                if self._allocate(seq, seq.num_tokens, plan):
+                    self._push_due(seq, seq.num_tokens)
+                elif self.config.on_oom == "wait":
+                    self.preempt(seq)
+                    plan.preempted.append(seq)
+        plan.decodes = list(self.running)
+        budget = self.config.max_num_batched_tokens - len(plan.decodes)
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if not self.kv.can_allocate(seq, seq.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
             cached = self.kv.num_cached_tokens(seq) if self.kv.holds(seq) else 0
-            if seq.num_tokens - cached > budget and plan.chunks:
+            if seq.num_tokens - cached > budget and (plan.decodes or plan.prefills):
                 break
             self.waiting.popleft()
             if not self._allocate(seq, seq.num_tokens, plan):
@@ -95,12 +120,53 @@ class Scheduler:
                     self.waiting.appendleft(seq)
                     break
                 continue
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
             start = min(self.kv.num_cached_tokens(seq), seq.num_tokens - 1)
-            plan.chunks.append(Chunk(seq, start, seq.num_tokens))
+            plan.prefills.append(Chunk(seq, start, seq.num_tokens))
             budget -= seq.num_tokens - start
         return plan
+
+    def advance(self, steps: int) -> None:
+        """The running sequences took `steps` more steps after this one without asking (the simulator's decode
+        stretch, within `decode_headroom`): give each the slots of the tokens it computed on the way."""
+        self.steps += steps
+        for seq in self._pop_due(self.steps):
+            self.kv.allocate(seq, seq.num_tokens - 1)  # its newest token is sampled, not computed yet
+            self._push_due(seq, seq.num_tokens - 1)
+
+    def decode_headroom(self) -> int:
+        """Steps the running sequences can take after this one with every allocation certain to succeed."""
+        while self._due_heap and self._stale(self._due_heap[0]):
+            heapq.heappop(self._due_heap)
+        own = self._due_heap[0][0] - self.steps - 1 if self._due_heap else 1
+        return self.kv.decode_headroom(len(self.running), own)
+
+    def _run(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        self._rank[seq.seq_id] = next(self._counter)
+        self._push_due(seq, seq.num_tokens)
+
+    def _push_due(self, seq: Sequence, tokens_now: int) -> None:
+        """seq held slots for its tokens_now tokens at this step, and slack_tokens more: it gains one a step,
+        so it must ask again at the step where it outgrows them."""
+        due = self.steps + self.kv.slack_tokens(seq) + seq.num_tokens - tokens_now + 1
+        self._due[seq.seq_id] = due
+        heapq.heappush(self._due_heap, (due, self._rank[seq.seq_id], next(self._counter), seq))
+
+    def _stale(self, entry: tuple[int, int, int, Sequence]) -> bool:
+        seq = entry[3]
+        return self._due.get(seq.seq_id) != entry[0] or self._rank.get(seq.seq_id) != entry[1]
+
+    def _pop_due(self, step: int) -> list[Sequence]:
+        """The running sequences whose slots run out by `step`, in admission order."""
+        out = []
+        while self._due_heap and self._due_heap[0][0] <= step:
+            entry = heapq.heappop(self._due_heap)
+            if not self._stale(entry):
+                del self._due[entry[3].seq_id]
+                out.append(entry[3])
+        return out
 
     def _make_room(self, seq: Sequence, plan: StepPlan) -> bool:
         """Preempt the newest running sequences until seq's next token fits; False if seq itself went."""
@@ -133,9 +199,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Recompute: drop its KV and put it back at the head of the queue, tokens kept."""
-        self.kv.free(seq)
-        if seq in self.running:
-            self.running.remove(seq)
+        self._stop(seq)
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -144,18 +208,27 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Free its KV in this step, wherever it is."""
-        self.kv.free(seq)
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
+        running = seq.status == SeqStatus.RUNNING
+        self._stop(seq)
+        if not running and seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
-    def add_running(self, seq: Sequence) -> None:
-        """A forked sample that already holds its KV."""
-        seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
+    def _stop(self, seq: Sequence) -> None:
+        """Free its KV; out of the running set if it was there."""
+        self.kv.free(seq)
+        if self._rank.pop(seq.seq_id, None) is not None:
+            self.running.remove(seq)
+        self._due.pop(seq.seq_id, None)
+
+    def add_running(self, seq: Sequence, parent: Sequence) -> None:
+        """A forked sample that already holds its KV, shared with parent's: both ask at the next step, where
+        a shared tail block is copied before either writes to it."""
+        self._run(seq)
+        if parent.seq_id in self._rank:
+            self._due[parent.seq_id] = self.steps + 1
+            heapq.heappush(self._due_heap, (self.steps + 1, self._rank[parent.seq_id], next(self._counter), parent))
 
     def live(self) -> list[Sequence]:
         return list(self.running)

@@ -8,6 +8,8 @@ step times of that stretch are summed in closed form. Memory accounting is time-
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,7 +23,7 @@ from engines.kv.base import CATEGORIES, Breakdown
 from engines.memory import Arena
 from engines.percentile import percentile
 from engines.scheduler import Scheduler, SchedulerConfig
-from engines.sequence import FinishReason, SamplingParams, SeqStatus, Sequence
+from engines.sequence import FinishReason, SeqStatus
 from engines.shapes import DTYPE_BYTES, ModelShape
 from harness.capacity import SLO, capacity_block, request_metrics, sweep_rates
 from harness.gpus import GPU
@@ -70,13 +72,16 @@ def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, bl
     return make_policy(name, arena, kvb, max_seq_len, block_size, preflight)
 
 
-@dataclass
 class Track:
-    arrival_s: float
-    target: int
-    first_s: float | None = None
-    end_s: float | None = None
-    status: str = ""
+    """What the figures need of one request, kept after its sequence is gone."""
+
+    __slots__ = ("arrival_s", "target", "first_s", "end_s", "status")
+
+    def __init__(self, arrival_s: float, target: int):
+        self.arrival_s, self.target = arrival_s, target
+        self.first_s: float | None = None
+        self.end_s: float | None = None
+        self.status = ""
 
 
 @dataclass
@@ -102,29 +107,96 @@ class Accumulator:
             self.next_sample_s = t + every_s
 
 
+class DecodeClock:
+    """Decode steps taken by the running set, and the sum of the running sequences' tokens in O(1): each
+    running sequence holds (tokens when it started running - steps then), and gains one token per step."""
+
+    def __init__(self):
+        self.steps = 0
+        self.running = 0
+        self._base = 0  # sum over running sequences of (tokens at start - steps at start)
+
+    def live_tokens(self) -> int:
+        return self._base + self.running * self.steps
+
+    def join(self, tokens: int) -> None:
+        self.running += 1
+        self._base += tokens - self.steps
+
+    def leave(self, tokens: int) -> None:
+        self.running -= 1
+        self._base -= tokens - self.steps
+
+
+class SimSequence:
+    """A simulated sequence, as the scheduler and the KV policies see a Sequence: its prompt ids (what prefix
+    caching hashes) and a token count that runs on the decode clock while the scheduler keeps it RUNNING.
+    Output token values never matter to a memory policy, so none is stored and no step touches it."""
+
+    def __init__(self, req: TraceRequest, max_seq_len: int, clock: DecodeClock):
+        self.seq_id = req.request_id
+        self.token_ids = req.prompt_ids
+        self.max_tokens = req.max_tokens
+        self.final_len = min(len(req.prompt_ids) + req.max_tokens, max_seq_len)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.track = Track(req.arrival_s, req.max_tokens)
+        self._clock = clock
+        self._tokens = len(req.prompt_ids)  # while not running; while running, at `_since` steps
+        self._since = 0
+        self._status = SeqStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        if self._status is SeqStatus.RUNNING:
+            return self._tokens + self._clock.steps - self._since
+        return self._tokens
+
+    @property
+    def status(self) -> SeqStatus:
+        return self._status
+
+    @status.setter
+    def status(self, value: SeqStatus) -> None:
+        tokens = self.num_tokens
+        if self._status is SeqStatus.RUNNING:
+            self._clock.leave(tokens)
+        if value is SeqStatus.RUNNING:
+            self._clock.join(tokens)
+        self._tokens, self._since, self._status = tokens, self._clock.steps, value
+
+    @property
+    def finish_step(self) -> int:
+        """The decode clock's value when it holds all its tokens, if it keeps running."""
+        return self._since + len(self.token_ids) + self.max_tokens - self._tokens
+
+
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
                     placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
                     preflight: bool = True) -> tuple[dict, list[Track], list[tuple]]:
     """The policy's result, every request's track (for a sweep's per-request SLO figures), and the breakdown
-    sampled over simulated time (for the report)."""
+    sampled over simulated time (for the report). Each event costs its admissions, finishes and block
+    crossings, not the size of the running set: the sums come from the decode clock and the policy's totals."""
     kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
-                     preflight)
+                         preflight)
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
     capacity = kv.stats().kv_capacity_bytes
     sched = Scheduler(kv, SchedulerConfig(max_num_seqs=max_num_seqs,
                                           max_num_batched_tokens=max(8192, plan.max_seq_len),
                                           on_oom="wait" if preflight else "reject"))
-    tracks: dict[str, Track] = {}
-    done: list[Track] = []
+    clock = DecodeClock()
+    finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
+    admissions = itertools.count()
+    tracks: list[Track] = []
     acc = Accumulator(capacity)
     t, started = 0.0, time.perf_counter()
     pending = next(requests, None)
     while True:
         while pending is not None and pending.arrival_s <= t:
-            seq = Sequence(pending.request_id, pending.prompt_ids, SamplingParams(pending.max_tokens),
-                           plan.max_seq_len, arrival_s=pending.arrival_s)
-            tracks[seq.seq_id] = Track(pending.arrival_s, pending.max_tokens)
+            seq = SimSequence(pending, plan.max_seq_len, clock)
+            tracks.append(seq.track)
             sched.add(seq)
             pending = next(requests, None)
         if not sched.has_work():
@@ -133,32 +205,35 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
             t = pending.arrival_s
             continue
         step = sched.schedule()
-        before = kv.breakdown(sched.running)  # the interval starts with this step's admissions
+        before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
         for seq in step.rejected:
-            track = tracks.pop(seq.seq_id)
-            track.status, track.end_s = "oom", t
-            done.append(track)
-        if not step.chunks:  # nothing fits and nothing runs: wait for the world to change
+            seq.track.status, seq.track.end_s = "oom", t
+        if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
             if pending is None:
                 break
             t = max(t, pending.arrival_s)
             continue
         # the first step: prefills and decodes as scheduled
-        tokens = sum(c.end - c.start for c in step.chunks)
-        ctx = sum(c.end for c in step.chunks)
-        pairs = sum((c.end - c.start) * (c.start + c.end + 1) / 2 for c in step.chunks)
-        dt = float(model.step_s(tokens, ctx, pairs))
+        live = clock.live_tokens()
+        prefill_tokens = sum(c.end - c.start for c in step.prefills)
+        prefill_ctx = sum(c.end for c in step.prefills)
+        prefill_pairs = sum((c.end - c.start) * (c.start + c.end + 1) / 2 for c in step.prefills)
+        dt = float(model.step_s(len(step.decodes) + prefill_tokens, live, live - prefill_ctx + prefill_pairs))
         t += dt
-        for c in step.chunks:
-            advance(c.seq, 1, t, tracks)
+        clock.steps += 1
+        for c in step.prefills:
+            if c.seq.track.first_s is None:
+                c.seq.track.first_s = t
+            heapq.heappush(finishing, (c.seq.finish_step, next(admissions), c.seq))
         # then the running sequences decode together until something must be decided again
-        running = [s for s in sched.running if s.status == SeqStatus.RUNNING]
-        if running:
-            k = min(kv.decode_headroom(running), min(s.params.max_tokens - s.num_output_tokens for s in running))
-            k -= 1  # the first step above was one of them
+        while finishing and stale(finishing[0]):
+            heapq.heappop(finishing)
+        if finishing:
+            # one step short of the headroom and of the first finish, as an engine's scheduler would see them:
+            # that last step is the next event's first, where a waiting request retries
+            k = min(max(1, sched.decode_headroom()), finishing[0][0] - clock.steps) - 1
             if k > 0:
-                batch = len(running)
-                ctx0 = sum(s.num_tokens for s in running)
+                batch, ctx0 = clock.running, clock.live_tokens()
                 steps = model.step_s(batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
                 ends = t + np.cumsum(steps)
                 # stop at the next arrival only if it could be admitted: not behind a queue, not over the cap
@@ -168,31 +243,23 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
                 dt_more = float(ends[k - 1] - t)
                 t += dt_more
                 dt += dt_more
-                for s in running:
-                    advance(s, k, t, tracks)
-                    if s.num_output_tokens < s.params.max_tokens:  # the slots an engine would have taken on the way
-                        kv.allocate(s, s.num_tokens - 1)
+                clock.steps += k
+                sched.advance(k)  # the slots an engine would have taken on the way
         # the interval ends with every sequence still holding its memory: retire the finished after
-        acc.add(before, kv.breakdown(sched.running), len(step.chunks), dt, t, sample_every_s)
-        for s in [s for s in sched.running if s.num_output_tokens >= s.params.max_tokens]:
-            sched.finish(s, FinishReason.LENGTH)
-            track = tracks.pop(s.seq_id)  # keep what the percentiles need, not the sequence
-            track.end_s, track.status = t, "ok"
-            done.append(track)
+        acc.add(before, kv.breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
+                sample_every_s)
+        while finishing and finishing[0][0] <= clock.steps:
+            _, _, seq = heapq.heappop(finishing)
+            if seq.status is SeqStatus.RUNNING and seq.finish_step <= clock.steps:
+                sched.finish(seq, FinishReason.LENGTH)
+                seq.track.end_s, seq.track.status = t, "ok"
     wall_s = time.perf_counter() - started
-    every = done + list(tracks.values())
-    return result(name, sched, every, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), every, acc.timeline
+    return result(name, sched, tracks, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), tracks, acc.timeline
 
 
-def advance(seq: Sequence, steps: int, t: float, tracks: dict[str, Track]) -> None:
-    """steps decoded tokens (their values do not matter to the memory policy)."""
-    if steps <= 0:
-        return
-    track = tracks[seq.seq_id]
-    if track.first_s is None:
-        track.first_s = t
-    seq.token_ids.extend([0] * steps)
-    seq.num_computed_tokens = seq.num_tokens - 1
+def stale(entry: tuple[int, int, SimSequence]) -> bool:
+    """A finish entry of a sequence that was preempted (and may run again, later) since it was pushed."""
+    return entry[2].status is not SeqStatus.RUNNING or entry[2].finish_step != entry[0]
 
 
 def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t: float,
@@ -286,13 +353,17 @@ def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
 
 
 def requests_frame(tracks: list[Track]) -> pd.DataFrame:
-    """The tracks as request rows with the columns capacity.request_metrics reads."""
-    rows = [{"status": tr.status or "unfinished", "arrival_s": tr.arrival_s, "output_tokens": tr.target,
-             "ttft_s": tr.first_s - tr.arrival_s if tr.first_s is not None else None,
-             "tpot_s": (tr.end_s - tr.first_s) / (tr.target - 1) if tr.end_s is not None and tr.first_s is not None
-             and tr.target > 1 else None,
-             "e2e_s": tr.end_s - tr.arrival_s if tr.end_s is not None else None} for tr in tracks]
-    return pd.DataFrame(rows, columns=["status", "arrival_s", "output_tokens", "ttft_s", "tpot_s", "e2e_s"])
+    """The tracks as request rows with the columns capacity.request_metrics reads (built by column: a day of
+    traffic is millions of them)."""
+    nan = float("nan")
+    arrival = np.array([tr.arrival_s for tr in tracks], dtype=float)
+    first = np.array([nan if tr.first_s is None else tr.first_s for tr in tracks], dtype=float)
+    end = np.array([nan if tr.end_s is None else tr.end_s for tr in tracks], dtype=float)
+    target = np.array([tr.target for tr in tracks], dtype=np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(target > 1, (end - first) / np.maximum(target - 1, 1), nan)
+    return pd.DataFrame({"status": [tr.status or "unfinished" for tr in tracks], "arrival_s": arrival,
+                         "output_tokens": target, "ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": end - arrival})
 
 
 def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] | None = None) -> list:

@@ -23,6 +23,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self.kv = self.make_policy()
         self.seqs: dict[str, Sequence] = {}
         self.counter = 0
+        self.forked = False
 
     def _new_seq(self, prompt: list[int], max_tokens: int) -> Sequence:
         self.counter += 1
@@ -78,6 +79,7 @@ class PolicyMachine(RuleBasedStateMachine):
             self.kv.free(child)
             return
         self.seqs[child.seq_id] = child
+        self.forked = True
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -93,6 +95,12 @@ class PolicyMachine(RuleBasedStateMachine):
         bd = self.kv.breakdown(list(self.seqs.values()))
         assert bd.capacity_bytes == self.kv.stats().kv_capacity_bytes
         assert min(bd.__dict__.values()) >= 0
+
+    @invariant()
+    def running_totals_give_the_scans_breakdown(self):
+        if not self.forked:  # a fork shares its tail block until it copies it: only the scan tells
+            live = sum(s.num_tokens for s in self.seqs.values())
+            assert self.kv.breakdown_of(live) == self.kv.breakdown(list(self.seqs.values()))
 
     @invariant()
     def every_live_sequence_has_its_slots(self):

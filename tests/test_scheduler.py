@@ -3,10 +3,13 @@ sees one rule (FCFS head-of-line, newest-first preemption, the token budget, wha
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
+from engines.kv import PagedKV
 from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike
-from engines.memory import OOMEvent, OutOfMemory
+from engines.memory import Arena, OOMEvent, OutOfMemory
 from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import FinishReason, SeqStatus
 from tests.helpers import seq
@@ -50,6 +53,9 @@ class TokenPool(KVPolicy):
         return torch.empty(0, dtype=torch.uint8)
 
     def breakdown(self, seqs) -> Breakdown:
+        return self.breakdown_of(0)
+
+    def breakdown_of(self, live_tokens: int) -> Breakdown:
         used = sum(self.held.values())
         return Breakdown(used, 0, 0, 0, self.capacity - used)
 
@@ -64,7 +70,7 @@ class TokenPool(KVPolicy):
         return self.capacity
 
     def slack_tokens(self, s: SeqLike) -> int:
-        return 0
+        return self.held.get(s.seq_id, 0) - s.num_tokens
 
 
 def step(sched: Scheduler):
@@ -146,3 +152,21 @@ def test_finish_frees_wherever_the_sequence_is():
     sched.finish(running, FinishReason.ABORT)
     sched.finish(waiting, FinishReason.ABORT)
     assert pool.held == {} and not sched.has_work()
+
+
+def test_a_running_sequence_asks_the_policy_only_when_its_block_fills():
+    """Decoding costs the scheduler the sequences that cross a block boundary, not the whole batch."""
+    kv = PagedKV(Arena(64 * 4 * 8, backing_device=None), 8, 256, block_size=4)
+    calls = []
+    allocate = kv.allocate
+    kv.allocate = lambda s, n: (calls.append(s.seq_id), allocate(s, n))[1]
+    sched = Scheduler(kv, SchedulerConfig())
+    for i in range(3):
+        sched.add(seq(f"s{i}", 4, 20))
+    for _ in range(16):
+        plan = sched.schedule()
+        for chunk in plan.chunks:
+            assert kv.slack_tokens(chunk.seq) >= 0, "a sequence computes a token it holds no slot for"
+            chunk.seq.token_ids.append(1)
+    # admission (1 each), then one allocation per new block: 4 + 16 tokens cross 4 boundaries each
+    assert sorted(Counter(calls).values()) == [5, 5, 5]

@@ -4,7 +4,13 @@ import json
 
 import pytest
 
+from engines.kv.base import CATEGORIES
+from engines.shapes import load_shape
+from harness.gpus import gpu_preset
+from harness.plan import make_plan
+from harness.simulate import run_simulation
 from tests.conftest import run_cli
+from workloads.spec import load_spec
 
 PAPER_CMD = ("simulate", "--model", "llama-2-13b", "--gpu", "a100-40gb", "--workload", "paper", "--policy",
              "static-max,static-pow2,static-oracle,paged", "--json")
@@ -64,3 +70,45 @@ def test_bad_simulate_input_exits_2(args):
     base[args[0]] = args[1]
     r = run_cli("simulate", *[x for kv in base.items() for x in kv], "--requests", "10")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# Figures of the simulator as it was before it kept sums instead of scanning the running set (commit 063ad1e,
+# which advanced and accounted every running sequence at every event): shares, mean running, OOMs, preemptions.
+PER_SEQUENCE_REFERENCE = {
+    "paper": {
+        "static-max": (0.16640, 0.11439, 0.58579, 0.04606, 0.08737, 4.9925, 0, 0),
+        "static-pow2": (0.28629, 0.19739, 0.40666, 0.06044, 0.04922, 8.6620, 1404, 0),
+        "static-oracle": (0.50130, 0.34576, 0.00132, 0.09989, 0.05173, 15.2220, 3252, 0),
+        "paged": (0.94458, 0.01318, 0.00024, 0.00000, 0.04200, 28.8158, 0, 2433),
+    },
+    "azure-conv": {
+        "static-oracle": (0.50033, 0.07927, 0.00108, 0.11480, 0.30451, 12.9693, 338, 0),
+        "paged": (0.50753, 0.00594, 0.00026, 0.00000, 0.48627, 13.1351, 0, 18),
+        "growth": (0.83448, 0.00074, 0.00062, 0.05191, 0.11226, 21.0711, 6456, 4756),
+    },
+    "shared-system-prompt": {
+        "static-pow2": (0.41778, 0.04452, 0.38005, 0.07062, 0.08704, 9.5900, 91, 0),
+        "paged": (0.18959, 0.00364, 0.00022, 0.00000, 0.80655, 8.3039, 0, 0),
+    },
+}
+PRESETS = {"azure-conv": ("static-oracle,paged,growth", 500, 4096),
+           "shared-system-prompt": ("static-pow2,paged", 1000, 2048)}
+
+
+def _simulate_preset(workload: str) -> dict:
+    policies, requests, max_seq_len = PRESETS[workload]
+    shape, gpu = load_shape("llama-2-13b"), gpu_preset("a100-40gb")
+    plan = make_plan(shape, gpu.memory_bytes, "float16", max_seq_len=max_seq_len)
+    return run_simulation(shape, gpu, plan, load_spec(workload), policies.split(","), 16, None, requests).out
+
+
+def test_the_incremental_simulator_keeps_the_per_sequence_figures(paper):
+    """Within 0.5 points per category, running means within 0.5 %, the same OOM and preemption counts."""
+    got = {"paper": paper[0], **{w: _simulate_preset(w) for w in PRESETS}}
+    for workload, policies in PER_SEQUENCE_REFERENCE.items():
+        for policy, (*shares, running, ooms, preemptions) in policies.items():
+            r = got[workload]["policies"][policy]
+            for category, share in zip(CATEGORIES, shares, strict=True):
+                assert abs(r[f"{category}_share"] - share) <= 0.005, (workload, policy, category)
+            assert r["mean_running"] == pytest.approx(running, rel=5e-3), (workload, policy)
+            assert (r["oom_total"], r["preemptions"]) == (ooms, preemptions), (workload, policy)

@@ -61,6 +61,21 @@ class KVStats:
     num_seqs: int
 
 
+@dataclass
+class HeldTotals:
+    """Sums over the held sequences, kept on every allocate, fork and free so that the breakdown costs O(1)
+    where the caller keeps the sum of their num_tokens (the simulator does)."""
+
+    allocated_tokens: int = 0  # token slots held
+    eventual_tokens: int = 0  # of those, the ones the sequences will fill: min(slots, final_len) each
+    remainder_bytes: int = 0  # allocator rounding below one token row (contiguous)
+
+    def add(self, slots: int, final_len: int, remainder_bytes: int = 0, sign: int = 1) -> None:
+        self.allocated_tokens += sign * slots
+        self.eventual_tokens += sign * min(slots, final_len)
+        self.remainder_bytes += sign * remainder_bytes
+
+
 def seq_accounting(allocated_tokens: int, live_tokens: int, final_len: int) -> tuple[int, int, int]:
     """(token states, reservation, internal fragmentation) of one allocation, in tokens. A token whose
     slot is not allocated yet (sampled, KV not computed) holds no bytes."""
@@ -108,7 +123,14 @@ class KVPolicy(ABC):
         """The bytes the slots index, as a uint8 tensor of whole token rows."""
 
     @abstractmethod
-    def breakdown(self, seqs: list[SeqLike]) -> Breakdown: ...
+    def breakdown(self, seqs: list[SeqLike]) -> Breakdown:
+        """Figure-2 bytes, scanning seqs (the live sequences)."""
+
+    @abstractmethod
+    def breakdown_of(self, live_tokens: int) -> Breakdown:
+        """The same from the running totals in O(1): live_tokens is the sum of the held sequences' num_tokens,
+        each within its slots and its final length. Equal to breakdown() while no two sequences share a tail
+        block (forks do, until they copy it)."""
 
     @abstractmethod
     def stats(self) -> KVStats: ...
@@ -135,12 +157,13 @@ class KVPolicy(ABC):
 
     @abstractmethod
     def slack_tokens(self, seq: SeqLike) -> int:
-        """Tokens seq can still add before the policy must allocate for it."""
+        """Tokens seq (held) can still add before the policy must allocate for it: 0 when its next token
+        needs the policy, negative when its slots already lag its tokens."""
 
-    def decode_headroom(self, seqs: list[SeqLike]) -> int:
-        """Decode steps every one of seqs can take with each allocation certain to succeed (>= 1):
-        a scheduler may take that many steps before it asks the policy again."""
-        return max(1, min((self.slack_tokens(s) + 1 for s in seqs), default=1))
+    def decode_headroom(self, num_seqs: int, own_steps: int) -> int:
+        """Decode steps num_seqs running sequences can take with each allocation certain to succeed,
+        given that the one with the least slack can take own_steps without allocating at all."""
+        return max(0, own_steps)
 
     def num_cached_tokens(self, seq: SeqLike) -> int:
         """Leading tokens whose KV the policy already holds (prefix cache hits)."""

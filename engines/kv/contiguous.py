@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.memory import Allocation, Arena, DeviceMemory
 
 
@@ -14,6 +14,7 @@ class ContiguousKV(KVPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_seq_len = max_seq_len
         self.allocs: dict[str, Allocation] = {}
+        self.totals = HeldTotals()
         self._all_rows: torch.Tensor | None = None  # built on the first rows(): the simulator never asks
 
     def holds(self, seq: SeqLike) -> bool:
@@ -27,12 +28,17 @@ class ContiguousKV(KVPolicy):
         return self.memory.max_units(self.kv_bytes_per_token)
 
     def slack_tokens(self, seq: SeqLike) -> int:
-        return max(0, self.capacity_tokens(seq) - seq.num_tokens)
+        return self.capacity_tokens(seq) - seq.num_tokens
 
     def free(self, seq: SeqLike) -> None:
         alloc = self.allocs.pop(seq.seq_id, None)
         if alloc is not None:
+            self._account(seq, alloc, -1)
             self.memory.free(alloc)
+
+    def _account(self, seq: SeqLike, alloc: Allocation, sign: int) -> None:
+        kvb = self.kv_bytes_per_token
+        self.totals.add(alloc.size // kvb, seq.final_len, alloc.size % kvb, sign)
 
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
         """Contiguous buffers cannot share: the child gets its own copy of the parent's tokens."""
@@ -68,6 +74,14 @@ class ContiguousKV(KVPolicy):
             tokens, reservation = tokens + t * kvb, reservation + r * kvb
             # rounding below a whole token row is allocated and never used
             internal += i * kvb + alloc.size % kvb
+        return self._breakdown(tokens, reservation, internal)
+
+    def breakdown_of(self, live_tokens: int) -> Breakdown:
+        kvb, held = self.kv_bytes_per_token, self.totals
+        return self._breakdown(live_tokens * kvb, (held.eventual_tokens - live_tokens) * kvb,
+                               (held.allocated_tokens - held.eventual_tokens) * kvb + held.remainder_bytes)
+
+    def _breakdown(self, tokens: int, reservation: int, internal: int) -> Breakdown:
         mem = self.memory.stats()
         return Breakdown(
             token_states_bytes=tokens,
@@ -95,7 +109,9 @@ class ContiguousKV(KVPolicy):
         new = self.memory.allocate(tokens * self.kv_bytes_per_token, owner=seq.seq_id)
         old = self.allocs.get(seq.seq_id)
         self.allocs[seq.seq_id] = new
+        self._account(seq, new, 1)
         if old is not None:
             kvb = self.kv_bytes_per_token
             self.copy_rows(old.offset // kvb, new.offset // kvb, old.requested // kvb)
+            self._account(seq, old, -1)
             self.memory.free(old)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
 
 
@@ -37,13 +37,15 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self.free_queue)
 
-    def take(self) -> Block:
-        block = self.blocks[self.free_queue.popitem(last=False)[0]]
-        if block.block_hash is not None:  # evict its cached content
-            del self.cached[block.block_hash]
-            block.block_hash = None
-        block.ref_count = 1
-        return block
+    def take(self, n: int = 1) -> list[Block]:
+        """n blocks from the head of the free queue (the least recently freed), each with one owner."""
+        out = [self.blocks[self.free_queue.popitem(last=False)[0]] for _ in range(n)]
+        for block in out:
+            if block.block_hash is not None:  # evict its cached content
+                del self.cached[block.block_hash]
+                block.block_hash = None
+            block.ref_count = 1
+        return out
 
     def touch(self, block: Block) -> None:
         """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
@@ -51,11 +53,13 @@ class BlockPool:
             del self.free_queue[block.block_id]
         block.ref_count += 1
 
-    def release(self, block: Block) -> None:
-        block.ref_count -= 1
-        assert block.ref_count >= 0, f"block {block.block_id} released more often than held"
-        if block.ref_count == 0:
-            self.free_queue[block.block_id] = None
+    def release(self, blocks: list[Block]) -> None:
+        """One owner fewer for each, in order: the ones nobody holds join the free queue's tail."""
+        for block in blocks:
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block.block_id} released more often than held"
+            if block.ref_count == 0:
+                self.free_queue[block.block_id] = None
 
     def register(self, block: Block, block_hash: int) -> None:
         if block.block_hash is None and block_hash not in self.cached:
@@ -103,6 +107,7 @@ class PagedKV(KVPolicy):
         self.pool = BlockPool(num_blocks)
         self.prefix_caching = prefix_caching
         self.seqs: dict[str, SeqBlocks] = {}
+        self.totals = HeldTotals()  # over the tables, len(table) x block_size slots each
         self._block_rows = torch.arange(block_size, device=memory.device)
         self.prefix_hits_tokens = 0
         self.prefix_queries_tokens = 0
@@ -125,36 +130,48 @@ class PagedKV(KVPolicy):
         rec = self.seqs.get(seq.seq_id)
         if rec is None:
             rec = self.seqs[seq.seq_id] = self._match_prefix(seq, num_tokens)
+            self._account(seq, rec, 1)
         self._copy_on_write(rec, num_tokens)
-        while len(rec.table) * self.block_size < num_tokens:
-            rec.table.append(self.pool.take())
+        if len(rec.table) * self.block_size < num_tokens:
+            self._account(seq, rec, -1)
+            rec.table += self.pool.take(-(-num_tokens // self.block_size) - len(rec.table))
             rec.rows = None
+            self._account(seq, rec, 1)
         self._register_full_blocks(seq, rec, num_tokens)
 
     def free(self, seq: SeqLike) -> None:
         rec = self.seqs.pop(seq.seq_id, None)
+        if rec is not None:
+            self._account(seq, rec, -1)
         # reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first
-        for block in reversed(rec.table if rec else []):
-            self.pool.release(block)
+        self.pool.release(reversed(rec.table) if rec else [])
 
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
         rec = self.seqs[parent.seq_id]
         for block in rec.table:
             self.pool.touch(block)
         self.seqs[child.seq_id] = SeqBlocks(list(rec.table), parent.num_tokens, rec.hashed_blocks, rec.last_hash)
+        self._account(child, self.seqs[child.seq_id], 1)
+
+    def _account(self, seq: SeqLike, rec: SeqBlocks, sign: int) -> None:
+        self.totals.add(len(rec.table) * self.block_size, seq.final_len, sign=sign)
 
     def longest_sequence_tokens(self) -> int:
         return len(self.pool.blocks) * self.block_size
 
     def slack_tokens(self, seq: SeqLike) -> int:
         rec = self.seqs.get(seq.seq_id)
-        return max(0, len(rec.table) * self.block_size - seq.num_tokens) if rec else 0
+        if rec is None:
+            return -seq.num_tokens
+        if rec.table and rec.table[-1].ref_count > 1:  # a shared tail is copied before the next write
+            return min(0, len(rec.table) * self.block_size - seq.num_tokens)
+        return len(rec.table) * self.block_size - seq.num_tokens
 
-    def decode_headroom(self, seqs: list[SeqLike]) -> int:
+    def decode_headroom(self, num_seqs: int, own_steps: int) -> int:
         """Any free block serves any sequence: in k steps each crosses at most ceil(k / block_size) block
         boundaries (plus one copy-on-write), so block_size x (free blocks // sequences - 1) steps cannot run out."""
-        pool_steps = self.block_size * (self.pool.num_free // max(1, len(seqs)) - 1)
-        return max(super().decode_headroom(seqs), pool_steps)
+        pool_steps = self.block_size * (self.pool.num_free // max(1, num_seqs) - 1)
+        return max(super().decode_headroom(num_seqs, own_steps), pool_steps)
 
     def num_cached_tokens(self, seq: SeqLike) -> int:
         rec = self.seqs.get(seq.seq_id)
@@ -195,6 +212,19 @@ class PagedKV(KVPolicy):
             reservation_bytes=reservation * kvb,
             internal_fragmentation_bytes=internal * kvb,
             external_fragmentation_bytes=0,  # any free block serves any request
+            free_bytes=self.pool.num_free * self.block_bytes,
+        )
+
+    def breakdown_of(self, live_tokens: int) -> Breakdown:
+        """Used blocks hold token states but for the tails' unused slots (sum of slots - live tokens), which
+        are reservation up to each final length and internal fragmentation beyond."""
+        kvb, held = self.kv_bytes_per_token, self.totals
+        used_slots = (len(self.pool.blocks) - self.pool.num_free) * self.block_size
+        return Breakdown(
+            token_states_bytes=(used_slots - held.allocated_tokens + live_tokens) * kvb,
+            reservation_bytes=(held.eventual_tokens - live_tokens) * kvb,
+            internal_fragmentation_bytes=(held.allocated_tokens - held.eventual_tokens) * kvb,
+            external_fragmentation_bytes=0,
             free_bytes=self.pool.num_free * self.block_bytes,
         )
 
@@ -267,9 +297,9 @@ class PagedKV(KVPolicy):
         if not self._shared_tail(rec.table, num_tokens):
             return
         idx = (num_tokens - 1) // self.block_size
-        old, new = rec.table[idx], self.pool.take()
+        old, new = rec.table[idx], self.pool.take()[0]
         self.copy_rows(old.block_id * self.block_size, new.block_id * self.block_size, self.block_size)
-        self.pool.release(old)
+        self.pool.release([old])
         rec.table[idx] = new
         rec.rows = None
 

@@ -30,6 +30,7 @@ from harness.servers import ServerFailed, ServerProcess, start_server
 ROOT = Path(__file__).resolve().parents[1]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
+LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
 BENCH_SPAN = 7.5  # the highest swept rate over the lowest: a few real-time points must resolve the knees
 
 
@@ -198,7 +199,7 @@ class Bench:
         try:
             for attempt in range(4):
                 out = self.dir / "engines" / engine / "calibrate" / f"{attempt}"
-                start = time.time() - run.t0 + 3  # the load generator's start-up
+                start = time.time() - run.t0 + LOADGEN_STARTUP_S
                 self.churn(run, None, show, LoadArgs(run.server.url, self.cfg.workload, out, self.cfg.calibrate_s,
                                                      self.cfg.seed, self.cfg.max_seq_len, t0=run.t0, grace_s=2,
                                                      engine=engine, rate=offered, start_at_s=start), start)
@@ -239,7 +240,7 @@ class Bench:
                 for rate in rates:
                     self.point(run, sampler, show, rate)
             else:
-                self.churn(run, sampler, show, self.load_args(run))
+                self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
                 self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
             time.sleep(1.0)
             self.debug_pass(run, "after the churn mix")
@@ -256,7 +257,7 @@ class Bench:
 
     def point(self, run: EngineRun, sampler: Sampler, show, rate: float) -> None:
         """One offered rate on the running server; its window is recorded before it starts."""
-        start = round(time.time() - run.t0 + 3, 3)  # the load generator's start-up
+        start = round(time.time() - run.t0 + LOADGEN_STARTUP_S, 3)
         window = {"offered_rps": rate, "start_s": start, "end_s": start + self.cfg.point_s}
         self.run_meta["sweep"]["points"].setdefault(run.engine, []).append(window)
         self.write_meta()

@@ -107,6 +107,8 @@ def deadline(args: argparse.Namespace) -> float:
 def run_local(args: argparse.Namespace, out: Path) -> None:
     env = environment(args, Journal(out / "requests.jsonl").write)
     runner = env.create_local_runner()
+    if args.t0 is None:  # the trace's clock starts now that it is built, so its first requests are not late
+        args.t0 = env.replay_plan.t0 = time.time()
     runner.start(1, spawn_rate=1)
     while time.time() < deadline(args) and not env.replay_done:
         gevent.sleep(0.2)
@@ -170,6 +172,8 @@ def run_master(args: argparse.Namespace, out: Path, expected: int, bind: tuple[s
                 raise Unconnected(f"master: {len(runner.clients.ready)} of {expected} workers connected to "
                                   f"{bind[0]}:{runner.server.port} within {args.connect_timeout:g} s")
             gevent.sleep(0.1)
+        if args.t0 is None:  # a second for every worker to build its trace before the first arrival
+            args.t0 = time.time() + 1.0
         plan = {k: getattr(args, k) for k in PLAN_FIELDS} | {"workers": expected}
         runner.send_message("fragbench-plan", plan)
         runner.start(expected, spawn_rate=expected)
@@ -219,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         missing = [f"--{k}" for k in ("target", "workload", "out") if not getattr(args, k)]
         if missing:
             raise Unconnected(f"{', '.join(missing)} required (but for --worker)")
-        args.t0 = args.t0 or time.time()
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if args.master:

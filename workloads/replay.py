@@ -1,6 +1,9 @@
 """The Locust user that replays a trace open-loop: each request leaves at its arrival time in its own
 greenlet (a late one is counted late, not shifted), streams over SSE, reads slowly or cancels as the
-trace says, and reports exact client timestamps for every token."""
+trace says, and reports exact client timestamps for every token.
+
+It is a FastHttpUser (geventhttpclient): Locust's requests-based HttpUser costs several milliseconds of
+client time per event under load, which a TTFT measurement cannot afford (benchmarks/loadgen_error.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ from dataclasses import dataclass
 
 import gevent
 from gevent.pool import Pool
-from locust import HttpUser, task
+from locust import task
+from locust.contrib.fasthttp import FastHttpUser
 
 from workloads.generate import TraceRequest
 from workloads.outcome import UNFINISHED, Outcome
+from workloads.sse import abandon, events
 
 
 @dataclass
@@ -33,10 +38,13 @@ def now(plan: ReplayPlan) -> float:
     return time.time() - plan.t0
 
 
-class ReplayUser(HttpUser):
+class ReplayUser(FastHttpUser):
     """One per load-generator process; it dispatches its share of the trace."""
 
     host = "http://127.0.0.1"
+    concurrency = 100_000  # connections in flight: an open-loop trace bounds them, not the client
+    network_timeout = 3600.0  # a queued request may wait long for its first byte; the plan's deadline rules
+    connection_timeout = 10.0
 
     @task
     def replay(self) -> None:
@@ -94,13 +102,10 @@ class ReplayUser(HttpUser):
 
     def _read_stream(self, plan: ReplayPlan, req: TraceRequest, resp, out: Outcome) -> None:
         cancel_at = req.cancel_after_s
-        for line in resp.iter_lines(chunk_size=None):  # as each chunk arrives, not byte by byte
-            if not line or not line.startswith(b"data: "):
-                continue
-            data = line[6:]
+        for stamp, data in events(resp._response):
             if data == b"[DONE]":
                 break
-            t = now(plan)
+            t = stamp - plan.t0  # when the bytes arrived, whatever parsing came before
             payload = json.loads(data)  # not JSON: the request's error, recorded below
             if "error" in payload:  # the server failed this request mid-stream
                 out.status, out.error = "error", str(payload["error"])[:200]
@@ -122,7 +127,7 @@ class ReplayUser(HttpUser):
                 cancel_at is not None and t - out.sent_s >= cancel_at
             ):
                 out.status = "cancelled"
-                resp.close()  # the client goes away: the server must free the request's KV now
+                abandon(resp._response)  # the client goes away: the server must free the request's KV now
                 resp.success()
                 return
         out.status = "oom" if out.finish_reason == "oom" else "ok"

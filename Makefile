@@ -7,7 +7,7 @@ MODEL_DIR := models/tiny-llama
 # The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup test lint model vllm bench nightly stress clean
+.PHONY: setup test lint model vllm bench nightly stress clean gpu-check
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ BENCH_ARGS ?= --workload mixed-churn --sweep --points 4 --point-duration 12 --ca
 bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) $(BENCH_ARGS)
 
+# Every GPU path once (both memory modes, forced OOMs, NVML, a two-engine bench, the OOM snapshot), PASS or
+# FAIL per item; on a machine without CUDA it says so and exits 2.
+gpu-check: setup model
+	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR)
+
 # Nightly: the standard run, the history of every run beside its report, then a comparison with the
 # previous run (exit 1 on a regression).
 nightly: bench
@@ -68,7 +73,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check engines workloads harness tests benchmarks
+	$(BIN)/ruff check engines workloads harness tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) models

@@ -320,6 +320,7 @@ class CudaMemory(DeviceMemory):
         self._baseline = torch.cuda.memory_allocated(self.device)
         self._live: dict[int, Allocation] = {}
         self._requested = 0
+        self.first_oom_snapshot: list[dict] | None = None  # the allocator's segments at the first OOM
 
     @property
     def backed(self) -> bool:
@@ -332,6 +333,8 @@ class CudaMemory(DeviceMemory):
         try:
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError:
+            if self.first_oom_snapshot is None:
+                self.first_oom_snapshot = cuda_segments(self.device)
             s = self.stats()
             raise OutOfMemory(
                 OOMEvent.classify(round_size(nbytes), s.free_bytes, s.largest_free_bytes, owner)
@@ -387,6 +390,25 @@ class CudaMemory(DeviceMemory):
         return alloc.tensor
 
 
+def cuda_segments(device: torch.device | None = None) -> list[dict]:
+    """torch.cuda.memory_snapshot() cut to what the report draws: each segment's blocks, in address order."""
+    index = None if device is None else torch.device(device).index
+    return [{"address": seg["address"], "total_size": seg["total_size"], "device": seg.get("device"),
+             "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
+            for seg in torch.cuda.memory_snapshot() if index is None or seg.get("device") in (None, index)]
+
+
+# torch.cuda.memory_stats fields sampled beside the allocator totals: the gap between reserved and allocated
+# that the caching allocator keeps, how much of it is split blocks no request fits, and its retries and OOMs
+ALLOCATOR_FIELDS = {
+    "torch_active_bytes": "active_bytes.all.current",
+    "torch_inactive_split_bytes": "inactive_split_bytes.all.current",
+    "torch_segments": "segment.all.current",
+    "torch_alloc_retries": "num_alloc_retries",
+    "torch_ooms": "num_ooms",
+}
+
+
 def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: Placement = "best-fit"):
     if kind == "arena":
         return Arena(capacity_bytes, placement, backing_device=device)
@@ -423,10 +445,13 @@ def device_info(device: str) -> dict:
 
 def device_snapshot() -> dict:
     """What the device itself says: the PyTorch CUDA allocator and NVML, or None where there is no GPU."""
-    out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None}
+    out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None,
+                 **dict.fromkeys(ALLOCATOR_FIELDS)}
     if torch.cuda.is_available():
-        out["torch_allocated_bytes"] = torch.cuda.memory_allocated()
-        out["torch_reserved_bytes"] = torch.cuda.memory_reserved()
+        stats = torch.cuda.memory_stats()
+        out["torch_allocated_bytes"] = stats.get("allocated_bytes.all.current", 0)
+        out["torch_reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
+        out.update({column: stats.get(key, 0) for column, key in ALLOCATOR_FIELDS.items()})
         try:
             import pynvml
 

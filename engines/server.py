@@ -254,6 +254,7 @@ class CompletionServer:
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/stats", self.stats)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/memory_snapshot", self.memory_snapshot)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -291,12 +292,25 @@ class CompletionServer:
         body = {"status": "ok"} if alive else {"status": "down", "error": self.thread.failure}
         return web.json_response(body, status=200 if alive else 503)
 
+    def _oom_snapshot(self) -> list[dict] | None:
+        """The CUDA caching allocator's segments at the engine's first OOM (the cuda memory mode only)."""
+        memory = getattr(self.engine, "memory", None) or getattr(getattr(self.engine, "kv", None), "memory", None)
+        return getattr(memory, "first_oom_snapshot", None)
+
+    async def memory_snapshot(self, request: web.Request) -> web.Response:
+        segments = self._oom_snapshot()
+        if segments is None:
+            return error_response(InvalidRequest("no OOM snapshot: the cuda memory mode takes one at its first "
+                                                 "OOM", "memory_snapshot", status=404))
+        return web.json_response({"segments": segments})
+
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
     async def stats(self, request: web.Request) -> web.Response:
         snap = await self.thread.snapshot(releases="releases" in request.query)
         snap["asyncio_tasks"] = len(asyncio.all_tasks())
+        snap["oom_snapshot"] = self._oom_snapshot() is not None
         return web.json_response(snap)
 
     async def prometheus(self, request: web.Request) -> web.Response:

@@ -396,8 +396,42 @@ def draw_map(mm: list[dict]) -> tuple[go.Figure, str]:
                  f"{mib(sum(holes))} in all, the largest {mib(max(holes, default=0))}")
 
 
-def memory_map(run_dir: Path) -> str:
+SEGMENT_COLOURS = {"active_allocated": "#2c7fb8", "active_pending_free": "#fdae61", "inactive": "#d9d9d9"}
+
+
+def draw_segments(segments: list[dict]) -> tuple[go.Figure, str]:
+    """The CUDA caching allocator's segments (torch.cuda.memory_snapshot), one row each, its blocks along it:
+    inactive blocks inside reserved segments are memory PyTorch holds and no request of that size could use."""
+    fig = go.Figure()
+    for i, seg in enumerate(segments):
+        at = 0
+        for block in seg["blocks"]:
+            fig.add_trace(go.Bar(y=[f"segment {i}"], x=[block["size"] / 2**20], base=[at / 2**20], orientation="h",
+                                 marker_color=SEGMENT_COLOURS.get(block["state"], "#999"), showlegend=False,
+                                 hovertemplate=f"{ESC(block['state'])}: %{{x:.2f}} MiB<extra></extra>"))
+            at += block["size"]
+    fig.update_layout(barmode="overlay", height=120 + 22 * len(segments), xaxis_title="offset in segment (MiB)")
+    sizes = {state: sum(b["size"] for s in segments for b in s["blocks"] if b["state"] == state)
+             for state in SEGMENT_COLOURS}
+    largest = max((b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive"), default=0)
+    return fig, (f"{len(segments)} segments reserved, {mib(sum(s['total_size'] for s in segments))} in all: "
+                 f"{mib(sizes['active_allocated'])} allocated (blue), {mib(sizes['inactive'])} cached but free "
+                 f"(grey; the largest block {mib(largest)})")
+
+
+def cuda_snapshots(run_dir: Path) -> list[str]:
     parts = []
+    for path in sorted(run_dir.glob("cuda_snapshot-*.json")):
+        snap = json.loads(path.read_text())
+        engine = path.stem.removeprefix("cuda_snapshot-")
+        fig, what = draw_segments(snap["segments"])
+        parts.append(f"<h3 class='map' data-engine='{ESC(engine)}'>{ESC(engine)}: the CUDA allocator at its first "
+                     f"OOM, t = {fmt(snap['t_s'])} s</h3><p class='how'>{ESC(what)}</p>" + fig_html(fig))
+    return parts
+
+
+def memory_map(run_dir: Path) -> str:
+    parts = cuda_snapshots(run_dir)
     for path in sorted(run_dir.glob("memory_map-*.json")):
         snap = json.loads(path.read_text())
         if "-oom-" in path.stem:

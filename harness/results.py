@@ -17,7 +17,8 @@ REQUEST_COLUMNS = [
 SAMPLE_COLUMNS = [
     "engine", "t_s", "kv_capacity_bytes", "token_states_bytes", "allocated_bytes", "free_bytes",
     "largest_free_bytes", "running", "waiting", "preempted_total", "device_used_bytes",
-    "torch_allocated_bytes", "torch_reserved_bytes",
+    "torch_allocated_bytes", "torch_reserved_bytes", "torch_active_bytes", "torch_inactive_split_bytes",
+    "torch_segments", "torch_alloc_retries", "torch_ooms",
 ]
 EVENT_COLUMNS = ["engine", "t_s", "kind", "requested_bytes", "free_bytes", "largest_free_bytes", "cause", "detail"]
 COLUMNS = {"requests": REQUEST_COLUMNS, "samples": SAMPLE_COLUMNS, "events": EVENT_COLUMNS}

@@ -45,6 +45,7 @@ class Sampler:
         self.last: dict | None = None
         self.worst = -1
         self.oom_maps_saved = 0
+        self.cuda_snapshot_saved = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
 
@@ -55,6 +56,17 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+    def save_cuda_snapshot(self, t_s: float) -> bool:
+        """The allocator's segments at the engine's first CUDA OOM, beside the memory maps."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/memory_snapshot", timeout=10) as r:
+                segments = json.load(r)["segments"]
+        except (OSError, ValueError, KeyError):
+            return False
+        path = self.map_path.with_name(f"cuda_snapshot-{self.engine}.json")
+        path.write_text(json.dumps({"t_s": t_s, "segments": segments}))
+        return True
 
     def _run(self) -> None:
         next_t = time.time()
@@ -82,6 +94,8 @@ class Sampler:
             # server uptime -> this engine's clock
             path.write_text(json.dumps({**snap, "t_s": round(snap["t_s"] + row["t_s"] - stats["t_s"], 4)}))
             self.oom_maps_saved = i + 1
+        if stats.get("oom_snapshot") and not self.cuda_snapshot_saved:
+            self.cuda_snapshot_saved = self.save_cuda_snapshot(row["t_s"])
         if waste(stats) > self.worst and stats.get("memory_map"):
             self.worst = waste(stats)
             self.map_path.write_text(json.dumps({"t_s": row["t_s"], "stats": {k: stats.get(k) for k in FIELDS},

@@ -1,5 +1,7 @@
 """Device selection: the GPU where CUDA is available, the CPU elsewhere, one flag to override."""
 
+import json
+
 import pytest
 import torch
 
@@ -27,3 +29,35 @@ def test_with_cuda_auto_is_the_gpu_and_cpu_still_overrides(monkeypatch):
 def test_bench_on_cuda_without_cuda_exits_2_with_one_line(tiny_model, tmp_path):
     r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--device", "cuda", "--out", str(tmp_path))
     assert r.returncode == 2 and "no CUDA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_allocator_columns_are_sampled_and_empty_without_cuda(monkeypatch):
+    from engines.memory import ALLOCATOR_FIELDS, device_snapshot
+    from harness.results import SAMPLE_COLUMNS
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    snap = device_snapshot()
+    assert set(ALLOCATOR_FIELDS) <= set(snap) <= set(SAMPLE_COLUMNS) and set(snap.values()) == {None}
+
+
+def test_allocator_columns_come_from_torch_memory_stats(monkeypatch):
+    from engines.memory import device_snapshot
+
+    stats = {"allocated_bytes.all.current": 3, "reserved_bytes.all.current": 8, "inactive_split_bytes.all.current": 5,
+             "num_ooms": 1}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no real device is touched
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: stats)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    snap = device_snapshot()
+    assert (snap["torch_allocated_bytes"], snap["torch_reserved_bytes"], snap["torch_inactive_split_bytes"],
+            snap["torch_ooms"], snap["torch_alloc_retries"]) == (3, 8, 5, 1, 0)
+
+
+def test_the_report_draws_the_allocators_segments_at_the_first_oom(tmp_path):
+    from harness.report import cuda_snapshots
+
+    segments = [{"address": 0, "total_size": 2 << 20, "device": 0,
+                 "blocks": [{"size": 1 << 20, "state": "active_allocated"}, {"size": 1 << 20, "state": "inactive"}]}]
+    (tmp_path / "cuda_snapshot-paged.json").write_text(json.dumps({"t_s": 4.2, "segments": segments}))
+    [part] = cuda_snapshots(tmp_path)
+    assert "first OOM" in part and "1 segments reserved, 2.0 MiB" in part and "1.0 MiB cached but free" in part

@@ -132,3 +132,13 @@ def test_bad_input_gets_a_json_error_and_the_server_keeps_serving(server, body, 
     assert err["error"]["param"] == param and err["error"]["message"]
     ok, resp = post(f"{server.url}/v1/completions", json.dumps({"prompt": "ok", "max_tokens": 2, **GREEDY}))
     assert ok == 200 and len(resp["choices"][0]["token_ids"]) == 2
+
+
+def test_the_oom_snapshot_is_absent_outside_the_cuda_memory_mode(server):
+    async def go():
+        async with aiohttp.ClientSession() as s, s.get(f"{server.url}/memory_snapshot") as r:
+            return r.status, await r.json()
+
+    status, body = asyncio.run(go())
+    assert status == 404 and body["error"]["param"] == "memory_snapshot"
+    assert get_json(f"{server.url}/stats")["oom_snapshot"] is False

@@ -1,0 +1,165 @@
+"""`make gpu-check`: every GPU path once, PASS or FAIL per item, in well under ten minutes on one GPU.
+
+    .venv/bin/python scripts/gpu_check.py [--model DIR] [--out DIR]
+
+Without a CUDA device it says so on one line and exits 2: none of these paths can run on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engines.factory import EngineSpec, make_engine  # noqa: E402
+from engines.memory import Arena, CudaMemory, OutOfMemory, device_info, device_snapshot  # noqa: E402
+from engines.offline import generate  # noqa: E402
+from engines.sequence import SamplingParams  # noqa: E402
+
+MIB = 2**20
+PROMPTS = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8, 100)]
+
+
+def check_device(args) -> str:
+    info = device_info("cuda")
+    assert info["name"], "no device name"
+    return f"{info['name']}, driver {info['driver']}, CUDA {info['cuda']}"
+
+
+def check_arena_on_device(args) -> str:
+    """One device buffer carved by the arena: both OOM causes, exactly as on the CPU."""
+    arena = Arena(4 * MIB, "best-fit", backing_device="cuda")
+    assert arena.backing is not None and arena.backing.is_cuda, "the arena's buffer is not on the GPU"
+    blocks = [arena.allocate(MIB, f"a{i}") for i in range(4)]
+    causes = []
+    try:
+        arena.allocate(MIB, "over")
+    except OutOfMemory as e:
+        causes.append(e.event.cause)
+    arena.free(blocks[0])
+    arena.free(blocks[2])  # two free MiB, not adjacent
+    try:
+        arena.allocate(2 * MIB, "split")
+    except OutOfMemory as e:
+        causes.append(e.event.cause)
+    assert causes == ["capacity", "fragmentation"], causes
+    return "capacity and fragmentation OOMs on a device buffer"
+
+
+def check_cuda_allocator(args) -> str:
+    """Real tensors from PyTorch's caching allocator inside a cap: a real OutOfMemoryError, its snapshot."""
+    memory = CudaMemory(64 * MIB)
+    held = []
+    try:
+        for i in range(1000):
+            held.append(memory.allocate(3 * MIB + 4096 * i, f"s{i}"))
+        raise AssertionError("the cap never refused an allocation")
+    except OutOfMemory as e:
+        cause = e.event.cause
+    stats = memory.stats()
+    assert memory.first_oom_snapshot, "no memory_snapshot at the first OOM"
+    assert stats.reserved_bytes >= stats.allocated_bytes > 0, stats
+    for i in range(0, len(held), 2):  # every other one: the cache keeps the holes
+        memory.free(held[i])
+    after = memory.stats()
+    return (f"OOM ({cause}) after {len(held)} allocations; {len(memory.first_oom_snapshot)} segments in the "
+            f"snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated {after.allocated_bytes / MIB:.0f}")
+
+
+def check_nvml(args) -> str:
+    snap = device_snapshot()
+    missing = [k for k, v in snap.items() if v is None]
+    assert not missing, f"empty: {missing}"
+    used, reserved = snap["device_used_bytes"] / MIB, snap["torch_reserved_bytes"] / MIB
+    return f"device used {used:.0f} MiB, torch reserved {reserved:.0f} MiB"
+
+
+def check_greedy_equal(args) -> str:
+    """The in-house engines on the GPU give transformers' greedy tokens on the same GPU."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model).to("cuda")
+    want = [model.generate(torch.tensor([p], device="cuda"), max_new_tokens=16, do_sample=False)[0, len(p):].tolist()
+            for p in PROMPTS]
+    del model
+    for name in ("paged", "static"):
+        for memory in ("arena", "cuda"):
+            engine = make_engine(EngineSpec(name, args.model, 64 * MIB, max_seq_len=512, memory=memory, device="cuda"))
+            got = [o[0].token_ids for o in generate(engine, PROMPTS, SamplingParams(16))]
+            assert got == want, f"{name} with {memory} memory differs from transformers"
+            getattr(engine, "close", lambda: None)()
+    return "paged and static, arena and cuda memory: equal to transformers' generate"
+
+
+def check_kernel(args) -> str:
+    for module in ("flashinfer", "flash_attn"):
+        try:
+            __import__(module)
+            return f"{module} is installed, but this build's paged engine runs the torch path only"
+        except ImportError:
+            pass
+    return "SKIP: no paged-attention kernel installed (the torch path is what runs)"
+
+
+def check_bench(args) -> str:
+    """A two-engine bench on the GPU with the cuda memory mode and a budget small enough to OOM."""
+    import pandas as pd
+
+    out = Path(args.out) / "bench"
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "hf,paged", "--model", args.model,
+           "--device", "cuda", "--memory", "cuda", "--kv-budget", "8MiB", "--duration", "20", "--grace", "5",
+           "--out", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = sorted(p for p in out.iterdir() if p.is_dir())[-1] if any(p.is_dir() for p in out.iterdir()) else out
+    samples = pd.read_parquet(next(run.rglob("samples.parquet")))
+    for column in ("torch_allocated_bytes", "torch_reserved_bytes", "device_used_bytes", "torch_inactive_split_bytes"):
+        assert samples[column].notna().any(), f"samples.{column} is empty"
+    snapshots = list(run.rglob("cuda_snapshot-*.json"))
+    return f"{len(samples)} samples with allocator and NVML columns; {len(snapshots)} OOM snapshot(s) in {run}"
+
+
+CHECKS: list[tuple[str, Callable]] = [
+    ("device and driver", check_device), ("arena on the device", check_arena_on_device),
+    ("cuda caching allocator, forced OOM, snapshot", check_cuda_allocator), ("NVML sampling", check_nvml),
+    ("greedy outputs on the GPU", check_greedy_equal), ("paged-attention kernel", check_kernel),
+    ("two-engine bench, cuda memory mode", check_bench),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-llama"))
+    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="gpu-check-"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu-check: error: no CUDA device on this machine; these checks need one", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, check in CHECKS:
+        started = time.perf_counter()
+        try:
+            what = check(args)
+            print(f"PASS  {name}: {what} ({time.perf_counter() - started:.1f} s)", flush=True)
+        except Exception as e:  # every item reports, whatever the one before did
+            failed += 1
+            print(f"FAIL  {name}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc(limit=3, file=sys.stderr)
+        torch.cuda.empty_cache()
+    print(json.dumps({"checks": len(CHECKS), "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -72,16 +72,45 @@ def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, bl
     return make_policy(name, arena, kvb, max_seq_len, block_size, preflight)
 
 
-class Track:
-    """What the figures need of one request, kept after its sequence is gone."""
+class Tracks:
+    """What the figures need of every request, by column: arrival, first token and end (NaN until they
+    happen), output tokens and outcome. A day of traffic is millions of requests: 30 bytes each."""
 
-    __slots__ = ("arrival_s", "target", "first_s", "end_s", "status")
+    OUTCOMES = ("unfinished", "ok", "oom")
 
-    def __init__(self, arrival_s: float, target: int):
-        self.arrival_s, self.target = arrival_s, target
-        self.first_s: float | None = None
-        self.end_s: float | None = None
-        self.status = ""
+    def __init__(self, capacity: int = 1024):
+        self.n = 0
+        self.arrival_s = np.empty(capacity)
+        self.first_s = np.full(capacity, np.nan)
+        self.end_s = np.full(capacity, np.nan)
+        self.target = np.empty(capacity, dtype=np.int64)
+        self.outcome = np.zeros(capacity, dtype=np.int8)  # an index into OUTCOMES
+
+    def add(self, arrival_s: float, target: int) -> int:
+        if self.n == len(self.arrival_s):
+            self._grow()
+        i, self.n = self.n, self.n + 1
+        self.arrival_s[i], self.target[i] = arrival_s, target
+        return i
+
+    def end(self, i: int, t: float, outcome: str) -> None:
+        self.end_s[i], self.outcome[i] = t, self.OUTCOMES.index(outcome)
+
+    def _grow(self) -> None:
+        for name in ("arrival_s", "first_s", "end_s", "target", "outcome"):
+            old = getattr(self, name)
+            new = np.full(2 * len(old), np.nan) if name in ("first_s", "end_s") else np.zeros(2 * len(old), old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def frame(self) -> pd.DataFrame:
+        """Request rows with the columns capacity.request_metrics reads."""
+        n, first, end, target = self.n, self.first_s[: self.n], self.end_s[: self.n], self.target[: self.n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(target > 1, (end - first) / np.maximum(target - 1, 1), np.nan)
+        status = pd.Categorical.from_codes(self.outcome[:n], self.OUTCOMES)
+        return pd.DataFrame({"status": status, "arrival_s": self.arrival_s[:n], "output_tokens": target,
+                             "ttft_s": first - self.arrival_s[:n], "tpot_s": tpot, "e2e_s": end - self.arrival_s[:n]})
 
 
 @dataclass
@@ -103,7 +132,7 @@ class Accumulator:
         self.running_s += running * dt
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
-            self.timeline.append((t, *(np.array(after.astuple()) / self.capacity), running))
+            self.timeline.append((t, *(np.array(after.astuple()) / self.capacity).tolist(), running))
             self.next_sample_s = t + every_s
 
 
@@ -133,17 +162,22 @@ class SimSequence:
     caching hashes) and a token count that runs on the decode clock while the scheduler keeps it RUNNING.
     Output token values never matter to a memory policy, so none is stored and no step touches it."""
 
-    def __init__(self, req: TraceRequest, max_seq_len: int, clock: DecodeClock):
+    __slots__ = ("seq_id", "token_ids", "prompt_len", "max_tokens", "final_len", "num_computed_tokens",
+                 "num_preemptions", "finish_reason", "track", "_clock", "_tokens", "_since", "_status")
+
+    def __init__(self, req: TraceRequest, max_seq_len: int, clock: DecodeClock, track: int, keep_ids: bool):
         self.seq_id = req.request_id
-        self.token_ids = req.prompt_ids
+        # only prefix caching reads the ids: without it a queue of millions keeps none
+        self.token_ids = req.prompt_ids if keep_ids else ()
+        self.prompt_len = len(req.prompt_ids)
         self.max_tokens = req.max_tokens
-        self.final_len = min(len(req.prompt_ids) + req.max_tokens, max_seq_len)
+        self.final_len = min(self.prompt_len + req.max_tokens, max_seq_len)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
-        self.track = Track(req.arrival_s, req.max_tokens)
+        self.track = track  # its row in Tracks
         self._clock = clock
-        self._tokens = len(req.prompt_ids)  # while not running; while running, at `_since` steps
+        self._tokens = self.prompt_len  # while not running; while running, at `_since` steps
         self._since = 0
         self._status = SeqStatus.WAITING
 
@@ -169,13 +203,13 @@ class SimSequence:
     @property
     def finish_step(self) -> int:
         """The decode clock's value when it holds all its tokens, if it keeps running."""
-        return self._since + len(self.token_ids) + self.max_tokens - self._tokens
+        return self._since + self.prompt_len + self.max_tokens - self._tokens
 
 
 def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
                     placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
-                    preflight: bool = True) -> tuple[dict, list[Track], list[tuple]]:
-    """The policy's result, every request's track (for a sweep's per-request SLO figures), and the breakdown
+                    preflight: bool = True) -> tuple[dict, pd.DataFrame, list[tuple]]:
+    """The policy's result, every request's row (for a sweep's per-request SLO figures), and the breakdown
     sampled over simulated time (for the report). Each event costs its admissions, finishes and block
     crossings, not the size of the running set: the sums come from the decode clock and the policy's totals."""
     kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
@@ -189,14 +223,14 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
     clock = DecodeClock()
     finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
     admissions = itertools.count()
-    tracks: list[Track] = []
+    tracks = Tracks()
     acc = Accumulator(capacity)
     t, started = 0.0, time.perf_counter()
     pending = next(requests, None)
     while True:
         while pending is not None and pending.arrival_s <= t:
-            seq = SimSequence(pending, plan.max_seq_len, clock)
-            tracks.append(seq.track)
+            seq = SimSequence(pending, plan.max_seq_len, clock, tracks.add(pending.arrival_s, pending.max_tokens),
+                              keep_ids=prefix_caching)
             sched.add(seq)
             pending = next(requests, None)
         if not sched.has_work():
@@ -207,7 +241,7 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         step = sched.schedule()
         before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
         for seq in step.rejected:
-            seq.track.status, seq.track.end_s = "oom", t
+            tracks.end(seq.track, t, "oom")
         if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
             if pending is None:
                 break
@@ -222,8 +256,8 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         t += dt
         clock.steps += 1
         for c in step.prefills:
-            if c.seq.track.first_s is None:
-                c.seq.track.first_s = t
+            if np.isnan(tracks.first_s[c.seq.track]):
+                tracks.first_s[c.seq.track] = t
             heapq.heappush(finishing, (c.seq.finish_step, next(admissions), c.seq))
         # then the running sequences decode together until something must be decided again
         while finishing and stale(finishing[0]):
@@ -252,9 +286,10 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
             _, _, seq = heapq.heappop(finishing)
             if seq.status is SeqStatus.RUNNING and seq.finish_step <= clock.steps:
                 sched.finish(seq, FinishReason.LENGTH)
-                seq.track.end_s, seq.track.status = t, "ok"
+                tracks.end(seq.track, t, "ok")
     wall_s = time.perf_counter() - started
-    return result(name, sched, tracks, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), tracks, acc.timeline
+    frame = tracks.frame()
+    return result(name, sched, frame, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), frame, acc.timeline
 
 
 def stale(entry: tuple[int, int, SimSequence]) -> bool:
@@ -262,14 +297,12 @@ def stale(entry: tuple[int, int, SimSequence]) -> bool:
     return entry[2].status is not SeqStatus.RUNNING or entry[2].finish_step != entry[0]
 
 
-def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t: float,
+def result(name: str, sched: Scheduler, requests: pd.DataFrame, acc: Accumulator, t: float,
            wall_s: float, placement: str) -> dict:
     seconds = acc.seconds or 1e-12
     shares = acc.bytes_s / seconds / acc.capacity
-    done = [tr for tr in tracks if tr.status == "ok"]
-    ttft = np.array([tr.first_s - tr.arrival_s for tr in done])
-    e2e = np.array([tr.end_s - tr.arrival_s for tr in done])
-    tpot = np.array([(tr.end_s - tr.first_s) / (tr.target - 1) for tr in done if tr.target > 1])
+    done = requests[requests.status == "ok"]
+    ttft, e2e, tpot = done.ttft_s.to_numpy(), done.e2e_s.to_numpy(), done.tpot_s[done.output_tokens > 1].to_numpy()
 
     ooms = [e for _, e, _ in sched.oom_events]
     return {
@@ -278,8 +311,8 @@ def result(name: str, sched: Scheduler, tracks: list[Track], acc: Accumulator, t
         "mean_running": acc.running_s / seconds, "max_running": acc.max_running,
         "oom_total": len(ooms), "oom_fragmentation": sum(e.cause == "fragmentation" for e in ooms),
         "preemptions": sched.preempted_total,
-        "output_tokens_per_s": sum(tr.target for tr in done) / (t or 1e-12),
-        "requests_completed": len(done), "requests_oom": sum(tr.status == "oom" for tr in tracks),
+        "output_tokens_per_s": int(done.output_tokens.sum()) / (t or 1e-12),
+        "requests_completed": len(done), "requests_oom": int((requests.status == "oom").sum()),
         "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
         "tpot_p50_s": percentile(tpot, 0.5), "tpot_p99_s": percentile(tpot, 0.99),
         "e2e_p50_s": percentile(e2e, 0.5), "e2e_p99_s": percentile(e2e, 0.99),
@@ -346,24 +379,8 @@ def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
                              token_ids=job.shared)
     if job.rate_rps is not None:
         requests = iter(at_rate(list(requests), job.rate_rps))
-    res, tracks, timeline = simulate_policy(job.policy, requests, job.plan, job.model, job.block_size,
-                                            job.placement, job.max_num_seqs, job.shared, sample_every_s=1.0,
-                                            preflight=job.preflight)
-    return res, requests_frame(tracks), timeline
-
-
-def requests_frame(tracks: list[Track]) -> pd.DataFrame:
-    """The tracks as request rows with the columns capacity.request_metrics reads (built by column: a day of
-    traffic is millions of them)."""
-    nan = float("nan")
-    arrival = np.array([tr.arrival_s for tr in tracks], dtype=float)
-    first = np.array([nan if tr.first_s is None else tr.first_s for tr in tracks], dtype=float)
-    end = np.array([nan if tr.end_s is None else tr.end_s for tr in tracks], dtype=float)
-    target = np.array([tr.target for tr in tracks], dtype=np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(target > 1, (end - first) / np.maximum(target - 1, 1), nan)
-    return pd.DataFrame({"status": [tr.status or "unfinished" for tr in tracks], "arrival_s": arrival,
-                         "output_tokens": target, "ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": end - arrival})
+    return simulate_policy(job.policy, requests, job.plan, job.model, job.block_size, job.placement,
+                           job.max_num_seqs, job.shared, sample_every_s=1.0, preflight=job.preflight)
 
 
 def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] | None = None) -> list:

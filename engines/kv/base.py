@@ -41,11 +41,12 @@ class Breakdown:
 
     @property
     def capacity_bytes(self) -> int:
-        return sum(asdict(self).values())
+        return sum(self.astuple())
 
     def astuple(self) -> tuple[int, ...]:
-        """The bytes in CATEGORIES order."""
-        return tuple(asdict(self).values())
+        """The bytes in CATEGORIES order (by hand: dataclasses.asdict deep-copies, per simulated event)."""
+        return (self.token_states_bytes, self.reservation_bytes, self.internal_fragmentation_bytes,
+                self.external_fragmentation_bytes, self.free_bytes)
 
     def shares(self) -> dict[str, float]:
         cap = self.capacity_bytes or 1

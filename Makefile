@@ -41,16 +41,19 @@ $(MODEL_DIR)/config.json: $(STAMP)
 # reserves exactly prompt + max_tokens, so its extents differ in size, free out of order and strand holes:
 # it admits on free bytes (all a GPU server can see) and meets OOMs with memory free (fragmentation).
 # It sweeps the offered request rate (calibrated on this machine) and reports the rate each engine
-# sustains within the SLO: about 10 minutes on 2 cores. MODEL=DIR and KV_BUDGET=SIZE run your own model.
+# sustains within the SLO: about 10 minutes on 2 cores. MODEL=DIR and KV_BUDGET=SIZE run your own model;
+# MEMORY=cuda (on a GPU) takes each KV allocation from PyTorch's caching allocator instead of one arena.
 comma := ,
 MODEL ?= $(MODEL_DIR)
 KV_BUDGET ?= 32MiB
+MEMORY ?= arena
 BENCH_ENGINES := hf,static-max,static-oracle,paged,hf-cb$(if $(or $(BENCH_VLLM),$(wildcard .venv-vllm/.fragbench-installed)),$(comma)vllm)
 BENCH_ARGS ?= --workload mixed-churn --sweep --points 4 --point-duration 12 --calibrate-duration 8 --grace 5 \
 	--engine-args static-max=--no-preflight
 
 bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
-	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) $(BENCH_ARGS)
+	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) --memory $(MEMORY) \
+		$(BENCH_ARGS)
 
 # Every GPU path once (both memory modes, forced OOMs, NVML, a two-engine bench, the OOM snapshot), PASS or
 # FAIL per item; on a machine without CUDA it says so and exits 2.

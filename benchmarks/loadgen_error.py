@@ -27,7 +27,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PROBE = """name: ttft-probe
-num_requests: 1000000
+num_requests: {requests}
 arrival: {{process: closed, concurrency: {streams}}}
 classes:
   - name: probe
@@ -156,7 +156,8 @@ def main() -> None:
         print("| client | requests done | client TTFT - server TTFT median | p90 | p99 |\n|---|---|---|---|---|")
         for streams in (int(s) for s in args.streams.split(",")):
             spec = tmp / f"probe-{streams}.yaml"
-            spec.write_text(PROBE.format(streams=streams))
+            # enough for every stream to finish a request each 0.1 s (the stub's own time) for the whole run
+            spec.write_text(PROBE.format(streams=streams, requests=int(streams * args.duration * 12) + 1000))
             mine = fragbench_load(url, str(spec), args.duration, tmp / f"load-{streams}")
             mine = mine[mine.status == "ok"].assign(seed=lambda d: d.request_id.str[1:].astype(int))
             ref = asyncio.run(reference_closed(f"{url}/v1/completions", streams, args.duration))

@@ -2,8 +2,10 @@
 greenlet (a late one is counted late, not shifted), streams over SSE, reads slowly or cancels as the
 trace says, and reports exact client timestamps for every token.
 
-It is a FastHttpUser (geventhttpclient): Locust's requests-based HttpUser costs several milliseconds of
-client time per event under load, which a TTFT measurement cannot afford (benchmarks/loadgen_error.py)."""
+It speaks HTTP through geventhttpclient (what Locust's FastHttpUser wraps) directly and reports each
+request to Locust's request event itself: Locust's requests-based HttpUser costs milliseconds of client time
+per event under load, and even FastHttpSession's per-request wrapping halves the requests a loaded client
+completes, which a TTFT measurement cannot afford (benchmarks/loadgen_error.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 
 import gevent
 from gevent.pool import Pool
-from locust import task
-from locust.contrib.fasthttp import FastHttpUser
+from geventhttpclient import HTTPClient
+from geventhttpclient.url import URL
+from locust import User, task
 
 from workloads.generate import TraceRequest
 from workloads.outcome import UNFINISHED, Outcome
-from workloads.sse import abandon, events
+from workloads.sse import arrivals, events
 
 
 @dataclass
@@ -38,13 +41,17 @@ def now(plan: ReplayPlan) -> float:
     return time.time() - plan.t0
 
 
-class ReplayUser(FastHttpUser):
+class ReplayUser(User):
     """One per load-generator process; it dispatches its share of the trace."""
 
     host = "http://127.0.0.1"
-    concurrency = 100_000  # connections in flight: an open-loop trace bounds them, not the client
-    network_timeout = 3600.0  # a queued request may wait long for its first byte; the plan's deadline rules
-    connection_timeout = 10.0
+
+    def on_start(self) -> None:
+        # connections in flight: the trace bounds them, not the client; a queued request may wait long for
+        # its first byte, and the plan's deadline ends it anyway
+        url = URL(self.host)
+        self.http = HTTPClient.from_url(url, concurrency=100_000, network_timeout=3600.0, connection_timeout=10.0)
+        self.completions_path = url.path.rstrip("/") + "/v1/completions"
 
     @task
     def replay(self) -> None:
@@ -76,40 +83,46 @@ class ReplayUser(FastHttpUser):
                 "temperature": req.temperature, "ignore_eos": True, "seed": int(req.request_id[1:])}
         if plan.model:
             body["model"] = plan.model
-        headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
+        headers = {"Content-Type": "application/json"}
+        if plan.api_key:
+            headers["Authorization"] = f"Bearer {plan.api_key}"
+        resp, error = None, None
         try:
-            with self.client.post("/v1/completions", json=body, stream=req.stream, headers=headers,
-                                  name=req.cls, catch_response=True) as resp:
-                out.http_status = resp.status_code
-                if resp.status_code == 0:  # Locust's stand-in response for a connection that failed
-                    out.status, out.error = "error", f"{type(resp.error).__name__}: {resp.error}"[:200]
-                    resp.success()
-                elif resp.status_code != 200:
-                    out.status, out.error = "rejected", resp.text[:200]
-                    resp.success()  # a 4xx is the server's answer, recorded in our rows
-                elif req.stream:
-                    self._read_stream(plan, req, resp, out)
-                else:
-                    self._read_whole(plan, resp, out)
+            resp = self.http.request("POST", self.completions_path, body=json.dumps(body).encode(), headers=headers)
+            out.http_status = resp.status_code
+            if resp.status_code != 200:
+                out.status, out.error = "rejected", resp.read().decode(errors="replace")[:200]
+            elif req.stream:
+                self._read_stream(plan, req, resp, out)
+            else:
+                self._read_whole(resp, out)
         except gevent.GreenletExit:
             out.status, out.error = "error", UNFINISHED
             raise
-        except Exception as e:  # a dead server: connection refused or reset
+        except Exception as e:  # a dead server: connection refused or reset; a body that is not JSON
             out.status, out.error = "error", f"{type(e).__name__}: {e}"[:200]
+            error = e
         finally:
+            if resp is not None:
+                resp.release()  # back to the pool when read to its end; closed otherwise (a cancel, an error)
             out.end_s = now(plan)
             plan.on_outcome(out)
+            # Locust's own statistics and web UI see every request, as they would from its HTTP users
+            self.environment.events.request.fire(request_type="POST", name=req.cls, context={},
+                                                 response_time=(out.end_s - sent) * 1e3, response_length=0,
+                                                 exception=error, response=None, url="/v1/completions")
 
     def _read_stream(self, plan: ReplayPlan, req: TraceRequest, resp, out: Outcome) -> None:
         cancel_at = req.cancel_after_s
-        for stamp, data in events(resp._response):
+        for stamp, data in events(resp):
             if data == b"[DONE]":
+                for _ in arrivals(resp):  # the body's end, so that the connection can serve the next request
+                    pass
                 break
             t = stamp - plan.t0  # when the bytes arrived, whatever parsing came before
             payload = json.loads(data)  # not JSON: the request's error, recorded below
             if "error" in payload:  # the server failed this request mid-stream
                 out.status, out.error = "error", str(payload["error"])[:200]
-                resp.success()
                 return
             choice = payload["choices"]
             if not choice:
@@ -127,17 +140,14 @@ class ReplayUser(FastHttpUser):
                 cancel_at is not None and t - out.sent_s >= cancel_at
             ):
                 out.status = "cancelled"
-                abandon(resp._response)  # the client goes away: the server must free the request's KV now
-                resp.success()
+                resp.release()  # the client goes away, closing the connection: the server must free the KV now
                 return
         out.status = "oom" if out.finish_reason == "oom" else "ok"
-        resp.success()
 
-    def _read_whole(self, plan: ReplayPlan, resp, out: Outcome) -> None:
-        data = resp.json()
+    def _read_whole(self, resp, out: Outcome) -> None:
+        data = json.loads(resp.read())
         choices = data.get("choices", [])
         out.output_tokens = sum(len(c.get("token_ids") or []) for c in choices) or data.get("usage", {}).get(
             "completion_tokens", 0)
         out.finish_reason = choices[0].get("finish_reason") if choices else None
         out.status = "oom" if out.finish_reason == "oom" else "ok"
-        resp.success()

@@ -1,4 +1,4 @@
-"""Server-sent events off a geventhttpclient response (what Locust's FastHttpUser returns), stamped when
+"""Server-sent events off a geventhttpclient response, stamped when
 each socket read returns, before anything is parsed: a token's client time is when its bytes arrived, not
 when the generator got round to it.
 
@@ -39,16 +39,3 @@ def events(raw) -> Iterator[tuple[float, bytes]]:
         for line in lines:
             if line.startswith(b"data:"):
                 yield stamp, line[5:].strip()
-
-
-def abandon(raw) -> None:
-    """Close the connection now (the client goes away mid-stream), and give its pool slot back."""
-    pool, sock = getattr(raw, "_pool", None), raw._sock
-    raw._sock = None
-    if hasattr(raw, "_pool"):
-        raw._pool = None
-    if sock is not None:
-        if pool is not None:
-            pool.release_socket(sock)
-        else:
-            sock.close()

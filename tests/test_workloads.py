@@ -97,3 +97,43 @@ def test_load_cancel_storm_counts_match_the_servers_aborts(tiny_model, tmp_path)
     ok = df[df.status == "ok"]
     assert (ok.output_tokens == ok.output_tokens_target).all()
     assert ok.ttft_s.notna().all() and (ok.ttft_s > 0).all()
+
+
+class FakeSocket:
+    """Hands out one chunk per recv, as a socket does when the bytes arrive."""
+
+    def __init__(self, chunks):
+        self.chunks = list(chunks)
+
+    def recv(self, n):
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+class FakeResponse:
+    block_size = 4096
+
+    def __init__(self, chunks, complete_after):
+        self._sock, self._body_buffer = FakeSocket(chunks), bytearray()
+        self.complete_after, self.reads, self.message_complete = complete_after, 0, False
+
+    def feed(self, data):
+        self._body_buffer += data
+        self.reads += 1
+        self.message_complete = self.reads >= self.complete_after
+
+
+def test_sse_events_carry_the_time_their_bytes_arrived_and_split_across_reads():
+    from workloads.sse import events
+
+    raw = FakeResponse([b'data: {"a": 1}\n\ndata: {"a"', b': 2}\n\ndata: [DONE]\n\n'], complete_after=2)
+    got = list(events(raw))
+    assert [d for _, d in got] == [b'{"a": 1}', b'{"a": 2}', b"[DONE]"]
+    assert got[0][0] <= got[1][0] == got[2][0]  # the second read's events share its arrival time
+
+
+def test_sse_a_stream_cut_before_its_end_is_an_error():
+    from workloads.sse import events
+
+    raw = FakeResponse([b'data: {"a": 1}\n\n'], complete_after=99)
+    with pytest.raises(ConnectionError, match="mid-stream"):
+        list(events(raw))

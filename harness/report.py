@@ -203,7 +203,9 @@ def capacity_section(summary: dict) -> str:
            f"engine at the same rates, one server per engine for all of them. Normalized latency: the mean over "
            f"completed requests of end-to-end latency / output tokens (the vLLM paper's Figure 12). A request meets "
            f"the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s']:g} s; rejected, OOM'd, crashed or "
-           f"unfinished requests miss it; client cancellations are left out. Sustained: the highest rate at which "
+           f"failed requests miss it; client cancellations are left out; a request still in flight when a rate's "
+           f"window closed is judged on what it showed (within both limits so far: met; already past one: missed; "
+           f"too young to tell: left out). Sustained: the highest rate at which "
            f"{100 * slo['attainment']:.0f} % meet it, interpolated between the rates measured.")
     body = fig_html(fig) + table(["engine", "sustained req/s", "vs best contiguous", "SLO attainment per rate"],
                                  rows)

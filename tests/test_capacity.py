@@ -120,3 +120,22 @@ def test_a_bench_killed_during_a_sweep_reports_the_points_it_finished(tiny_model
     cap = json.loads((tmp_path / "killed" / "summary.json").read_text())["capacity"]["paged"]
     first = cap["points"][0]
     assert first["offered_rps"] == 0.5 and first["achieved_rps"] > 0
+
+
+def test_a_request_cut_off_by_the_window_is_judged_on_what_it_showed():
+    from workloads.outcome import UNFINISHED
+
+    def row(status, ttft, tpot, waited, stream=True, target=100):
+        return {"status": status, "error": UNFINISHED if status == "error" else None, "ttft_s": ttft, "tpot_s": tpot,
+                "e2e_s": waited, "output_tokens": 0, "output_tokens_target": target, "stream": stream}
+
+    req = pd.DataFrame([
+        row("ok", 0.1, 0.03, 3.0),
+        row("error", 0.02, 0.03, 6.0),  # streaming within both limits when the window closed: meets
+        row("error", None, None, 3.0),  # no first token after 3 s: misses
+        row("error", None, None, 0.5),  # sent half a second before the end: left out
+        row("error", None, None, 5.0, stream=False),  # a whole answer allowed 26.75 s: left out
+    ])
+    m = request_metrics(req, 10.0, SLO())
+    assert m["requests"] == 3 and m["slo_attainment"] == pytest.approx(2 / 3)
+    assert m["goodput_rps"] == pytest.approx(0.1)  # goodput counts completed requests only

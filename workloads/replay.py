@@ -3,9 +3,9 @@ greenlet (a late one is counted late, not shifted), streams over SSE, reads slow
 trace says, and reports exact client timestamps for every token.
 
 It speaks HTTP through geventhttpclient (what Locust's FastHttpUser wraps) directly and reports each
-request to Locust's request event itself: Locust's requests-based HttpUser costs milliseconds of client time
-per event under load, and even FastHttpSession's per-request wrapping halves the requests a loaded client
-completes, which a TTFT measurement cannot afford (benchmarks/loadgen_error.py)."""
+request to Locust's request event itself: Locust's requests-based HttpUser cost tens of milliseconds of
+client-side TTFT error under load, and FastHttpSession's per-request wrapping still cost about a tenth of the
+requests a loaded client completes (benchmarks/loadgen_error.py measures both clocks)."""
 
 from __future__ import annotations
 

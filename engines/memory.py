@@ -16,6 +16,8 @@ from typing import Literal
 
 import torch
 
+from engines.nvml import memory_info, nvml
+
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 ROUND_BYTES = 512  # PyTorch's kMinBlockSize
 LARGE_BYTES = 1 * MiB  # above this PyTorch serves from the large pool...
@@ -434,10 +436,7 @@ def device_info(device: str) -> dict:
     if device.startswith("cuda"):
         info.update(name=torch.cuda.get_device_name(torch.device(device)), cuda=torch.version.cuda)
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = nvml().nvmlSystemGetDriverVersion()
         except Exception:  # NVML missing or refusing: the rest still stands
             pass
     return info
@@ -453,11 +452,7 @@ def device_snapshot() -> dict:
         out["torch_reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
         out.update({column: stats.get(key, 0) for column, key in ALLOCATOR_FIELDS.items()})
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            out["device_used_bytes"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+            out["device_used_bytes"] = memory_info(torch.cuda.current_device()).used
         except Exception:  # NVML missing or refusing: the allocator's numbers still stand
             pass
     return out

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
+from engines.nvml import memory_info
 from engines.procs import metric_samples, metric_values
 from harness.loadrun import LoadArgs, run_loadgen
 
@@ -305,11 +306,7 @@ def headroom(cfg: CheckConfig, load: dict) -> Answer:
     if host not in ("127.0.0.1", "localhost", "::1"):
         return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        mem = memory_info(0)
     except Exception as e:  # no driver, no GPU
         return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"NVML unavailable on this machine ({type(e).__name__})")
     free = mem.total - mem.used

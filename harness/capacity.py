@@ -31,29 +31,35 @@ class SLO:
         return asdict(self)
 
 
+def _numeric(column: pd.Series) -> pd.Series:
+    return pd.to_numeric(column, errors="coerce")
+
+
+def _stream_within(rows: pd.DataFrame, slo: SLO) -> pd.Series:
+    """A stream's first token and pace within both limits (a single token has no pace)."""
+    return (_numeric(rows.ttft_s) <= slo.ttft_s) & (_numeric(rows.tpot_s).fillna(0.0) <= slo.tpot_s)
+
+
+def _whole_allowed_s(tokens: pd.Series, slo: SLO) -> pd.Series:
+    """When a stream of `tokens` within both limits would have ended: TTFT + TPOT x (tokens - 1)."""
+    return slo.ttft_s + slo.tpot_s * (_numeric(tokens).fillna(1).clip(lower=1) - 1)
+
+
 def meets_slo(ok: pd.DataFrame, slo: SLO) -> pd.Series:
     """Of completed requests: within both limits. A whole (non-streamed) answer shows neither TTFT nor TPOT,
-    only when it ended: it meets the SLO if it ended no later than a stream within both limits would have,
-    TTFT + TPOT x (output tokens - 1)."""
-    ttft = pd.to_numeric(ok.ttft_s, errors="coerce")
-    tpot = pd.to_numeric(ok.tpot_s, errors="coerce")
-    streamed = (ttft <= slo.ttft_s) & (tpot.fillna(0.0) <= slo.tpot_s)
-    tokens = pd.to_numeric(ok.output_tokens, errors="coerce").fillna(1).clip(lower=1)
-    whole = pd.to_numeric(ok.e2e_s, errors="coerce") <= slo.ttft_s + slo.tpot_s * (tokens - 1)
-    return streamed.where(ttft.notna(), whole)
+    only when it ended: it meets the SLO if it ended no later than a stream within both limits would have."""
+    whole = _numeric(ok.e2e_s) <= _whole_allowed_s(ok.output_tokens, slo)
+    return _stream_within(ok, slo).where(_numeric(ok.ttft_s).notna(), whole)
 
 
 def cut_off_verdicts(cut: pd.DataFrame, slo: SLO) -> pd.Series:
     """Requests in flight when the window closed: True (within both limits so far), False (already past
     one), NA (too young to tell). A stream is judged by its first token and pace; a whole answer by how
     long it has waited against what the SLO allows its target length."""
-    ttft = pd.to_numeric(cut.ttft_s, errors="coerce")
-    tpot = pd.to_numeric(cut.tpot_s, errors="coerce")
-    waited = pd.to_numeric(cut.e2e_s, errors="coerce")
-    target = pd.to_numeric(cut.get("output_tokens_target", cut.output_tokens), errors="coerce").fillna(1).clip(lower=1)
-    allowed = np.where(cut.get("stream", True).astype(bool), slo.ttft_s, slo.ttft_s + slo.tpot_s * (target - 1))
-    so_far = (ttft <= slo.ttft_s) & (tpot.fillna(0.0) <= slo.tpot_s)
-    return so_far.astype(object).where(ttft.notna(), (waited <= allowed).map({True: pd.NA, False: False}))
+    target = cut.get("output_tokens_target", cut.output_tokens)
+    allowed = np.where(cut.get("stream", True).astype(bool), slo.ttft_s, _whole_allowed_s(target, slo))
+    by_wait = (_numeric(cut.e2e_s) <= allowed).map({True: pd.NA, False: False})  # past its allowance: missed
+    return _stream_within(cut, slo).astype(object).where(_numeric(cut.ttft_s).notna(), by_wait)
 
 
 def request_metrics(req: pd.DataFrame, window_s: float, slo: SLO) -> dict:

@@ -283,10 +283,10 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         acc.add(before, kv.breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
                 sample_every_s)
         while finishing and finishing[0][0] <= clock.steps:
-            _, _, seq = heapq.heappop(finishing)
-            if seq.status is SeqStatus.RUNNING and seq.finish_step <= clock.steps:
-                sched.finish(seq, FinishReason.LENGTH)
-                tracks.end(seq.track, t, "ok")
+            entry = heapq.heappop(finishing)
+            if not stale(entry):
+                sched.finish(entry[2], FinishReason.LENGTH)
+                tracks.end(entry[2].track, t, "ok")
     wall_s = time.perf_counter() - started
     frame = tracks.frame()
     return result(name, sched, frame, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), frame, acc.timeline

@@ -24,7 +24,7 @@ from engines.memory import device_info, device_note
 from engines.procs import free_port
 from harness.loadrun import LoadArgs, start_loadgen, stop_loadgen
 from harness.results import Journal, read_journals, token_times
-from harness.sampler import Sampler, fetch_stats
+from harness.sampler import Sampler, fetch_json, fetch_stats
 from harness.servers import ServerFailed, ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,9 +200,8 @@ class Bench:
             for attempt in range(4):
                 out = self.dir / "engines" / engine / "calibrate" / f"{attempt}"
                 start = time.time() - run.t0 + LOADGEN_STARTUP_S
-                self.churn(run, None, show, LoadArgs(run.server.url, self.cfg.workload, out, self.cfg.calibrate_s,
-                                                     self.cfg.seed, self.cfg.max_seq_len, t0=run.t0, grace_s=2,
-                                                     engine=engine, rate=offered, start_at_s=start), start)
+                self.churn(run, None, show, self.load_args(run, out=out, duration_s=self.cfg.calibrate_s, grace_s=2,
+                                                           rate=offered, start_at_s=start), start)
                 rows = read_journals([out / "requests.jsonl"], "requests")
                 end = start + self.cfg.calibrate_s
                 tokens = sum(start <= t <= end for row in rows.itertuples() for t in token_times(row))
@@ -357,12 +356,8 @@ class Bench:
                    detail=f"{outcome}; {words}", **state)
 
     def releases(self, run: EngineRun) -> None:
-        try:
-            with urllib.request.urlopen(f"{run.server.url}/stats?releases=1", timeout=10) as r:
-                stats = json.load(r)
-        except OSError:
-            return
-        for value in stats.get("abort_release_s") or []:
+        stats = fetch_json(f"{run.server.url}/stats?releases=1", timeout_s=10)
+        for value in (stats or {}).get("abort_release_s") or []:
             self.event(run, "cancel_release", detail=f"{value:.6f}", requested_bytes=None,
                        cause=None, release_s=value)
 

@@ -22,12 +22,17 @@ FIELDS = (
 )
 
 
-def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
+def fetch_json(url: str, timeout_s: float = 5.0) -> dict | None:
+    """A JSON body, or None when the server is gone or answers with an error or garbage."""
     try:
-        with urllib.request.urlopen(f"{url}/stats", timeout=timeout_s) as r:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return json.load(r)
     except (OSError, ValueError):
         return None
+
+
+def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
+    return fetch_json(f"{url}/stats", timeout_s)
 
 
 def waste(stats: dict) -> int:
@@ -59,13 +64,11 @@ class Sampler:
 
     def save_cuda_snapshot(self, t_s: float) -> bool:
         """The allocator's segments at the engine's first CUDA OOM, beside the memory maps."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/memory_snapshot", timeout=10) as r:
-                segments = json.load(r)["segments"]
-        except (OSError, ValueError, KeyError):
+        body = fetch_json(f"{self.url}/memory_snapshot", timeout_s=10)
+        if not body or "segments" not in body:
             return False
         path = self.map_path.with_name(f"cuda_snapshot-{self.engine}.json")
-        path.write_text(json.dumps({"t_s": t_s, "segments": segments}))
+        path.write_text(json.dumps({"t_s": t_s, "segments": body["segments"]}))
         return True
 
     def _run(self) -> None:

@@ -118,7 +118,7 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
     out = []
     if summary.get("capacity"):
         out.append(link("capacity", capacity_sentence(summary["capacity"])))
-    if not summary.get("capacity"):  # one offered rate: goodput at it is the measure of what memory bought
+    else:  # one offered rate: goodput at it is the measure of what memory bought
         out.append(link("verdict-table", goodput_sentence(engines)))
     held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
                      for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
@@ -167,15 +167,18 @@ def capacity_sentence(capacity: dict) -> str:
     rates = ", ".join(f"{e} {capacity[e]['sustained_rps']:.2f} req/s{where_words(capacity[e])}" for e in order)
     line = (f"Sustained request rate within the SLO (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for "
             f"{100 * slo['attainment']:.0f} % of requests): {rates}")
-    contiguous = [e for e in capacity if e not in PAGED]
-    paged = [e for e in capacity if e in PAGED]
-    if contiguous and paged:
-        rival = max(contiguous, key=lambda e: capacity[e]["sustained_rps"])
-        for e in paged:
+    rival = best_contiguous(capacity)
+    if rival is not None:
+        for e in (e for e in capacity if e in PAGED):
             mine, theirs = capacity[e]["sustained_rps"], capacity[rival]["sustained_rps"]
             line += (f"; {e} sustains {mine / theirs:.1f}x the best contiguous engine ({rival})" if theirs > 0
                      else f"; no contiguous engine sustained any rate, {e} {mine:.2f} req/s")
     return line + "."
+
+
+def best_contiguous(capacity: dict) -> str | None:
+    """The contiguous engine that sustains the highest rate: what the paged ones are measured against."""
+    return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e]["sustained_rps"], default=None)
 
 
 def capacity_section(summary: dict) -> str:
@@ -193,8 +196,8 @@ def capacity_section(summary: dict) -> str:
                                      legendgroup=engine, showlegend=col == 1, line_color=color), row=1, col=col)
     fig.update_xaxes(title_text="offered req/s")
     fig.update_layout(height=380)
-    contiguous = [e for e in cap if e not in PAGED]
-    best = max((cap[e]["sustained_rps"] for e in contiguous), default=0.0)
+    rival = best_contiguous(cap)
+    best = cap[rival]["sustained_rps"] if rival is not None else 0.0
     rows = [[e, f"{c['sustained_rps']:.2f}{where_words(c)}", f"{c['sustained_rps'] / best:.2f}x" if best else "n/a",
              " / ".join(f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')}" for p in c["points"])]
             for e, c in sorted(cap.items(), key=lambda kv: -kv[1]["sustained_rps"])]
@@ -483,10 +486,10 @@ def latency(requests: pd.DataFrame) -> str:
     for engine, r in ok.groupby("engine", sort=False):
         for row, col in enumerate(("ttft_s", "tpot_s", "e2e_s"), start=1):
             # quartiles computed here, not every value shipped: the page stays small for any run length
-            classes = [c for c, g in r.groupby("class") if g[col].notna().any()]
-            q = {k: [percentile(r[r["class"] == c][col], p) for c in classes]
+            per_class = {c: g[col] for c, g in r.groupby("class") if g[col].notna().any()}
+            q = {k: [percentile(v, p) for v in per_class.values()]
                  for k, p in (("lowerfence", 0.01), ("q1", 0.25), ("median", 0.5), ("q3", 0.75), ("upperfence", 0.99))}
-            fig.add_trace(go.Box(x=classes, name=engine, legendgroup=engine, showlegend=row == 1, **q),
+            fig.add_trace(go.Box(x=list(per_class), name=engine, legendgroup=engine, showlegend=row == 1, **q),
                           row=row, col=1)
     fig.update_layout(boxmode="group", height=800)
     return section("latency", "Latency per request class",

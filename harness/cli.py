@@ -387,6 +387,21 @@ def rate_list(text: str) -> list[float]:
     return sorted(set(rates))
 
 
+def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
+    """The capacity-sweep flags bench and simulate share; the group, for the verb's own."""
+    group = parser.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
+    group.add_argument("--sweep", action="store_true",
+                       help=f"offer the workload at several request rates per {per} and find the highest each "
+                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
+    group.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
+    group.add_argument("--points", type=positive_int, default=points, help="rates to sweep after calibration")
+    group.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
+    group.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
+    group.add_argument("--slo-attainment", type=float, default=0.9,
+                       help="share of requests that must meet the SLO for a rate to count as sustained")
+    return group
+
+
 def check_sweep(args: argparse.Namespace, workload) -> None:
     """Flags that cannot make a sweep: one line each, before anything starts."""
     for flag in ("slo_ttft", "slo_tpot", "point_duration", "calibrate_duration"):
@@ -653,18 +668,9 @@ def build_parser() -> Parser:
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
-    sweep = bench.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
-    sweep.add_argument("--sweep", action="store_true",
-                       help="offer the workload at several request rates per engine and find the highest each "
-                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
-    sweep.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
-    sweep.add_argument("--points", type=positive_int, default=4, help="rates to sweep after calibration")
+    sweep = sweep_group(bench, "engine", points=4)
     sweep.add_argument("--point-duration", type=float, default=20.0, help="seconds of arrivals per rate")
     sweep.add_argument("--calibrate-duration", type=float, default=12.0, help="seconds per calibration window")
-    sweep.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
-    sweep.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
-    sweep.add_argument("--slo-attainment", type=float, default=0.9,
-                       help="share of requests that must meet the SLO for a rate to count as sustained")
     bench.set_defaults(func=cmd_bench)
 
     report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
@@ -709,14 +715,7 @@ def build_parser() -> Parser:
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--report", help="write an HTML page with the breakdown over time")
     sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
-    ssweep = sim.add_argument_group("capacity sweep")
-    ssweep.add_argument("--sweep", action="store_true",
-                        help="offer the workload at several rates per policy and find the highest each sustains")
-    ssweep.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
-    ssweep.add_argument("--points", type=positive_int, default=12, help="rates to sweep after calibration")
-    ssweep.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
-    ssweep.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
-    ssweep.add_argument("--slo-attainment", type=float, default=0.9)
+    sweep_group(sim, "policy", points=12)
     sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone
     sim.set_defaults(func=cmd_simulate)
 

@@ -70,7 +70,10 @@ def pct(series: pd.Series, q: float) -> float | None:
 
 
 def slo_of(cfg: dict) -> SLO:
-    return SLO(cfg.get("slo_ttft_s", 2.0), cfg.get("slo_tpot_s", 0.25), cfg.get("slo_attainment", 0.9))
+    """The run's SLO; the defaults for a run.json written before it recorded one."""
+    default = SLO()
+    return SLO(cfg.get("slo_ttft_s", default.ttft_s), cfg.get("slo_tpot_s", default.tpot_s),
+               cfg.get("slo_attainment", default.attainment))
 
 
 def point_warmup_s(meta: dict) -> float:
@@ -88,8 +91,13 @@ def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
     warm = point_warmup_s(meta)
     inside = np.zeros(len(smp), dtype=bool)
     for w in windows:
-        inside |= ((smp.t_s >= w["start_s"] + warm) & (smp.t_s <= w["end_s"])).to_numpy()
+        inside |= in_point(smp, w, warm).to_numpy()
     return smp[inside]
+
+
+def in_point(smp: pd.DataFrame, window: dict, warm_s: float) -> pd.Series:
+    """Samples of one sweep point's window, past its warm-up."""
+    return (smp.t_s >= window["start_s"] + warm_s) & (smp.t_s <= window["end_s"])
 
 
 def memory_figures(churn: pd.DataFrame) -> dict:
@@ -149,7 +157,7 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     points = []
     for w in windows:
         rows = req[np.isclose(rates, w["offered_rps"])]
-        in_window = smp[(smp.t_s >= w["start_s"] + warm) & (smp.t_s <= w["end_s"])]
+        in_window = smp[in_point(smp, w, warm)]
         events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
         ooms = events[events.kind == "oom"]
         mem = memory_figures(in_window)

@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 PROBE = """name: ttft-probe
 num_requests: {requests}
 arrival: {{process: closed, concurrency: {streams}}}

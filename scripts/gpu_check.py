@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engines.factory import EngineSpec, make_engine
+from engines.memory import Arena, CudaMemory, OutOfMemory, device_info, device_snapshot
+from engines.offline import generate
+from engines.sequence import SamplingParams
 
-from engines.factory import EngineSpec, make_engine  # noqa: E402
-from engines.memory import Arena, CudaMemory, OutOfMemory, device_info, device_snapshot  # noqa: E402
-from engines.offline import generate  # noqa: E402
-from engines.sequence import SamplingParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MIB = 2**20
 PROMPTS = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8, 100)]

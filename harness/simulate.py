@@ -126,13 +126,13 @@ class Accumulator:
     next_sample_s: float = 0.0
 
     def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
-        mid = (np.array(before.astuple()) + np.array(after.astuple())) / 2
-        self.bytes_s += mid * dt
+        end = np.array(after.astuple())
+        self.bytes_s += (np.array(before.astuple()) + end) / 2 * dt
         self.seconds += dt
         self.running_s += running * dt
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
-            self.timeline.append((t, *(np.array(after.astuple()) / self.capacity).tolist(), running))
+            self.timeline.append((t, *(end / self.capacity).tolist(), running))
             self.next_sample_s = t + every_s
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from engines.kv import Breakdown, KVPolicy, KVStats, PagedKV
-from engines.memory import OOMEvent, OutOfMemory
+from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
 from engines.model import ModelRunner
 from engines.sampler import make_generator, sample
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -104,6 +104,8 @@ class Request:
 
 class Engine(ABC):
     """What the server needs of every engine."""
+
+    memory: DeviceMemory | None = None  # where its KV lives; None where another library owns it (hf-cb)
 
     def __init__(self, name: str, hf_model, max_seq_len: int) -> None:
         self.name = name
@@ -304,3 +306,7 @@ class ScheduledEngine(Engine):
 
     def memory_map(self) -> list[dict]:
         return self.kv.memory_map()
+
+    @property
+    def memory(self) -> DeviceMemory:
+        return self.kv.memory

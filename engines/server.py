@@ -294,8 +294,7 @@ class CompletionServer:
 
     def _oom_snapshot(self) -> list[dict] | None:
         """The CUDA caching allocator's segments at the engine's first OOM (the cuda memory mode only)."""
-        memory = getattr(self.engine, "memory", None) or getattr(getattr(self.engine, "kv", None), "memory", None)
-        return getattr(memory, "first_oom_snapshot", None)
+        return getattr(self.engine.memory, "first_oom_snapshot", None)
 
     async def memory_snapshot(self, request: web.Request) -> web.Response:
         segments = self._oom_snapshot()

@@ -87,9 +87,14 @@ def trace_requests(args: argparse.Namespace):
     return requests, t.closed_concurrency
 
 
-def environment(args: argparse.Namespace, on_row, workers: int = 1) -> Environment:
+def environment(args: argparse.Namespace, on_row) -> Environment:
+    return configure(Environment(user_classes=[ReplayUser]), args, on_row)
+
+
+def configure(env: Environment, args: argparse.Namespace, on_row, workers: int = 1) -> Environment:
+    """The plan a replay user reads from its environment: the trace, its clock, where its rows go."""
     requests, closed = trace_requests(args)
-    env = Environment(user_classes=[ReplayUser], host=args.target.rstrip("/"))
+    env.host = args.target.rstrip("/")
     env.replay_plan = ReplayPlan(
         requests=requests, t0=args.t0, duration_s=args.start_at + args.duration,
         on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate}),
@@ -134,17 +139,11 @@ def run_worker(args: argparse.Namespace) -> None:
     def take_plan(environment, msg, **kwargs) -> None:
         watchdog.kill()
         plan = argparse.Namespace(**msg.data)
-        built = environment_for_worker(plan, runner)
-        env.host, env.replay_plan, env.replay_workers = built.host, built.replay_plan, built.replay_workers
-        env.replay_done = False
+        configure(env, plan, lambda row: runner.send_message("fragbench-rows", row), plan.workers)
         gevent.spawn(report_done, env, runner)
 
     runner.register_message("fragbench-plan", take_plan)
     runner.greenlet.join()
-
-
-def environment_for_worker(plan: argparse.Namespace, runner) -> Environment:
-    return environment(plan, lambda row: runner.send_message("fragbench-rows", row), plan.workers)
 
 
 def report_done(env: Environment, runner) -> None:

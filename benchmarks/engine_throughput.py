@@ -64,14 +64,24 @@ def output_tokens_per_s(engine_name: str, model: str, batch: int) -> float:
     return tokens / elapsed
 
 
+def decode_rate(batch: int, one_s: float, many_s: float) -> float:
+    """Decode tokens/s from a 1-token and a DECODE_TOKENS-token run of the same batch: the prefill cancels out
+    only if both runs paid for it. A prefix cache that served the second run's prompts from the first makes
+    the difference non-positive: that is a broken measurement, not an infinitely fast engine."""
+    if many_s <= one_s:
+        raise RuntimeError(f"{DECODE_TOKENS} tokens took {many_s:.3f} s, 1 token {one_s:.3f} s: the runs did not pay "
+                           "for the same prefill (a prefix cache hit?)")
+    return batch * (DECODE_TOKENS - 1) / (many_s - one_s)
+
+
 def decode_tokens_per_s(engine_name: str, model: str, lengths: list[int]) -> float:
-    engine = make(engine_name, model, len(lengths))
+    engine = make(engine_name, model, len(lengths))  # prefix caching off: every run prefills its prompts
     prompts = [prompt(n, b) for b, n in enumerate(lengths)]
     timed(engine, prompts[:1], 2)  # warm-up
     one, _ = min(timed(engine, prompts, 1) for _ in range(2))
     many, _ = min(timed(engine, prompts, DECODE_TOKENS) for _ in range(2))
     getattr(engine, "close", lambda: None)()
-    return len(lengths) * (DECODE_TOKENS - 1) / max(many - one, 1e-9)
+    return decode_rate(len(lengths), one, many)
 
 
 def copy_bandwidth() -> float:
@@ -111,7 +121,7 @@ def vllm_rows(model: str, batches: list[int], decode: dict[str, list[int]], thre
 
     import aiohttp
 
-    from harness.servers import start_server
+    from harness.run.servers import start_server
 
     async def run(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
         async with aiohttp.ClientSession() as s:
@@ -133,11 +143,18 @@ def vllm_rows(model: str, batches: list[int], decode: dict[str, list[int]], thre
             elapsed, tokens = asyncio.run(run(srv.url, [prompt(PROMPT_TOKENS, i) for i in range(b)], OUTPUT_TOKENS))
             out.append(tokens / elapsed)
         dec = []
+        salts = iter(range(1000, 10**6, len(max(decode.values(), key=len))))
         for lengths in decode.values():
-            prompts = [prompt(n, b) for b, n in enumerate(lengths)]
-            one = asyncio.run(run(srv.url, prompts, 1))[0]
-            many = asyncio.run(run(srv.url, prompts, DECODE_TOKENS))[0]
-            dec.append(len(lengths) * (DECODE_TOKENS - 1) / max(many - one, 1e-9))
+            # vLLM keeps its prefix cache on: prompts it has seen would be served from it, so every timed run
+            # gets prompts no earlier run sent, and pays for its prefill as our engines (caching off) do
+            def fresh(max_tokens: int, lengths: list[int] = lengths) -> float:
+                salt = next(salts)
+                prompts = [prompt(n, salt + b) for b, n in enumerate(lengths)]
+                return asyncio.run(run(srv.url, prompts, max_tokens))[0]
+
+            one = min(fresh(1) for _ in range(2))
+            many = min(fresh(DECODE_TOKENS) for _ in range(2))
+            dec.append(decode_rate(len(lengths), one, many))
         return out, dec
 
 
@@ -163,7 +180,7 @@ def main() -> None:
     decode_rows = {}
     for name in args.engines.split(","):
         if name == "vllm":
-            from engines.vllm_peer import vllm_python
+            from engines.peers.vllm import vllm_python
 
             if vllm_python() is None:
                 print("vllm    not installed (make vllm)")

@@ -120,7 +120,7 @@ async def reference_open(url: str, requests, duration_s: float) -> list[float]:
 
 
 def fragbench_load(url: str, workload: str, duration_s: float, out: Path) -> pd.DataFrame:
-    subprocess.run([sys.executable, "-m", "harness.loadgen", "--target", url, "--workload", workload,
+    subprocess.run([sys.executable, "-m", "harness.run.loadgen", "--target", url, "--workload", workload,
                     "--duration", str(duration_s), "--out", str(out), "--grace", "10"],
                    cwd=ROOT, check=True, capture_output=True)
     return pd.read_parquet(out / "requests.parquet")

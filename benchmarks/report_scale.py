@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.report import render
-from harness.summary import finalize
-from harness.synthetic import write_run
+from harness.analysis.summary import finalize
+from harness.run.synthetic import write_run
+from harness.views.report import render
 
 ENGINES = {"static-max": {"token_states": 0.2, "running": 3, "ttft_s": 0.1},
            "static-oracle": {"token_states": 0.45, "running": 10, "ttft_s": 0.3},

@@ -14,7 +14,7 @@ import time
 from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan
-from harness.simulate import run_simulation
+from harness.sim.simulate import run_simulation
 from workloads.spec import load_spec
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.servers import start_server
-from harness.storm import cancel_storm
+from harness.run.servers import start_server
+from harness.run.storm import cancel_storm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "models" / "tiny-llama")

@@ -9,7 +9,8 @@ from typing import Literal
 from engines import ENGINES
 from engines.kv import make_policy
 from engines.memory import make_memory
-from engines.scheduler import OnOOM, SchedulerConfig
+from engines.oom import OnOOM
+from engines.scheduled.scheduler import SchedulerConfig
 from engines.shapes import ModelShape
 
 
@@ -36,7 +37,7 @@ class EngineSpec:
 
 
 def make_engine(spec: EngineSpec):
-    from engines.model import load_hf_model
+    from engines.scheduled.model import load_hf_model
 
     if spec.engine not in ENGINES:
         raise EngineConfigError(f"unknown engine {spec.engine!r}; engines: {', '.join(ENGINES)}")
@@ -57,14 +58,14 @@ def make_engine(spec: EngineSpec):
             f"({need} B at {kvb} B per token)"
         )
     if spec.engine == "hf":
-        from engines.hf import HFEngine
+        from engines.peers.hf import HFEngine
 
         return HFEngine(hf_model, spec, max_seq_len, kvb)
     if spec.engine == "hf-cb":
-        from engines.hf_cb import HFContinuousBatchingEngine
+        from engines.peers.hf_cb import HFContinuousBatchingEngine
 
         return HFContinuousBatchingEngine(hf_model, spec, max_seq_len, kvb)
-    from engines.engine import ScheduledEngine
+    from engines.scheduled.engine import ScheduledEngine
 
     memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
     policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine

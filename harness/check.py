@@ -21,7 +21,7 @@ import pandas as pd
 
 from engines.nvml import memory_info
 from engines.procs import metric_samples, metric_values
-from harness.loadrun import LoadArgs, run_loadgen
+from harness.run.loadargs import LoadArgs, run_loadgen
 
 QUESTIONS = {
     1: "How many bytes does one token of KV cost for this model and precision?",
@@ -283,8 +283,8 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     metrics.samples.clear()
     stop = threading.Event()
     thread = sampling(metrics, t0, stop, 0.1)
-    load = LoadArgs(cfg.target, cfg.workload, out, cfg.duration_s, cfg.seed, cfg.max_seq_len, t0=t0, grace_s=20,
-                    model=model_name)
+    load = LoadArgs(target=cfg.target, workload=cfg.workload, out=out, duration_s=cfg.duration_s, seed=cfg.seed,
+                    max_seq_len=cfg.max_seq_len, t0=t0, grace_s=20, model=model_name)
     before = scrape_samples(cfg.metrics_url)
     run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end_s = time.time() - t0
@@ -389,16 +389,3 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
                      "max-reserved requests at once")
     status = "WARN" if (preemptions or 0) > 0 or waited > 0.5 else "PASS"
     return Answer(8, QUESTIONS[8], status, answer, evidence)
-
-
-def render_check(result: dict, out: Path) -> Path:
-    from harness.report import STYLE, section, table
-
-    rows = [[q["id"], q["question"], q["status"], json.dumps(q["answer"]), q["evidence"]] for q in result["questions"]]
-    body = section("verdict", "Pre-deployment check",
-                   f"Target {result['target']}; metrics found: {result['metrics_found']}.",
-                   table(["#", "question", "status", "answer", "evidence"], rows))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>fragbench check</title>"
-                   f"<style>{STYLE}</style></head><body><h1>fragbench check</h1>{body}</body></html>")
-    return out

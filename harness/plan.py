@@ -130,3 +130,15 @@ def render_plan(p: Plan) -> str:
         f"  fits                      {'yes' if p.fits else 'NO'}: {p.reason}",
     ]
     return "\n".join(lines)
+
+
+class PlanRefused(ValueError):
+    """A model that cannot serve one max-length sequence on the GPU given."""
+
+
+def fitting_plan(shape: ModelShape, gpu_name: str, gpu_mem_bytes: int, dtype: str, gpu_util: float,
+                 max_seq_len: int, block_size: int) -> Plan:
+    plan = make_plan(shape, gpu_mem_bytes, dtype, gpu_util, max_seq_len, block_size)
+    if not plan.fits:
+        raise PlanRefused(f"{shape.name} on {gpu_name}: {plan.reason} (see fragbench plan)")
+    return plan

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from engines.kv import GrowthKV, PagedKV, StaticKV
 from engines.memory import Arena
+from engines.peers.vllm import vllm_python
 from engines.procs import free_port
-from engines.vllm_peer import vllm_python
-from harness.servers import start_server
+from harness.run.servers import start_server
 from tests.conftest import ROOT, run_cli
 from tests.test_reliability import drained, get, post
 
@@ -108,8 +108,8 @@ def poisoned_server(tiny_model, monkeypatch):
     from transformers import AutoTokenizer
 
     import engines.engine
+    from engines.api.server import CompletionServer, serve
     from engines.factory import EngineSpec, make_engine
-    from engines.server import CompletionServer, serve
 
     real = engines.engine.sample
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.report import SECTIONS
 from harness.results import EVENT_COLUMNS, REQUEST_COLUMNS, SAMPLE_COLUMNS
+from harness.views.report import SECTIONS
 from tests.conftest import ROOT, run_cli
 
 SUMMARY_FIELDS = {

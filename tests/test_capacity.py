@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-from harness.capacity import SLO, request_metrics, sustained_rate, sweep_rates
+from harness.analysis.capacity import SLO, request_metrics, sustained_rate, sweep_rates
 from tests.conftest import ROOT, run_cli
 
 POINT_FIELDS = {"offered_rps", "achieved_rps", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
@@ -139,3 +139,13 @@ def test_a_request_cut_off_by_the_window_is_judged_on_what_it_showed():
     m = request_metrics(req, 10.0, SLO())
     assert m["requests"] == 3 and m["slo_attainment"] == pytest.approx(2 / 3)
     assert m["goodput_rps"] == pytest.approx(0.1)  # goodput counts completed requests only
+
+
+def test_every_capacity_block_has_its_interval_and_the_constraint_that_bound_it(swept):
+    run_dir, report = swept
+    for c in json.loads((run_dir / "summary.json").read_text())["capacity"].values():
+        lo, hi = c["sustained_rps_ci"]
+        assert lo <= c["sustained_rps"] <= hi and c["bound"] in ("memory", "compute", "failures")
+        knee = {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total", "preemptions"}
+        assert knee <= set(c["knee"])
+    assert "What bound each engine at its knee" in report.read_text()

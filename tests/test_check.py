@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from engines.peers.vllm import vllm_python
 from engines.procs import free_port
-from engines.vllm_peer import vllm_python
-from harness.servers import start_server
+from harness.run.servers import start_server
 from tests.conftest import run_cli
 
 

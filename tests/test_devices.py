@@ -54,7 +54,7 @@ def test_allocator_columns_come_from_torch_memory_stats(monkeypatch):
 
 
 def test_the_report_draws_the_allocators_segments_at_the_first_oom(tmp_path):
-    from harness.report import cuda_snapshots
+    from harness.views.report import cuda_snapshots
 
     segments = [{"address": 0, "total_size": 2 << 20, "device": 0,
                  "blocks": [{"size": 1 << 20, "state": "active_allocated"}, {"size": 1 << 20, "state": "inactive"}]}]

@@ -7,7 +7,7 @@ import time
 import pandas as pd
 
 from engines.procs import free_port
-from harness.servers import start_server
+from harness.run.servers import start_server
 from tests.conftest import ROOT, run_cli
 from workloads.generate import trace
 from workloads.spec import load_spec

@@ -131,7 +131,7 @@ def test_hf_growth_goes_through_the_arena(tiny_model):
 
 
 def test_hf_oom_crashes_by_default_and_rejects_on_request(tiny_model):
-    from engines.scheduler import EngineCrash
+    from engines.oom import EngineCrash
 
     prompts = [list(range(10, 400))] * 8  # one padded batch of 8 long rows
     crash = engine(tiny_model, "hf", budget=512 * 4096, max_seq_len=512)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.servers import start_server
-from harness.storm import cancel_storm
+from harness.run.servers import start_server
+from harness.run.storm import cancel_storm
 from tests.conftest import run_cli
 
 
@@ -114,7 +114,7 @@ def test_api_key_is_required_when_set(tiny_model, tmp_path):
 
 
 def test_report_escapes_strings_from_results(tmp_path):
-    from harness.report import render
+    from harness.views.report import render
 
     run = tmp_path / "run"
     (run / "engines" / "paged").mkdir(parents=True)

@@ -6,9 +6,10 @@ import subprocess
 import pandas as pd
 import pytest
 
-from harness.report import render, verdict_sentences
-from harness.summary import finalize
-from harness.synthetic import write_run
+from harness.analysis.summary import finalize
+from harness.run.synthetic import write_run
+from harness.views.report import render
+from harness.views.verdict import verdict_sentences
 from tests.conftest import run_cli
 from tests.test_bench import chromium
 

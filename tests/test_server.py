@@ -7,7 +7,7 @@ import re
 import aiohttp
 import pytest
 
-from harness.servers import start_server
+from harness.run.servers import start_server
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

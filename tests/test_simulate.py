@@ -8,7 +8,7 @@ from engines.kv.base import CATEGORIES
 from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan
-from harness.simulate import run_simulation
+from harness.sim.simulate import run_simulation
 from tests.conftest import run_cli
 from workloads.spec import load_spec
 

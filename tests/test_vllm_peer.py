@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
+from engines.peers.vllm import vllm_python
 from engines.procs import metric_values
-from engines.vllm_peer import vllm_python
 from tests.conftest import run_cli
 
 
@@ -27,7 +27,7 @@ def test_metric_values_sum_over_labels():
 
 @pytest.mark.skipif(vllm_python() is None, reason="vLLM is not installed (make vllm)")
 def test_vllm_peer_serves_completions_and_stats(tiny_model, tmp_path):
-    from harness.servers import start_server
+    from harness.run.servers import start_server
 
     with start_server("vllm", str(tiny_model), "64MiB", tmp_path / "vllm.log", timeout_s=900) as srv:
         body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0}).encode()

@@ -82,7 +82,7 @@ def test_missing_spec_file_exits_2():
 
 
 def test_load_cancel_storm_counts_match_the_servers_aborts(tiny_model, tmp_path):
-    from harness.servers import start_server
+    from harness.run.servers import start_server
 
     with start_server("paged", str(tiny_model), "32MiB", tmp_path / "server.log") as srv:
         out = tmp_path / "load"

@@ -1,0 +1,471 @@
+"""One aiohttp app for every in-house engine: OpenAI-compatible completions, /metrics, /stats, /health.
+
+The engine lives in its own thread and is only ever touched there: handlers send it commands (add,
+abort, snapshot) through a queue that it drains between steps and, for the naive engine, inside its
+long batches. A client that disconnects aborts its request; the engine frees its KV in that step.
+
+Failures: an error while serving one sequence fails its request alone (a 500 body, or an error event on
+its stream). An error the engine cannot pin on a sequence ends every open request with an error at once
+(no client waits more than one event-loop turn for it), /health answers 503 from then on, and the process
+exits with ENGINE_ERROR_EXIT_CODE after FAIL_GRACE_S so that whoever supervises it restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from engines.api.validation import CompletionRequest, InvalidRequest, check_engine, error_body, parse_completion
+from engines.engine import Engine, Request, TokenEvent
+from engines.memory import device_snapshot
+from engines.oom import EngineCrash
+from engines.percentile import percentile
+from engines.sequence import FinishReason, SamplingParams
+
+MAX_BODY_BYTES = 1 * 2**20
+CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
+ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
+FAIL_GRACE_S = 1.0  # failed responses get this long to reach their clients before the process exits
+
+
+class InjectedFault(RuntimeError):
+    """`serve --fail-at-step N`: an engine-wide error on purpose, to test supervisors (bench, systemd)."""
+
+
+class EngineFailed(Exception):
+    """Raised into a handler whose engine can no longer serve."""
+
+
+@dataclass
+class Stream:
+    """Per-request state on the HTTP side; events arrive from the engine thread."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class EngineThread:
+    def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
+                 fail_at_step: int | None = None):
+        self.engine = engine
+        self.on_crash = on_crash
+        self.on_fatal = on_fatal
+        self.fail_at_step = fail_at_step
+        self.failure: str | None = None  # set once the engine cannot serve
+        self.last_stats: dict = {}
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.streams: dict[str, Stream] = {}
+        self.started_s = time.monotonic()
+        engine.sink = self._deliver
+        engine.poll = self.poll
+        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.stopping = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.commands.put(("wake",))
+        self.thread.join(timeout=5)
+        getattr(self.engine, "close", lambda: None)()
+
+    # -- commands, callable from any thread
+    def submit(self, request: Request, stream: Stream) -> None:
+        self.commands.put(("add", request, stream))
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id, time.monotonic(), self.engine.steps))
+
+    async def snapshot(self, releases: bool = False) -> dict:
+        if self.failure is not None:  # nobody is left to answer: the last snapshot, marked
+            return {**self.last_stats, "engine_error": self.failure}
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.commands.put(("snapshot", loop, fut, releases))
+        return await asyncio.wait_for(fut, timeout=30)
+
+    # -- the engine thread
+    def _run(self) -> None:
+        try:
+            while not self.stopping:
+                self.poll()
+                if self.engine.has_work():
+                    self.engine.step()
+                    if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
+                        raise InjectedFault(f"injected engine error at step {self.engine.steps}")
+                else:
+                    try:
+                        self._handle(self.commands.get(timeout=0.05))
+                    except queue.Empty:
+                        pass
+        except EngineCrash as crash:  # the naive server's OOM: it goes down at once, as it would on a GPU
+            self.failure = f"engine crashed on a KV allocation ({crash.event.cause})"
+            self.on_crash(crash)
+        except Exception as err:  # the engine, not one request, is broken
+            self._fail(f"{type(err).__name__}: {err}")
+        finally:
+            if not self.stopping and self.failure is None:
+                self._fail("the engine thread ended")
+
+    def _fail(self, message: str) -> None:
+        self.failure = message[:500]
+        self.last_stats["engine_errors"] = 1
+        self.streams.clear()
+        self.on_fatal(self.failure)
+
+    def poll(self) -> None:
+        while True:
+            try:
+                self._handle(self.commands.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, request, stream = cmd
+            self.streams[request.request_id] = stream
+            self.engine.add_request(request)
+        elif kind == "abort":
+            _, request_id, at, steps_at = cmd
+            if request_id in self.streams:
+                self.engine.abort(request_id, requested_at=at, steps_at=steps_at)
+        elif kind == "snapshot":
+            _, loop, fut, releases = cmd
+            data = self._snapshot()
+            if releases:
+                data["abort_release_s"] = list(self.engine.abort_release_s)
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
+
+    def _snapshot(self) -> dict:
+        self.last_stats = self._stats()
+        return self.last_stats
+
+    def _stats(self) -> dict:
+        stats = self.engine.stats().to_json()
+        stats.update(device_snapshot())
+        releases = sorted(self.engine.abort_release_s)
+        stats.update(
+            t_s=time.monotonic() - self.started_s,
+            finished_total=dict(self.engine.finished_total),
+            oom_events=[
+                {"t_s": t - self.started_s, **e.__dict__, **ctx} for t, e, ctx in self.engine.oom_events[-100:]
+            ],
+            abort_release_count=len(releases),
+            abort_release_p50_s=percentile(releases, 0.5),
+            abort_release_p99_s=percentile(releases, 0.99),
+            abort_release_max_s=releases[-1] if releases else None,
+            abort_release_p99_steps=percentile(self.engine.abort_release_steps, 0.99),
+            threads=threading.active_count(),
+            engine_errors=0,
+            memory_map=self.engine.memory_map(),
+            fragmentation_oom_maps=[{"t_s": t - self.started_s, "event": e.__dict__, "memory_map": mm}
+                                    for t, e, mm in self.engine.fragmentation_maps],
+        )
+        return stats
+
+    def _deliver(self, event: TokenEvent) -> None:
+        stream = self.streams.get(event.seq.request_id)
+        if stream is None:
+            return
+        if event.request_done:
+            del self.streams[event.seq.request_id]
+        stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
+
+
+class MetricsCollector:
+    """Prometheus metrics named after vLLM's, read from the last snapshot at scrape time."""
+
+    def __init__(self) -> None:
+        self.stats: dict = {}
+
+    def collect(self):
+        s = self.stats
+        if not s:
+            return
+        cap = s.get("kv_capacity_bytes") or 1
+
+        def gauge(name: str, doc: str, value: float):
+            return GaugeMetricFamily(f"fragbench:{name}", doc, value=value)
+
+        yield gauge("kv_cache_usage_perc", "KV capacity in use, 0-1 (as vllm:kv_cache_usage_perc)",
+                    s["allocated_bytes"] / cap)
+        if s["running"] is not None:  # an engine that cannot tell (hf-cb on an old transformers) says nothing
+            yield gauge("num_requests_running", "sequences running", s["running"])
+            yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
+        yield gauge("kv_capacity_bytes", "KV capacity", s["kv_capacity_bytes"])
+        yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s["token_states_bytes"])
+        yield gauge("kv_allocated_bytes", "KV held by live sequences", s["allocated_bytes"])
+        yield gauge("kv_free_bytes", "KV free", s["free_bytes"])
+        yield gauge("kv_largest_free_bytes", "largest free extent", s["largest_free_bytes"])
+        yield CounterMetricFamily("fragbench:num_preemptions", "preemptions", value=s["preempted_total"])
+        yield CounterMetricFamily("fragbench:prefix_cache_hits", "prefix-cache hit tokens",
+                                  value=s.get("prefix_cache_hit_tokens", 0))
+        yield CounterMetricFamily("fragbench:prefix_cache_queries", "prefix-cache queried tokens",
+                                  value=s.get("prefix_cache_query_tokens", 0))
+        oom = CounterMetricFamily("fragbench:oom", "failed KV allocations by cause", labels=["cause"])
+        oom.add_metric(["capacity"], s["oom_total"] - s["oom_fragmentation"])
+        oom.add_metric(["fragmentation"], s["oom_fragmentation"])
+        yield oom
+        yield CounterMetricFamily("fragbench:engine_errors", "errors that stopped the engine (it then exits)",
+                                  value=s.get("engine_errors", 0))
+        done = CounterMetricFamily("fragbench:request_success", "finished samples by reason",
+                                   labels=["finished_reason"])
+        for reason, count in s["finished_total"].items():
+            done.add_metric([reason], count)
+        yield done
+
+
+def error_response(err: InvalidRequest) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+class CompletionServer:
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
+                 fail_at_step: int | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.api_key = api_key
+        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
+        self.metrics = MetricsCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.metrics)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._auth])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/memory_snapshot", self.memory_snapshot)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.loop, self.dead = asyncio.get_running_loop(), asyncio.Event()
+        self.thread.start()
+
+    async def _stop(self, app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.thread.stop)
+
+    def _crashed(self, crash: EngineCrash) -> None:
+        """A naive server dies on OOM: say why on one line, then go down hard."""
+        _, _, context = self.engine.oom_events[-1] if self.engine.oom_events else (0, None, {})
+        print("fragbench-crash " + json.dumps({**crash.event.__dict__, **context}), file=sys.stderr, flush=True)
+        os._exit(CRASH_EXIT_CODE)
+
+    def _failed(self, message: str) -> None:
+        """From the engine thread: end every open request now, then exit so a supervisor restarts us."""
+        print("fragbench-engine-error " + json.dumps({"error": message}), file=sys.stderr, flush=True)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.dead.set)
+        threading.Timer(FAIL_GRACE_S, os._exit, [ENGINE_ERROR_EXIT_CODE]).start()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key and request.path != "/health":
+            if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+                err = InvalidRequest("missing or wrong API key", "authorization", status=401)
+                return error_response(err)
+        return await handler(request)
+
+    async def health(self, request: web.Request) -> web.Response:
+        alive = self.thread.thread.is_alive() and self.thread.failure is None
+        body = {"status": "ok"} if alive else {"status": "down", "error": self.thread.failure}
+        return web.json_response(body, status=200 if alive else 503)
+
+    def _oom_snapshot(self) -> list[dict] | None:
+        """The CUDA caching allocator's segments at the engine's first OOM (the cuda memory mode only)."""
+        return getattr(self.engine.memory, "first_oom_snapshot", None)
+
+    async def memory_snapshot(self, request: web.Request) -> web.Response:
+        segments = self._oom_snapshot()
+        if segments is None:
+            return error_response(InvalidRequest("no OOM snapshot: the cuda memory mode takes one at its first "
+                                                 "OOM", "memory_snapshot", status=404))
+        return web.json_response({"segments": segments})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        snap = await self.thread.snapshot(releases="releases" in request.query)
+        snap["asyncio_tasks"] = len(asyncio.all_tasks())
+        snap["oom_snapshot"] = self._oom_snapshot() is not None
+        return web.json_response(snap)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        self.metrics.stats = await self.thread.snapshot()
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+
+    async def _parse(self, request: web.Request) -> CompletionRequest:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidRequest(f"body over {MAX_BODY_BYTES} bytes", None, status=413) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidRequest("the body is not valid JSON", None) from None
+        except RecursionError:
+            raise InvalidRequest("the body nests too deeply", None) from None
+        req = parse_completion(body, self._tokenize, self.engine.vocab_size, self.engine.max_seq_len)
+        check_engine(self.engine, req.temperature)
+        return req
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text).input_ids
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = await self._parse(request)
+        except InvalidRequest as err:
+            return error_response(err)
+        if self.thread.failure is not None:
+            return web.json_response(error_body(f"engine failed: {self.thread.failure}", "engine_error", 503),
+                                     status=503)
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
+        params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos)
+        loop = asyncio.get_running_loop()
+        streams = []
+        for i, prompt in enumerate(req.prompts):
+            stream = Stream(loop)
+            self.thread.submit(Request(f"{rid}-{i}", prompt, params, req.n), stream)
+            streams.append(stream)
+        try:
+            if req.stream:
+                return await self._stream(request, rid, req, streams)
+            return await self._whole(rid, req, streams)
+        except EngineFailed as err:  # before any byte was sent
+            return web.json_response(error_body(str(err), "engine_error", 500), status=500)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._abort(rid, req)
+            raise
+
+    def _abort(self, rid: str, req: CompletionRequest) -> None:
+        for i in range(len(req.prompts)):
+            self.thread.abort(f"{rid}-{i}")
+
+    async def _events(self, rid: str, req: CompletionRequest, streams: list[Stream]):
+        """(choice index, event) across every prompt's stream, until each request is done. Raises
+        EngineFailed when a sample fails (the request's other samples are aborted) or the engine does."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def watch_engine() -> None:
+            await self.dead.wait()
+            await merged.put(EngineFailed(f"engine failed: {self.thread.failure}"))
+
+        async def one(i: int, stream: Stream) -> None:
+            while True:
+                ev: TokenEvent = await stream.events.get()
+                await merged.put((i * req.n + ev.seq.sample_index, ev))
+                if ev.request_done:
+                    return await merged.put(None)
+
+        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(streams)]
+        tasks.append(asyncio.create_task(watch_engine()))
+        try:
+            remaining = len(streams)
+            while remaining:
+                item = await merged.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, EngineFailed):
+                    raise item
+                elif item[1].seq.finish_reason == FinishReason.ERROR:
+                    self._abort(rid, req)
+                    raise EngineFailed(f"request failed: {item[1].seq.error}")
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _whole(self, rid: str, req: CompletionRequest, streams: list[Stream]) -> web.Response:
+        tokens: dict[int, list[int]] = {}
+        reasons: dict[int, str] = {}
+        async for index, ev in self._events(rid, req, streams):
+            if ev.token_id is not None:
+                tokens.setdefault(index, []).append(ev.token_id)
+            if ev.finished:
+                reasons[index] = ev.seq.finish_reason.value
+        choices = [
+            {"index": i, "text": self.tokenizer.decode(tokens.get(i, [])), "token_ids": tokens.get(i, []),
+             "logprobs": None, "finish_reason": reasons.get(i)}
+            for i in range(len(req.prompts) * req.n)
+        ]
+        return web.json_response(
+            {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+             "choices": choices, "usage": self._usage(req, tokens)}
+        )
+
+    def _usage(self, req: CompletionRequest, tokens: dict[int, list[int]]) -> dict:
+        prompt = sum(len(p) for p in req.prompts) * req.n
+        completion = sum(len(t) for t in tokens.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def _stream(self, request: web.Request, rid: str, req: CompletionRequest, streams) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        tokens: dict[int, list[int]] = {}
+        texts: dict[int, str] = {}
+        created = int(time.time())
+
+        async def send(payload: dict | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        try:
+            async for index, ev in self._events(rid, req, streams):
+                delta = ""
+                if ev.token_id is not None:
+                    tokens.setdefault(index, []).append(ev.token_id)
+                    full = self.tokenizer.decode(tokens[index])
+                    delta, texts[index] = full[len(texts.get(index, "")) :], full
+                choice = {"index": index, "text": delta,
+                          "token_ids": [ev.token_id] if ev.token_id is not None else [], "logprobs": None,
+                          "finish_reason": ev.seq.finish_reason.value if ev.finished else None}
+                await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                            "choices": [choice]})
+        except EngineFailed as err:  # the headers are out: the error travels as the stream's last event
+            await send(error_body(str(err), "engine_error", 500))
+            await send("[DONE]")
+            await resp.write_eof()
+            return resp
+        if req.include_usage:
+            await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                        "choices": [], "usage": self._usage(req, tokens)})
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+
+async def serve(server: CompletionServer, host: str, port: int, ready: Callable[[int], None]) -> None:
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]
+    ready(bound)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,127 @@
+"""`ScheduledEngine`: the static, growth and paged engines. The shared scheduler, the model runner and a KV
+policy; what differs between them is the policy alone."""
+
+from __future__ import annotations
+
+import torch
+
+from engines.engine import BlockPoolStats, Engine, EngineStats, Request
+from engines.kv import KVPolicy, PagedKV
+from engines.memory import DeviceMemory, OutOfMemory
+from engines.sampler import make_generator, sample
+from engines.scheduled.model import ModelRunner
+from engines.scheduled.scheduler import Scheduler, SchedulerConfig
+from engines.sequence import FinishReason, Sequence
+
+
+class ScheduledEngine(Engine):
+    def __init__(self, name: str, hf_model, kv: KVPolicy, config: SchedulerConfig, max_seq_len: int):
+        super().__init__(name, hf_model, max_seq_len)
+        self.kv = kv
+        self.scheduler = Scheduler(kv, config)
+        self.oom_events = self.scheduler.oom_events
+        self.fragmentation_maps = self.scheduler.fragmentation_maps
+        self.runner = ModelRunner(hf_model, kv)
+        self.generators: dict[str, torch.Generator | None] = {}
+        self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
+
+    # -- requests
+    def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
+        seq = request.sample(index, self.max_seq_len, token_ids)
+        self.generators[seq.seq_id] = make_generator(request.params, index)
+        self.by_request.setdefault(request.request_id, []).append(seq)
+        return seq
+
+    def add_request(self, request: Request) -> list[Sequence]:
+        seq = self._new_seq(request, 0)
+        if request.n > 1:
+            self.pending_forks[seq.seq_id] = request
+        self.scheduler.add(seq)
+        return [seq]
+
+    def abort(self, request_id: str, requested_at: float | None = None, steps_at: int | None = None) -> None:
+        self._end_request(request_id, FinishReason.ABORT)
+        self._released(requested_at, steps_at)
+
+    def fail_request(self, request_id: str, err: Exception) -> None:
+        """Serving the request raised: every sample of it ends with an error, its KV freed in this step."""
+        for seq in self.by_request.get(request_id, []):
+            seq.error = f"{type(err).__name__}: {err}"[:300]
+        self._end_request(request_id, FinishReason.ERROR)
+
+    def _end_request(self, request_id: str, reason: FinishReason) -> None:
+        for seq in list(self.by_request.get(request_id, [])):
+            if not seq.is_finished:
+                self._end(seq, reason)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step
+    def step(self) -> None:
+        plan = self.scheduler.schedule()
+        for seq in plan.rejected:
+            self._emit(seq, None, True)
+        if not plan.chunks:
+            return
+        logits = self.runner.forward(plan.chunks)
+        self.steps += 1
+        for chunk, row in zip(plan.chunks, logits, strict=True):
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            if seq.is_finished:  # a sibling's failure earlier in this loop ended it
+                continue
+            try:
+                if seq.seq_id in self.pending_forks:
+                    self._fork(seq, row)
+                self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
+            except Exception as err:  # one sequence's failure is its request's alone
+                self.fail_request(seq.request_id, err)
+
+    def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
+        """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""
+        request = self.pending_forks.pop(parent.seq_id)
+        for i in range(1, request.n):
+            child = self._new_seq(request, i, parent.token_ids)
+            child.num_computed_tokens = parent.num_computed_tokens
+            oom = None
+            try:
+                self.kv.fork(parent, child)
+            except OutOfMemory as e:  # contiguous policies copy, and the copy may not fit
+                oom = e
+            token = sample(logits, child.params, self.generators[child.seq_id])
+            if oom is None:
+                self.scheduler.add_running(child, parent)
+                self._append(child, token)
+            else:
+                child.token_ids.append(token)
+                self._emit(child, token, False)
+                self.scheduler.add(child)  # recomputes its prompt when there is room
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+
+    def _forget(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+        # a parent that ends before its prefill takes its unborn samples with it
+        self.pending_forks.pop(seq.seq_id, None)
+
+    # -- what it reports
+    def stats(self) -> EngineStats:
+        live = self.scheduler.live()
+        blocks = None
+        if isinstance(self.kv, PagedKV):
+            refs = [b.ref_count for b in self.kv.pool.blocks]
+            blocks = BlockPoolStats(self.kv.block_size, len(refs), sum(1 for r in refs if r > 1), max(refs),
+                                    self.kv.prefix_hits_tokens, self.kv.prefix_queries_tokens)
+        waiting = len(self.scheduler.waiting)
+        return self._stats(self.kv.name, self.kv.stats(), self.kv.breakdown(live), live, waiting,
+                           self.scheduler.preempted_total, self.kv.kv_bytes_per_token, blocks=blocks,
+                           waiting_for_memory=waiting if self.scheduler.memory_blocked else 0)
+
+    def memory_map(self) -> list[dict]:
+        return self.kv.memory_map()
+
+    @property
+    def memory(self) -> DeviceMemory:
+        return self.kv.memory

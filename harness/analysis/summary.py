@@ -1,0 +1,245 @@
+"""From journals to parquet, and from parquet to the per-engine headline numbers (summary.json).
+Works on a partial run as well: whatever rows were written are what it summarizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engines.kv.base import CATEGORY_COLUMNS
+from engines.percentile import percentile
+from harness.analysis.capacity import SLO, capacity_block, meets_slo, request_metrics
+from harness.analysis.knee import knee_block
+from harness.results import read_journals
+from harness.units import parse_size
+from workloads.outcome import UNFINISHED
+
+SHARE_COLUMNS = {f"{c}_share": column for c, column in CATEGORY_COLUMNS.items()}  # summary key -> samples column
+
+
+def warmup_s(cfg: dict) -> float:
+    """Seconds of churn before memory is sampled into the shares: the given warm-up, else a tenth."""
+    if cfg.get("warmup_s") is not None:
+        return float(cfg["warmup_s"])
+    return 0.1 * float(cfg.get("duration_s") or 0.0)
+
+
+def load_meta(run_dir: Path) -> dict:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+    return json.loads(path.read_text())
+
+
+def rebase(df: pd.DataFrame, engine_t0: dict) -> pd.DataFrame:
+    """Times relative to each engine's churn start (rows written before it come out negative)."""
+    if "t_wall" in df and len(df):
+        t0 = df.engine.map(engine_t0)
+        df["t_s"] = np.where(t0.notna(), df.t_wall - t0, df.t_s)
+    return df
+
+
+def label_crashed(requests: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """A request that failed while its engine was down (crashed, restarting) is `crashed`, not `error`."""
+    for engine, ev in events[events.kind.isin(["crash", "restart"])].groupby("engine"):
+        crashes = ev[ev.kind == "crash"].t_s.tolist()
+        restarts = ev[ev.kind == "restart"].t_s.tolist()
+        for i, t_crash in enumerate(crashes):
+            t_back = restarts[i] if i < len(restarts) else np.inf
+            hit = ((requests.engine == engine) & (requests.status == "error")
+                   & (requests.sent_s <= t_back) & (requests.end_s >= t_crash - 1.0))
+            requests.loc[hit, "status"] = "crashed"
+    return requests
+
+
+def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
+    meta = load_meta(run_dir)
+    t0 = meta.get("engine_t0", {})
+    requests = read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
+    samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), t0)
+    events = rebase(read_journals([run_dir / "events.jsonl"], "events"), t0)
+    debug = pd.DataFrame([json.loads(x) for x in (run_dir / "debug.jsonl").read_text().splitlines() if x.strip()]
+                         ) if (run_dir / "debug.jsonl").exists() else pd.DataFrame()
+    requests = label_crashed(requests, events)
+    return {"requests": requests, "samples": samples, "events": events, "debug": debug}
+
+
+def pct(series: pd.Series, q: float) -> float | None:
+    return percentile(pd.to_numeric(series, errors="coerce"), q)
+
+
+def slo_of(cfg: dict) -> SLO:
+    """The run's SLO; the defaults for a run.json written before it recorded one."""
+    default = SLO()
+    return SLO(cfg.get("slo_ttft_s", default.ttft_s), cfg.get("slo_tpot_s", default.tpot_s),
+               cfg.get("slo_attainment", default.attainment))
+
+
+def point_warmup_s(meta: dict) -> float:
+    cfg = meta.get("config", {})
+    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * meta["sweep"]["point_s"]
+
+
+def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
+    """Samples of the steady part of the time requests arrive: not the warm-up ramp from empty memory, not
+    the drain after the last arrival (in a sweep: of every point's window)."""
+    cfg = meta.get("config", {})
+    windows = (meta.get("sweep") or {}).get("points", {}).get(engine)
+    if not windows:
+        return smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= cfg.get("duration_s", np.inf))]
+    warm = point_warmup_s(meta)
+    inside = np.zeros(len(smp), dtype=bool)
+    for w in windows:
+        inside |= in_point(smp, w, warm).to_numpy()
+    return smp[inside]
+
+
+def in_point(smp: pd.DataFrame, window: dict, warm_s: float) -> pd.Series:
+    """Samples of one sweep point's window, past its warm-up."""
+    return (smp.t_s >= window["start_s"] + warm_s) & (smp.t_s <= window["end_s"])
+
+
+def memory_figures(churn: pd.DataFrame) -> dict:
+    cap = churn.kv_capacity_bytes.astype(float)
+    out = {}
+    for share, col in SHARE_COLUMNS.items():
+        values = churn[col].astype(float) / cap if len(churn) and churn[col].notna().all() else None
+        out[share] = float(values.mean()) if values is not None and len(values) else None
+    out["allocated_share"] = float((churn.allocated_bytes / cap).mean()) if len(churn) else None
+    out["mean_running"] = float(churn.running.astype(float).mean()) if len(churn) and churn.running.notna().any() \
+        else None
+    out["max_running"] = int(churn.running.max()) if len(churn) and churn.running.notna().any() else None
+    return out
+
+
+def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
+    cfg = meta.get("config", {})
+    churn = steady(smp, meta, engine)
+    window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
+    ok = req[req.status == "ok"]
+    out: dict = memory_figures(churn)
+    ooms = ev[ev.kind == "oom"]
+    out["oom_total"] = int(len(ooms))
+    out["oom_fragmentation"] = int((ooms.cause == "fragmentation").sum())
+    out["oom_capacity"] = int((ooms.cause == "capacity").sum())
+    pre = smp.preempted_total.dropna().astype(float).diff().clip(lower=0).sum() if len(smp) else 0
+    out["preemptions"] = int(pre)
+    out["output_tokens_per_s"] = float(req.output_tokens.fillna(0).sum() / window)
+    out["requests_per_s"] = float(len(ok) / window)
+    out["goodput_requests_per_s"] = float(meets_slo(ok, slo_of(cfg)).sum() / window)
+    out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
+    out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
+    out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
+    out["crashes"] = int((ev.kind == "crash").sum())
+    out["cancelled"] = int((req.status == "cancelled").sum())
+    releases = ev[ev.kind == "cancel_release"]
+    release_s = pd.to_numeric(releases.get("release_s", pd.Series(dtype=float)), errors="coerce")
+    out["cancel_release_p99_s"] = pct(release_s, 0.99)
+    out["requests"] = int(len(req))
+    for status in ("ok", "oom", "rejected", "error", "crashed"):
+        out[f"requests_{status}"] = int((req.status == status).sum())
+    unfinished = (req.status == "error") & (req.error == UNFINISHED)
+    out["requests_unfinished"] = int(unfinished.sum())
+    out["requests_error"] -= out["requests_unfinished"]
+    out["window_s"] = window
+    kvb = pd.to_numeric(smp.get("kv_bytes_per_token", pd.Series(dtype=float)), errors="coerce").dropna()
+    out["kv_bytes_per_token"] = int(kvb.iloc[0]) if len(kvb) else None
+    return out
+
+
+def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: dict, slo: SLO,
+                  warm_s: float) -> dict:
+    """One sweep point: the client's figures, and the engine's state over the window (what bound it)."""
+    in_window = smp[in_point(smp, window, warm_s)]
+    ooms = ev[ev.kind == "oom"]
+    mem = memory_figures(in_window)
+    metrics = request_metrics(rows, window["end_s"] - window["start_s"], slo)
+    unfinished = (rows.status == "error") & (rows.error == UNFINISHED)
+    return {"offered_rps": window["offered_rps"], **metrics,
+            "mean_running": mem["mean_running"], "token_states_share": mem["token_states_share"],
+            "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
+            "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
+            "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
+            "crashes": int((ev.kind == "crash").sum()),
+            "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
+            "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0)))}
+
+
+def waiting_for_memory(smp: pd.DataFrame) -> float | None:
+    """Share of samples in which requests waited and memory alone held the queue's head back."""
+    col = pd.to_numeric(smp.get("waiting_for_memory", pd.Series(dtype=float)), errors="coerce").dropna()
+    return float((col > 0).mean()) if len(col) else None
+
+
+def step_seconds(smp: pd.DataFrame) -> float | None:
+    """Mean time per engine step over the samples: elapsed time over the steps counter's rise."""
+    steps = pd.to_numeric(smp.get("steps", pd.Series(dtype=float)), errors="coerce")
+    ok = steps.notna()
+    if ok.sum() < 2:
+        return None
+    rise = float(steps[ok].iloc[-1] - steps[ok].iloc[0])
+    return float(smp.t_s[ok].iloc[-1] - smp.t_s[ok].iloc[0]) / rise if rise > 0 else None
+
+
+def counter_rise(smp: pd.DataFrame, column: str) -> int:
+    values = pd.to_numeric(smp.get(column, pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(values.diff().clip(lower=0).sum()) if len(values) else 0
+
+
+def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict,
+             budget: str | None = None) -> dict | None:
+    """The sweep's points for one engine at one KV budget (the run's own by default), each from its own
+    window, the rate it sustains with its interval, and what bound it at the knee."""
+    cfg = meta.get("config", {})
+    budget = budget or cfg.get("kv_budget")
+    windows = [w for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])
+               if w.get("kv_budget", budget) == budget]
+    if not windows or "offered_rps" not in req:
+        return None
+    slo, warm, grace = slo_of(cfg), point_warmup_s(meta), cfg.get("grace_s", 0.0)
+    arrival = pd.to_numeric(req.arrival_s, errors="coerce")
+    points = []
+    for w in windows:
+        rows = req[(arrival >= w["start_s"] - 1e-6) & (arrival <= w["end_s"] + 1e-6)]
+        events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
+        points.append(point_figures(rows, smp, events, w, slo, warm))
+    return knee_block(capacity_block(points, slo), slo)
+
+
+def capacity_by_budget(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
+    budgets = dict.fromkeys(w.get("kv_budget") for w in (meta.get("sweep") or {}).get("points", {}).get(engine, []))
+    blocks = {b: capacity(engine, req, smp, ev, meta, b) for b in budgets if b}
+    return {parse_size(b): block for b, block in blocks.items() if block is not None}
+
+
+def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
+    meta = load_meta(run_dir)
+    frames = frames or load_frames(run_dir)
+    req, smp, ev = frames["requests"], frames["samples"], frames["events"]
+    engines = list(dict.fromkeys([*meta.get("config", {}).get("engines", []), *req.engine.dropna().unique()]))
+    summary = {"run_id": meta.get("run_id", run_dir.name), "status": meta.get("status", "partial"),
+               "max_seq_len": meta.get("config", {}).get("max_seq_len"), "engines": {}}
+    for engine in engines:
+        r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
+        if len(r) or len(s):
+            summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
+            block = capacity(engine, r, s, e, meta)
+            if block is not None:
+                summary.setdefault("capacity", {})[engine] = block
+            if len(meta.get("config", {}).get("kv_budgets") or []) > 1:
+                for budget, by in capacity_by_budget(engine, r, s, e, meta).items():
+                    summary.setdefault("capacity_by_budget", {}).setdefault(str(budget), {})[engine] = by
+    return summary
+
+
+def finalize(run_dir: Path) -> dict:
+    """Parquet files and summary.json from the journals; safe to repeat."""
+    frames = load_frames(run_dir)
+    for kind in ("requests", "samples", "events"):
+        frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
+    summary = summarize(run_dir, frames)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

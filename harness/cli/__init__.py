@@ -1,0 +1,33 @@
+"""The `fragbench` command: one module per verb, each registering its flags and a short handler over the
+modules that hold the logic. Bad input exits 2 with one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+from harness.cli import bench, check, compare, generate, history, load, model, plan, report, serve, simulate, workload
+from harness.cli.args import Parser, UsageError
+
+VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    for verb in VERBS:
+        verb.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engines.procs import exit_on_sigterm
+
+    exit_on_sigterm()  # every verb unwinds on SIGTERM, stopping the processes it started
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as e:
+        print(f"fragbench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,160 @@
+"""What every verb's flags share: the one-line usage error, argument types, and the translation of a domain
+module's own error (a missing model, an unknown workload) into that one line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.units import parse_size
+
+
+class UsageError(Exception):
+    """Bad flags, files or values: one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage on top; one line is what we promise
+        raise UsageError(message)
+
+
+@contextmanager
+def usage_errors(*errors: type[Exception]) -> Iterator[None]:
+    """A domain module's refusal (its own exception type) as the CLI's one line."""
+    try:
+        yield
+    except errors as e:
+        raise UsageError(str(e)) from None
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def fraction_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
+    return value
+
+
+def rate_list(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates takes comma-separated numbers, not {text!r}") from None
+    if not rates or any(not 0 < r < float("inf") for r in rates):
+        raise argparse.ArgumentTypeError(f"--rates needs one or more positive finite rates, not {text!r}")
+    return sorted(set(rates))
+
+
+def http_url(flag: str, text: str) -> str:
+    from urllib.parse import urlparse
+
+    url = urlparse(text)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise UsageError(f"{flag} must be an http URL, not {text!r}")
+    return text
+
+
+def model_dir(path: str, why: str = "no config.json") -> Path:
+    if not (Path(path) / "config.json").is_file():
+        raise UsageError(f"--model {path!r} is not a model directory ({why})")
+    return Path(path)
+
+
+def run_dir(path: str) -> Path:
+    if not (Path(path) / "run.json").is_file():
+        raise UsageError(f"{path} is not a run directory (no run.json)")
+    return Path(path)
+
+
+def shape_of(model: str):
+    from engines.shapes import ModelNotFound, load_shape
+
+    with usage_errors(ModelNotFound):
+        return load_shape(model)
+
+
+def add_gpu_flags(parser: argparse.ArgumentParser, required: bool, speed: bool = False) -> None:
+    """--gpu PRESET or --gpu-mem SIZE; with `speed`, the bandwidth and peak a step model needs of --gpu-mem."""
+    gpu = parser.add_mutually_exclusive_group(required=required)
+    gpu.add_argument("--gpu", help="GPU preset: a100-40gb, a100-80gb, h100-80gb, h200-141gb")
+    gpu.add_argument("--gpu-mem", type=size_arg, help="GPU memory, e.g. 40GiB")
+    if speed:
+        parser.add_argument("--hbm-bw", type=float, default=2.0e12, help="bytes/s, with --gpu-mem")
+        parser.add_argument("--peak-flops", type=float, default=312e12, help="FLOP/s, with --gpu-mem")
+
+
+def gpu_of(args: argparse.Namespace):
+    """--gpu PRESET or --gpu-mem SIZE (with --hbm-bw and --peak-flops where the verb has them)."""
+    from harness.gpus import resolve_gpu
+
+    with usage_errors(ValueError):
+        return resolve_gpu(args.gpu, args.gpu_mem, getattr(args, "hbm_bw", 0.0), getattr(args, "peak_flops", 0.0))
+
+
+def spec_of(name: str):
+    from workloads.spec import SpecError, load_spec
+
+    with usage_errors(SpecError):
+        return load_spec(name)
+
+
+def trace_of(name: str, seed: int, max_seq_len: int, vocab_size: int):
+    from workloads.generate import trace
+    from workloads.traces import TraceError
+
+    spec = spec_of(name)
+    with usage_errors(TraceError):
+        return trace(spec, seed, max_seq_len, vocab_size)
+
+
+def device_of(requested: str) -> str:
+    from engines.memory import resolve_device
+
+    with usage_errors(ValueError):
+        return resolve_device(requested)
+
+
+def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
+    """The capacity-sweep flags bench and simulate share; the group, for the verb's own."""
+    group = parser.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
+    group.add_argument("--sweep", action="store_true",
+                       help=f"offer the workload at several request rates per {per} and find the highest each "
+                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
+    group.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
+    group.add_argument("--points", type=positive_int, default=points, help="rates to sweep after calibration")
+    group.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
+    group.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
+    group.add_argument("--slo-attainment", type=float, default=0.9,
+                       help="share of requests that must meet the SLO for a rate to count as sustained")
+    return group
+
+
+def check_sweep_args(args: argparse.Namespace, workload) -> None:
+    """Flags that cannot make a sweep: one line each, before anything starts."""
+    from harness.analysis.capacity import SweepRefused, check_sweep
+
+    with usage_errors(SweepRefused):
+        check_sweep(args.slo_ttft, args.slo_tpot, args.slo_attainment, args.point_duration, args.calibrate_duration,
+                    args.warmup, args.sweep or bool(args.rates), workload.closed_concurrency, args.workload,
+                    getattr(args, "search_time", None), getattr(args, "knee_tolerance", None))

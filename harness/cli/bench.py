@@ -1,0 +1,119 @@
+"""`fragbench bench`: every engine on the same model, KV budget and request stream; the report at the end."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from harness.cli.args import UsageError, check_sweep_args, positive_int, sweep_group, trace_of, usage_errors
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report")
+    bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb")
+    bench.add_argument("--workload", default="mixed-churn")
+    bench.add_argument("--model", default="models/tiny-llama")
+    bench.add_argument("--kv-budget", default="16MiB", type=str)
+    bench.add_argument("--kv-budgets", metavar="B1,B2,...",
+                       help="run every engine's knee search at each of these KV budgets (the first is the run's own); "
+                            "the report draws sustained rate against budget")
+    bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
+    bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
+    bench.add_argument("--warmup", type=float,
+                       help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
+    bench.add_argument("--max-seq-len", type=positive_int, default=2048)
+    bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="results")
+    bench.add_argument("--reports", default="reports")
+    bench.add_argument("--run-id")
+    bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
+    bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
+                       help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
+                            "cuda: every KV allocation a real tensor from PyTorch's caching allocator")
+    bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
+    bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
+                       help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
+    sweep = sweep_group(bench, "engine", points=6)
+    sweep.add_argument("--point-duration", type=float, default=20.0, help="seconds of arrivals per rate, at least")
+    sweep.add_argument("--point-requests", type=positive_int, default=40,
+                       help="arrivals per rate, at least (a slow engine's points last longer)")
+    sweep.add_argument("--search-time", type=float, default=240.0,
+                       help="seconds of arrivals each engine's knee search may spend (per budget)")
+    sweep.add_argument("--knee-tolerance", type=float, default=0.2,
+                       help="the search stops once the lowest failing rate is within 1 + this of the passing one")
+    sweep.add_argument("--calibrate-duration", type=float, default=12.0, help="seconds per calibration window")
+    bench.set_defaults(func=run)
+
+
+def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        engine, sep, rest = pair.partition("=")
+        if not sep or engine not in engines:
+            raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
+        out.setdefault(engine, []).extend(shlex.split(rest))
+    return out
+
+
+def kv_budgets(args: argparse.Namespace) -> list[str]:
+    """--kv-budget, or --kv-budgets' list: each a size that holds one max-length sequence of the model."""
+    from engines.shapes import load_shape
+    from harness.units import parse_size
+
+    texts = [b.strip() for b in args.kv_budgets.split(",")] if args.kv_budgets is not None else [args.kv_budget]
+    flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
+    if not any(texts):
+        raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
+    shape = load_shape(args.model)
+    one = args.max_seq_len * shape.kv_bytes_per_token(shape.config.get("dtype") or "float32")
+    for text in texts:
+        try:
+            size = parse_size(text)
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        if size < one:
+            raise UsageError(f"{flag}: {text} is smaller than one max-length sequence of this model "
+                             f"({args.max_seq_len} tokens x {one // args.max_seq_len} B = {one / 2**20:.1f} MiB)")
+    return list(dict.fromkeys(texts))
+
+
+def config(args: argparse.Namespace):
+    from engines import SERVED, UnknownName, pick
+    from harness.cli.args import device_of, model_dir
+    from harness.run.bench import BenchConfig
+
+    with usage_errors(UnknownName):
+        engines = pick(args.engines, SERVED, "--engines", "engines")
+    if "vllm" in engines:
+        from engines.peers.vllm import vllm_python
+
+        if vllm_python() is None:
+            raise UsageError("--engines vllm: vLLM is not installed: run `make vllm`")
+    model_dir(args.model, "run `make model`")
+    check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
+    budgets = kv_budgets(args)
+    return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
+                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
+                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
+                       kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
+                       warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+                       slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
+                       points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
+                       point_requests=args.point_requests, search_s=args.search_time,
+                       knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device_of(args.device),
+                       memory=args.memory)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.run.bench import Bench
+    from harness.views.report import render
+
+    cfg = config(args)
+    bench = Bench(cfg)
+    print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
+    run_dir = bench.run()
+    report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
+    print(f"results: {run_dir}\nreport:  {report}")
+    return 0

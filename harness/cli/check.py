@@ -1,0 +1,52 @@
+"""`fragbench check`: the pre-deployment questions, asked of any OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness.cli.args import add_gpu_flags, gpu_of, http_url, positive_int, shape_of, trace_of, usage_errors
+
+
+def register(sub) -> None:
+    from engines.shapes import DTYPE_BYTES
+
+    chk = sub.add_parser("check", help="pre-deployment sanity check of any OpenAI-compatible server")
+    chk.add_argument("--target", required=True)
+    chk.add_argument("--metrics-url", help="Prometheus metrics (default: TARGET/metrics)")
+    chk.add_argument("--model", required=True, help="model preset or directory the server runs")
+    add_gpu_flags(chk, required=False)
+    chk.add_argument("--max-seq-len", type=positive_int)
+    chk.add_argument("--dtype", choices=list(DTYPE_BYTES), help="default: the model directory's, else float16")
+    chk.add_argument("--workload", default="check-churn")
+    chk.add_argument("--duration", type=float, default=30.0)
+    chk.add_argument("--json", action="store_true")
+    chk.add_argument("--report")
+    chk.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engines.shapes import DTYPE_BYTES
+    from harness.check import CheckConfig, Unreachable, run_check
+    from harness.views.check_report import render_check
+
+    target = http_url("--target", args.target.rstrip("/"))
+    shape = shape_of(args.model)
+    gpu = gpu_of(args)
+    max_seq_len = args.max_seq_len or shape.max_seq_len
+    trace_of(args.workload, 0, max_seq_len, shape.vocab_size)
+    dtype = args.dtype or shape.config.get("dtype") or shape.config.get("torch_dtype") or "float16"
+    cfg = CheckConfig(target, args.metrics_url or f"{target}/metrics", args.model, gpu, max_seq_len, args.workload,
+                      args.duration, dtype if dtype in DTYPE_BYTES else "float16")
+    with usage_errors(Unreachable):
+        result = run_check(cfg)
+    if args.report:
+        render_check(result, Path(args.report))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(f"fragbench check {result['target']} (metrics: {result['metrics_found']})")
+        for q in result["questions"]:
+            print(f"{q['id']}. [{q['status']}] {q['question']}\n   answer: {q['answer']}\n   {q['evidence']}")
+    return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0

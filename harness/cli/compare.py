@@ -1,0 +1,32 @@
+"""`fragbench compare`: two runs side by side; exit 1 on a regression (the nightly gate)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.args import UsageError, run_dir
+
+
+def register(sub) -> None:
+    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 on a regression")
+    cmp_.add_argument("base")
+    cmp_.add_argument("new")
+    cmp_.add_argument("--threshold", type=float, default=10.0, help="percent")
+    cmp_.add_argument("--out")
+    cmp_.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.views.compare import compare, load_summary, render_html, render_text
+
+    dirs = [run_dir(args.base), run_dir(args.new)]
+    base, new = (load_summary(d) for d in dirs)
+    rows = compare(base, new, args.threshold)
+    if not rows:
+        raise UsageError("the two runs share no engine")
+    print(render_text(rows, args.threshold))
+    out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
+                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"))
+    print(f"report: {out}")
+    return 1 if any(r.regressed for r in rows) else 0

@@ -1,0 +1,63 @@
+"""The flags that make one engine, shared by `generate` and `serve`, and the engine they make."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.args import device_of, model_dir, positive_int, size_arg, usage_errors
+from harness.units import parse_size
+
+
+def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
+    p.add_argument("--engine", required=True, choices=engines)
+    p.add_argument("--model", required=True, help="model directory (fragbench model build)")
+    p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"))
+    p.add_argument("--max-seq-len", type=positive_int)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max",
+                   help="the static engine's reservation (static-max, static-pow2, static-oracle name it too)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="contiguous engines: admit or grow without checking free bytes, as a naive server does "
+                        "(an OOM then rejects or crashes); by default a request waits until free bytes cover it")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own)")
+    p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
+    p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
+    p.add_argument("--max-num-seqs", type=positive_int, default=64)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--memory", choices=["arena", "cuda"], default="arena")
+    p.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
+
+
+def engine_from_flags(args: argparse.Namespace):
+    from engines.factory import EngineConfigError, EngineSpec, make_engine
+
+    model_dir(args.model)
+    spec = EngineSpec(
+        engine=args.engine,
+        model_dir=args.model,
+        kv_budget_bytes=args.kv_budget,
+        max_seq_len=args.max_seq_len,
+        block_size=args.block_size,
+        reserve=args.reserve,
+        preflight=not args.no_preflight,
+        on_oom=args.on_oom,
+        max_num_seqs=args.max_num_seqs,
+        max_batch=args.max_batch,
+        prefix_caching=not args.no_prefix_caching,
+        memory=args.memory,
+        device=device_of(args.device),
+    )
+    quiet_transformers()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    with usage_errors(EngineConfigError, RuntimeError):
+        return make_engine(spec)
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

@@ -1,0 +1,49 @@
+"""`fragbench load`: replay a workload against a server, in the load generator's own process (Locust)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.args import UsageError, http_url, positive_int, trace_of
+
+
+def register(sub) -> None:
+    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
+    load.add_argument("--target")
+    load.add_argument("--workload")
+    load.add_argument("--duration", type=float, default=60.0)
+    load.add_argument("--workers", type=positive_int, default=1)
+    load.add_argument("--out", default="results/load")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--max-seq-len", type=positive_int, default=2048)
+    load.add_argument("--vocab-size", type=positive_int, default=4096)
+    load.add_argument("--engine-label", default="target")
+    load.add_argument("--api-key")
+    spread = load.add_argument_group("over several machines (Locust's master/worker protocol)")
+    spread.add_argument("--master", action="store_true", help="hand the trace to --expect-workers workers")
+    spread.add_argument("--expect-workers", type=positive_int, default=1)
+    spread.add_argument("--master-bind", default="0.0.0.0:5557",
+                        help="HOST:PORT the master listens on (its workers may be on other machines)")
+    spread.add_argument("--worker", action="store_true", help="take a share of a master's trace")
+    spread.add_argument("--master-host", default="127.0.0.1:5557", help="HOST[:PORT] of the master")
+    spread.add_argument("--connect-timeout", type=float, default=30.0,
+                        help="seconds a worker waits for its master, and a master for its workers")
+    load.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.run.loadargs import LoadArgs, run_loadgen, worker_argv
+
+    if args.worker:  # everything else comes from the master
+        return run_loadgen(worker_argv(args.master_host, args.connect_timeout))
+    if not args.target or not args.workload:
+        raise UsageError("load needs --target and --workload (a --worker takes them from its master)")
+    http_url("--target", args.target)
+    trace_of(args.workload, args.seed, args.max_seq_len, args.vocab_size)  # fail here, not in the child
+    return run_loadgen(LoadArgs(target=args.target, workload=args.workload, out=Path(args.out),
+                                duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,
+                                vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,
+                                workers=args.expect_workers if args.master else args.workers,
+                                master_bind=args.master_bind if args.master else None,
+                                connect_timeout_s=args.connect_timeout))

@@ -1,0 +1,38 @@
+"""`fragbench plan`: what one token of KV costs a model on a GPU, what fits, and how many requests run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from harness.cli.args import add_gpu_flags, fraction_arg, gpu_of, positive_int, shape_of, trace_of
+
+
+def register(sub) -> None:
+    from engines.shapes import DTYPE_BYTES
+
+    plan = sub.add_parser("plan", help="capacity plan for a model on a GPU")
+    plan.add_argument("--model", required=True, help="preset name or model directory")
+    add_gpu_flags(plan, required=True)
+    plan.add_argument("--gpu-util", type=fraction_arg, default=0.9)
+    plan.add_argument("--max-seq-len", type=positive_int)
+    plan.add_argument("--block-size", type=positive_int, default=16)
+    plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
+    plan.add_argument("--workload", help="length mix for the paged estimate (default: ShareGPT-like means)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.plan import SHAREGPT_MIX, make_plan, render_plan, workload_mix
+
+    shape = shape_of(args.model)
+    gpu_mem = gpu_of(args).memory_bytes
+    mix = SHAREGPT_MIX
+    if args.workload:
+        max_seq_len = args.max_seq_len or shape.max_seq_len
+        mix = workload_mix(trace_of(args.workload, 0, max_seq_len, shape.vocab_size).requests, args.workload,
+                           max_seq_len)
+    plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
+    return 0

@@ -1,0 +1,26 @@
+"""`fragbench report`: the HTML report of a run, complete or partial."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.args import run_dir
+
+
+def register(sub) -> None:
+    report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
+    report.add_argument("run_dir")
+    report.add_argument("--out")
+    report.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.analysis.summary import finalize
+    from harness.views.report import render
+
+    directory = run_dir(args.run_dir)
+    finalize(directory)  # a partial run gets its parquet files and summary from what it wrote
+    out = Path(args.out) if args.out else Path("reports") / f"{directory.name}.html"
+    print(render(directory, out))
+    return 0

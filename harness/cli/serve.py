@@ -1,0 +1,49 @@
+"""`fragbench serve`: the OpenAI-compatible server for any engine (vLLM's own for `--engine vllm`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.args import UsageError, positive_int, usage_errors
+from harness.cli.engine_flags import add_engine_flags, engine_from_flags
+
+
+def register(sub) -> None:
+    from engines import ENGINES
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine")
+    add_engine_flags(srv, (*ENGINES, "vllm"))
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
+                     help="fault injection: an engine-wide error after N engine steps (the server fails its "
+                          "open requests and exits with code 71)")
+    srv.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if args.engine == "vllm":
+        from engines.peers.vllm import VLLMUnavailable, serve_vllm
+
+        with usage_errors(VLLMUnavailable):
+            return serve_vllm(args.model, args.kv_budget, args.max_seq_len, args.block_size, args.host, args.port)
+    from transformers import AutoTokenizer
+
+    from engines.api.server import CompletionServer, serve
+
+    engine = engine_from_flags(args)
+    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), Path(args.model).name, args.api_key,
+                              args.fail_at_step)
+
+    def ready(port: int) -> None:
+        print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
+
+    try:
+        asyncio.run(serve(server, args.host, args.port, ready))
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    return 0

@@ -1,0 +1,85 @@
+"""`fragbench simulate`: the engines' own KV policies and scheduler at real-model scale, on a step-time model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from harness.cli.args import (
+    UsageError,
+    add_gpu_flags,
+    check_sweep_args,
+    fraction_arg,
+    gpu_of,
+    positive_int,
+    shape_of,
+    spec_of,
+    sweep_group,
+    trace_of,
+    usage_errors,
+)
+
+
+def register(sub) -> None:
+    from engines.shapes import DTYPE_BYTES
+
+    sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model")
+    sim.add_argument("--model", required=True, help="model preset or directory")
+    add_gpu_flags(sim, required=True, speed=True)
+    sim.add_argument("--workload", required=True, help="preset, spec file or trace file")
+    sim.add_argument("--policy", required=True, help="static-max,static-pow2,static-oracle,growth,paged")
+    sim.add_argument("--block-size", type=positive_int, default=16)
+    sim.add_argument("--placement", choices=["best-fit", "buddy"],
+                     help="arena placement for every policy (default: buddy for static-max/pow2, as the paper)")
+    sim.add_argument("--requests", type=positive_int)
+    sim.add_argument("--max-seq-len", type=positive_int)
+    sim.add_argument("--max-num-seqs", type=positive_int, default=256)
+    sim.add_argument("--gpu-util", type=fraction_arg, default=0.9)
+    sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--no-preflight", action="store_true",
+                     help="static policies admit without checking free bytes (a naive server) and reject on OOM")
+    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--report", help="write an HTML page with the breakdown over time")
+    sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
+    sweep_group(sim, "policy", points=12)
+    sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone
+    sim.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engines import UnknownName, pick
+    from engines.kv import POLICIES
+    from harness.analysis.capacity import SLO
+    from harness.plan import PlanRefused, fitting_plan
+    from harness.sim.progress import SimulationProgress
+    from harness.sim.simulate import run_simulation
+    from harness.views.sim_report import render_simulation, render_text
+    from workloads.traces import TraceError, resolve
+
+    shape = shape_of(args.model)
+    with usage_errors(UnknownName):
+        policies = pick(args.policy, POLICIES, "--policy", "policies")
+    gpu = gpu_of(args)
+    spec = spec_of(args.workload)
+    max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
+    with usage_errors(PlanRefused, TraceError):
+        plan = fitting_plan(shape, gpu.name, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
+        if spec.trace is not None:
+            resolve(spec.trace.path)
+    check_sweep_args(args, trace_of(args.workload, args.seed, max_seq_len, shape.vocab_size))
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    with SimulationProgress() as progress:
+        sim = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
+                             args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
+                             preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
+                             sweep_points=args.points if args.sweep or args.rates else 0,
+                             slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
+                             progress=progress)
+    if args.report:
+        render_simulation(sim, Path(args.report))
+    print(json.dumps(sim.out, indent=2) if args.json else render_text(sim.out))
+    return 0

@@ -1,0 +1,450 @@
+"""`fragbench bench`: every engine on the same model, KV budget, threads and request stream, one after
+another; memory sampled at 10 Hz; a crashed engine recorded, restarted, and the run goes on.
+Everything is written as it is produced: a killed bench leaves a readable partial run."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engines.memory import device_info, device_note
+from engines.procs import free_port
+from harness.analysis.capacity import SLO, request_metrics
+from harness.analysis.knee import KneeSearch
+from harness.results import Journal, read_journals, token_times
+from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
+from harness.run.sampler import Sampler, fetch_json, fetch_stats
+from harness.run.servers import ServerFailed, ServerProcess, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
+OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
+LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
+SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
+
+
+@dataclass(kw_only=True)
+class BenchConfig(Traffic):
+    """A bench run: the traffic every engine is given (`Traffic`'s fields), and what it runs it on."""
+
+    engines: list[str]
+    model: str
+    kv_budget: str
+    out_dir: Path
+    threads: int = 2
+    run_id: str = ""
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.25
+    slo_attainment: float = 0.9
+    device: str = "cpu"  # resolved: cpu or cuda[:N]
+    memory: str = "arena"  # arena: one buffer carved exactly; cuda: PyTorch's caching allocator
+    # capacity sweep: the workload offered at several rates, one server per engine (and budget) for all of them
+    sweep: bool = False
+    rates: list[float] | None = None  # the same given rates for every engine; else each engine's knee search
+    points: int = 6  # the knee search's most points per engine and budget
+    point_s: float = 20.0  # seconds of arrivals per point, at least
+    point_requests: int = 40  # arrivals per point, at least: a slow engine's points last longer
+    search_s: float = 240.0  # seconds of arrivals one engine's knee search may spend (per budget)
+    knee_tolerance: float = 0.2  # the search stops once its failing rate is within 1 + this of its passing one
+    calibrate_s: float = 12.0  # seconds of one saturating calibration window
+    kv_budgets: list[str] = field(default_factory=list)  # more budgets, each searched like kv_budget
+    warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
+    kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
+    engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    t0: float  # wall clock: the origin of this engine's samples, events and request times
+    port: int
+    server: ServerProcess | None = None
+    crashes: int = 0
+    down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
+    budget: str = ""  # the KV budget its server runs at now
+    oom_seen: int = 0
+
+
+def git_sha() -> str | None:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "aiohttp", "locust", "plotly", "fragbench"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def hardware(device: str) -> dict:
+    return {"machine": platform.machine(), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
+            "device": device_note(), **{f"device_{k}": v for k, v in device_info(device).items()}}
+
+
+class Bench:
+    def __init__(self, cfg: BenchConfig, console: Console | None = None):
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        cfg.run_id = cfg.run_id or datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
+        self.dir = cfg.out_dir / cfg.run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.samples = Journal(self.dir / "samples.jsonl")
+        self.events = Journal(self.dir / "events.jsonl")
+        self.debug = Journal(self.dir / "debug.jsonl")
+        self.run_meta = {
+            "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
+            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir)}, "git_sha": git_sha(),
+            "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
+        }
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.run_meta, indent=2, default=str))
+        tmp.replace(self.dir / "run.json")  # atomic: a kill never leaves half a run.json
+
+    # -- the whole run
+    def run(self) -> Path:
+        from harness.analysis.summary import finalize
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=self.console) as progress:
+            def shower(engine: str, total: float):
+                task = progress.add_task(f"{engine:<6} starting", total=total)
+                return lambda text, done: progress.update(task, description=text, completed=min(done, total))
+
+            if self.cfg.sweep:
+                self.run_meta["sweep"] = {"rates": self.cfg.rates, "point_s": self.cfg.point_s, "points": {},
+                                          "search": None if self.cfg.rates else self.search_settings()}
+                self.write_meta()
+            for engine in self.cfg.engines:
+                self.run_engine(engine, shower)
+                self.run_meta["engines_done"].append(engine)
+                self.write_meta()
+        self.run_meta["status"] = "complete"
+        self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
+        self.write_meta()
+        finalize(self.dir)
+        return self.dir
+
+    # -- one engine
+    def server_args(self, engine: str, port: int) -> list[str]:
+        args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len), *self.cfg.engine_args.get(engine, [])]
+        return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads), "--device", self.cfg.device,
+                                              "--memory", self.cfg.memory]
+
+    def start(self, run: EngineRun) -> ServerProcess:
+        log = self.dir / "logs" / f"{run.engine}.log"
+        return start_server(run.engine, self.cfg.model, run.budget, log,
+                            extra=self.server_args(run.engine, run.port), threads=self.cfg.threads)
+
+    def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None:
+        t = t_s if t_s is not None else time.time() - run.t0
+        self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
+
+    # -- calibration: how fast each engine can go on this workload and hardware
+    def calibrate(self, run: EngineRun, show) -> float:
+        """The requests/s an engine sustains when saturated: output tokens it streamed per second inside the
+        window (requests still running count: an engine that runs many at once finishes them later) over
+        the workload's mean output per request. The offered rate starts at four times the workload's own and
+        doubles until the engine falls behind (at most four windows)."""
+        from workloads.generate import trace
+        from workloads.spec import load_spec
+
+        reqs = trace(load_spec(self.cfg.workload), self.cfg.seed, self.cfg.max_seq_len).requests
+        span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+        offered = 4 * (len(reqs) - 1) / span if span > 0 else 10.0
+        tokens_per_request = sum(r.max_tokens * r.n for r in reqs) / len(reqs)
+        achieved = 0.0
+        for attempt in range(4):
+            out = self.dir / "engines" / run.engine / "calibrate" / f"{run.budget}-{attempt}"
+            start = time.time() - run.t0 + LOADGEN_STARTUP_S
+            self.churn(run, None, show, self.load_args(run, out=out, duration_s=self.cfg.calibrate_s, grace_s=2,
+                                                       rate=offered, start_at_s=start), start)
+            self.drain(run)
+            rows = read_journals([out / "requests.jsonl"], "requests")
+            end = start + self.cfg.calibrate_s
+            tokens = sum(start <= t <= end for row in rows.itertuples() for t in token_times(row))
+            achieved = tokens / self.cfg.calibrate_s / tokens_per_request
+            if achieved < 0.8 * offered:  # it fell behind: that is its pace
+                break
+            offered *= 2
+        return round(achieved, 3)
+
+    @property
+    def budgets(self) -> list[str]:
+        """The KV budgets every engine is run at: the run's own first, then --kv-budgets' others."""
+        return list(dict.fromkeys([self.cfg.kv_budget, *self.cfg.kv_budgets]))
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(self.cfg.slo_ttft_s, self.cfg.slo_tpot_s, self.cfg.slo_attainment)
+
+    def search_settings(self) -> dict:
+        c = self.cfg
+        return {"max_points": c.points, "tolerance": c.knee_tolerance, "step": KneeSearch.step,
+                "start_share_of_calibration": SEARCH_START, "point_s": c.point_s, "point_requests": c.point_requests,
+                "search_s": c.search_s, "target": c.slo_attainment}
+
+    def run_engine(self, engine: str, shower) -> None:
+        """Every budget of one engine on one clock: a server per budget, the debugging pass on the first."""
+        run = EngineRun(engine, time.time(), free_port())
+        for budget in self.budgets:
+            run.budget = budget
+            total = (self.cfg.search_s if not self.cfg.rates else len(self.cfg.rates) * self.cfg.point_s) \
+                if self.cfg.sweep else self.cfg.duration_s
+            label = engine if budget == self.cfg.kv_budget else f"{engine}@{budget}"
+            self.run_budget(run, shower(label, total))
+
+    def run_budget(self, run: EngineRun, show) -> None:
+        engine, first = run.engine, run.budget == self.cfg.kv_budget
+        try:
+            run.server = self.start(run)
+        except ServerFailed as e:
+            self.event(run, "crash", detail=f"did not start at {run.budget}: {e}")
+            show(f"{engine:<6} did not start", 0)
+            return
+        map_path = self.dir / (f"memory_map-{engine}.json" if first else f"memory_map-{engine}-{run.budget}.json")
+        sampler = Sampler(engine, run.server.url, run.server.proc.pid, self.samples, run.t0, map_path).start()
+        try:
+            if first:
+                self.debug_passes(run, show)
+            calibrated = self.calibrate_at(run, show) if self.cfg.sweep and not self.cfg.rates else None
+            if first:
+                run.t0 = time.time()  # the churn starts the engine's clock; finalize re-bases earlier rows
+                self.run_meta.setdefault("engine_t0", {})[engine] = run.t0
+                self.write_meta()
+            sampler.t0 = run.t0
+            if calibrated is not None:
+                self.search(run, sampler, show, calibrated)
+            elif self.cfg.rates:
+                for rate in self.cfg.rates:
+                    self.point(run, sampler, show, rate, self.cfg.point_s)
+            else:
+                self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
+                self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
+            if first:
+                time.sleep(1.0)
+                self.debug_pass(run, "after the churn mix")
+                self.releases(run)
+        finally:
+            sampler.stop()
+            self.collect_ooms(run, sampler.last)
+            run.server.stop()
+
+    def debug_passes(self, run: EngineRun, show) -> None:
+        show(f"{run.engine:<6} debug pass", 0)
+        self.plain(f"{run.engine}: server up, debugging pass")
+        self.debug_pass(run, "after model load")
+        self.request_alone(run, "short request alone", prompt_tokens=16, max_tokens=16)
+        self.request_alone(run, "long request alone", prompt_tokens=int(self.cfg.max_seq_len * 0.75), max_tokens=32)
+        self.debug_pass(run, "after those requests complete")
+
+    def calibrate_at(self, run: EngineRun, show) -> float:
+        rate = self.calibrate(run, lambda text, done: show(f"{run.engine:<6} calibrating", 0))
+        self.plain(f"{run.engine}: calibrated at {rate:g} req/s ({run.budget})")
+        self.run_meta.setdefault("calibration", {}).setdefault(run.engine, {})[run.budget] = rate
+        self.write_meta()
+        return rate
+
+    def search(self, run: EngineRun, sampler: Sampler, show, calibrated_rps: float) -> None:
+        """The knee search (harness/analysis/knee.py) on the running server, within its time."""
+        search = KneeSearch(max(SEARCH_START * calibrated_rps, 0.05), self.cfg.slo_attainment,
+                            self.cfg.knee_tolerance, max_points=self.cfg.points)
+        spent = 0.0
+        while (rate := search.next_rate()) is not None:
+            window_s = self.window_s(rate)
+            if spent + window_s > self.cfg.search_s:
+                self.plain(f"{run.engine}: search stopped, {spent:.0f} of {self.cfg.search_s:g} s spent")
+                break
+            search.record(rate, self.point(run, sampler, show, rate, window_s, spent))
+            spent += window_s
+        self.plain(f"{run.engine}: knee between {search.bracket()} req/s after {len(search.measured)} points")
+
+    def window_s(self, rate: float) -> float:
+        """--point-requests arrivals, but never so long that the search time holds fewer than three points (a
+        slow engine's points then have fewer requests, and its interval says so)."""
+        return round(max(self.cfg.point_s, min(self.cfg.point_requests / rate, self.cfg.search_s / 3)), 3)
+
+    def load_args(self, run: EngineRun, **changes) -> LoadArgs:
+        return replace(LoadArgs.of(self.cfg, target=run.server.url, out=self.dir / "engines" / run.engine, t0=run.t0,
+                                   engine=run.engine), **changes)
+
+    def point(self, run: EngineRun, sampler: Sampler, show, rate: float, window_s: float,
+              done_before: float = 0.0) -> float | None:
+        """One offered rate on the running server, its window recorded before it starts; its SLO attainment."""
+        start = round(time.time() - run.t0 + LOADGEN_STARTUP_S, 3)
+        window = {"offered_rps": rate, "start_s": start, "end_s": round(start + window_s, 3),
+                  "kv_budget": run.budget}
+        self.run_meta["sweep"]["points"].setdefault(run.engine, []).append(window)
+        self.write_meta()
+        self.churn(run, sampler, lambda text, done: show(f"{run.engine:<6} {rate:g} req/s ({run.crashes} crashes)",
+                                                         done_before + done),
+                   self.load_args(run, duration_s=window_s, rate=rate, start_at_s=start), start)
+        self.drain(run)
+        rows = read_journals([self.dir / "engines" / run.engine / "requests.jsonl"], "requests")
+        mine = rows[(rows.arrival_s >= start - 1e-6) & (rows.arrival_s <= window["end_s"] + 1e-6)]
+        attainment = request_metrics(mine, window_s, self.slo)["slo_attainment"]
+        met = "n/a" if attainment is None else f"{100 * attainment:.0f} %"
+        self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s, SLO attainment {met}; "
+                   + self.figures(run, sampler))
+        return attainment
+
+    def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
+        """Points are independent: the next starts on an idle engine."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            stats = fetch_stats(run.server.url) if run.server.alive() else None
+            if stats and not stats.get("running") and not stats.get("waiting"):
+                return
+            time.sleep(0.2)
+
+    @staticmethod
+    def figures(run: EngineRun, sampler: Sampler | None) -> str:
+        last = (sampler.last if sampler else None) or {}
+        return (f"{last.get('oom_total', 'n/a')} OOMs ({last.get('oom_fragmentation', 'n/a')} fragmentation) so far, "
+                f"{run.crashes} crashes, {last.get('preempted_total', 'n/a')} preemptions")
+
+    def plain(self, line: str) -> None:
+        """Progress where no terminal shows the bars (cron, CI logs): one line per phase."""
+        if not self.console.is_terminal:
+            print(f"fragbench bench: {line}", file=sys.stderr, flush=True)
+
+    def churn(self, run: EngineRun, sampler: Sampler | None, show, load: LoadArgs, start_s: float = 0.0) -> None:
+        out = load.out
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "loadgen.log", "ab") as log:
+            loadgen = start_loadgen(load, stdout=log, stderr=subprocess.STDOUT)
+        killed = False
+        try:
+            while loadgen.poll() is None:
+                elapsed = time.time() - run.t0
+                if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s:
+                    run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
+                    run.server.proc.wait()
+                    killed = True
+                show(f"{run.engine:<6} churn ({run.crashes} crashes)", max(0.0, elapsed - start_s))
+                if sampler is not None:
+                    self.collect_ooms(run, sampler.last)
+                if not run.server.alive():
+                    self.restart(run, sampler)
+                time.sleep(0.3)
+        finally:
+            stop_loadgen(loadgen)
+        show(f"{run.engine:<6} done ({run.crashes} crashes)", load.duration_s)
+
+    def restart(self, run: EngineRun, sampler: Sampler | None) -> None:
+        crashed_at = time.time() - run.t0
+        log = run.server.log_path.read_text(errors="replace")
+        crash = CRASH_LINE.findall(log)
+        detail = json.loads(crash[-1]) if crash else {}
+        if detail:
+            self.oom_event(run, crashed_at, detail, "the engine crashed on it")
+        self.event(run, "crash", crashed_at, detail=f"exit code {run.server.proc.returncode}",
+                   cause=detail.get("cause"))
+        run.crashes += 1
+        run.oom_seen = 0  # a new process counts from zero
+        try:
+            run.server = self.start(run)
+        except ServerFailed as e:
+            self.event(run, "crash", detail=f"restart failed: {e}")
+            raise
+        back = time.time() - run.t0
+        run.down.append((crashed_at, back))
+        if sampler is not None:
+            sampler.process = psutil.Process(run.server.proc.pid)
+        self.event(run, "restart", back, detail=f"down {back - crashed_at:.1f} s")
+        (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "engines" / run.engine / "down.json", "w") as f:
+            json.dump(run.down, f)
+
+    def collect_ooms(self, run: EngineRun, stats: dict | None) -> None:
+        """OOM events the server recorded since the last look (it keeps its latest 100)."""
+        if not stats or stats.get("oom_total", 0) <= run.oom_seen:
+            return
+        new = stats["oom_total"] - run.oom_seen
+        offset = time.time() - run.t0 - stats.get("t_s", 0)  # server uptime -> engine time
+        for ev in stats.get("oom_events", [])[-new:]:
+            self.oom_event(run, ev["t_s"] + offset, ev, "the request failed")
+        run.oom_seen = stats["oom_total"]
+
+    def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
+        """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
+        state = {k: ev.get(k) for k in OOM_STATE}
+        words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                          for k, v in state.items() if v is not None)
+        self.event(run, "oom", t_s, requested_bytes=ev.get("requested_bytes"), free_bytes=ev.get("free_bytes"),
+                   largest_free_bytes=ev.get("largest_free_bytes"), cause=ev.get("cause"),
+                   detail=f"{outcome}; {words}", **state)
+
+    def releases(self, run: EngineRun) -> None:
+        stats = fetch_json(f"{run.server.url}/stats?releases=1", timeout_s=10)
+        for value in (stats or {}).get("abort_release_s") or []:
+            self.event(run, "cancel_release", detail=f"{value:.6f}", requested_bytes=None,
+                       cause=None, release_s=value)
+
+    # -- the debugging pass
+    def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
+        stats = stats or fetch_stats(run.server.url)
+        if stats is None:
+            return
+        cap = stats.get("kv_capacity_bytes") or 1
+        try:
+            rss = psutil.Process(run.server.proc.pid).memory_info().rss
+        except psutil.Error:
+            rss = None
+        self.debug.write({
+            "engine": run.engine, "phase": phase, "kv_allocated_bytes": stats.get("allocated_bytes"),
+            "token_states_bytes": stats.get("token_states_bytes"), "kv_usage": stats.get("allocated_bytes", 0) / cap,
+            "running": stats.get("running"), "live_tokens": stats.get("live_tokens"),
+            "largest_free_bytes": stats.get("largest_free_bytes"), "free_bytes": stats.get("free_bytes"),
+            "torch_allocated_bytes": stats.get("torch_allocated_bytes"),
+            "torch_reserved_bytes": stats.get("torch_reserved_bytes"),
+            "device_used_bytes": stats.get("device_used_bytes"), "process_rss_bytes": rss,
+        })
+
+    def request_alone(self, run: EngineRun, phase: str, prompt_tokens: int, max_tokens: int) -> None:
+        """One request with nothing else running; memory at its peak."""
+        body = json.dumps({"prompt": [3 + (i * 7) % 4000 for i in range(prompt_tokens)], "max_tokens": max_tokens,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        done = threading.Event()
+
+        def send() -> None:
+            req = urllib.request.Request(f"{run.server.url}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=300).read()
+            except OSError:
+                pass
+            done.set()
+
+        threading.Thread(target=send, daemon=True).start()
+        peak: dict | None = None
+        while not done.is_set():
+            stats = fetch_stats(run.server.url)
+            if stats and (peak is None or stats.get("allocated_bytes", 0) > peak.get("allocated_bytes", 0)):
+                peak = stats
+            time.sleep(0.02)
+        self.debug_pass(run, phase, peak)

@@ -1,0 +1,107 @@
+"""Samples a server's /stats at a fixed rate into the samples journal; keeps the worst memory map, and the
+maps the server took at fragmentation OOMs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from engines.kv.base import CATEGORY_COLUMNS
+from harness.results import SAMPLE_COLUMNS, Journal
+
+# /stats fields copied into every sample row: the samples columns, then what the report needs beside them
+FIELDS = (
+    *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s")),
+    *(c for c in CATEGORY_COLUMNS.values() if c not in SAMPLE_COLUMNS), "live_tokens",
+    "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count", "steps", "waiting_for_memory",
+    "kv_bytes_per_token",
+)
+
+
+def fetch_json(url: str, timeout_s: float = 5.0) -> dict | None:
+    """A JSON body, or None when the server is gone or answers with an error or garbage."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return json.load(r)
+    except (OSError, ValueError):
+        return None
+
+
+def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
+    return fetch_json(f"{url}/stats", timeout_s)
+
+
+def waste(stats: dict) -> int:
+    """Allocated but holding no live token, plus free bytes no request can use: what the map should show."""
+    token = stats.get("token_states_bytes") or 0
+    return stats.get("allocated_bytes", 0) - token + stats.get("external_fragmentation_bytes", 0)
+
+
+class Sampler:
+    def __init__(self, engine: str, url: str, pid: int, journal: Journal, t0: float, map_path: Path,
+                 interval_s: float = 0.1):
+        self.engine, self.url, self.journal, self.t0 = engine, url, journal, t0
+        self.interval_s, self.map_path = interval_s, map_path
+        self.process = psutil.Process(pid)
+        self.last: dict | None = None
+        self.worst = -1
+        self.oom_maps_saved = 0
+        self.cuda_snapshot_saved = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def save_cuda_snapshot(self, t_s: float) -> bool:
+        """The allocator's segments at the engine's first CUDA OOM, beside the memory maps."""
+        body = fetch_json(f"{self.url}/memory_snapshot", timeout_s=10)
+        if not body or "segments" not in body:
+            return False
+        path = self.map_path.with_name(f"cuda_snapshot-{self.engine}.json")
+        path.write_text(json.dumps({"t_s": t_s, "segments": body["segments"]}))
+        return True
+
+    def _run(self) -> None:
+        next_t = time.time()
+        while not self._stop.is_set():
+            self.sample()
+            next_t += self.interval_s
+            self._stop.wait(max(0.0, next_t - time.time()))
+
+    def sample(self) -> dict | None:
+        stats = fetch_stats(self.url)
+        if stats is None:
+            return None
+        self.last = stats
+        now = time.time()
+        row = {"engine": self.engine, "t_s": round(now - self.t0, 4), "t_wall": now}
+        row.update({k: stats.get(k) for k in FIELDS})
+        try:
+            row["process_rss_bytes"] = self.process.memory_info().rss
+        except psutil.Error:
+            row["process_rss_bytes"] = None
+        self.journal.write(row)
+        for i, snap in enumerate((stats.get("fragmentation_oom_maps") or [])[self.oom_maps_saved :],
+                                 start=self.oom_maps_saved):
+            path = self.map_path.with_name(f"{self.map_path.stem}-oom-{i}.json")
+            # server uptime -> this engine's clock
+            path.write_text(json.dumps({**snap, "t_s": round(snap["t_s"] + row["t_s"] - stats["t_s"], 4)}))
+            self.oom_maps_saved = i + 1
+        if stats.get("oom_snapshot") and not self.cuda_snapshot_saved:
+            self.cuda_snapshot_saved = self.save_cuda_snapshot(row["t_s"])
+        if waste(stats) > self.worst and stats.get("memory_map"):
+            self.worst = waste(stats)
+            self.map_path.write_text(json.dumps({"t_s": row["t_s"], "stats": {k: stats.get(k) for k in FIELDS},
+                                                 "memory_map": stats["memory_map"]}))
+        return stats

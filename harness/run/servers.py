@@ -1,0 +1,89 @@
+"""Start a `fragbench serve` in its own process, wait until it answers, stop it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.procs import spawn
+from engines.procs import stop as stop_process
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: servers run from it, as the CLI does
+
+READY = re.compile(r"fragbench serve: \S+ on (http://\S+)")
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10) -> int | None:
+        """SIGTERM to the server's process group (vLLM's children included), SIGKILL after timeout_s."""
+        return stop_process(self.proc, timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_server(
+    engine: str,
+    model: str,
+    kv_budget: str,
+    log_path: Path,
+    extra: list[str] | None = None,
+    threads: int | None = None,
+    timeout_s: float = 600,
+) -> ServerProcess:
+    """Port 0: the server picks a free port and prints its URL, which we read from its log."""
+    cmd = [sys.executable, "-m", "harness.cli", "serve", "--engine", engine, "--model", model,
+           "--kv-budget", kv_budget, "--port", "0", *(extra or [])]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    since = log_path.stat().st_size  # an earlier server's lines (a restart, a calibration) are not this one's
+    proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {tail(log_path)}")
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            m = READY.search(f.read().decode(errors="replace"))
+        if m and healthy(m.group(1)):
+            return ServerProcess(proc, m.group(1), log_path)
+        time.sleep(0.2)
+    stop_process(proc)
+    raise ServerFailed(f"{engine} server not healthy after {timeout_s:.0f} s: {tail(log_path)}")
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def tail(path: Path, lines: int = 3) -> str:
+    text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return " | ".join(text[-lines:])

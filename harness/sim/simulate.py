@@ -1,0 +1,430 @@
+"""`fragbench simulate`: the engines' KV policies and scheduler, unchanged, driven by a roofline step-time
+model instead of a model runner, at real-model scale.
+
+Event-driven: after each scheduling decision the running sequences decode together for as many steps as
+the policy guarantees no allocation can fail (`decode_headroom`), up to the next arrival or finish; the
+step times of that stretch are summed in closed form. Memory accounting is time-weighted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from engines.kv import KVPolicy, PagedKV, make_policy
+from engines.kv.base import CATEGORIES, Breakdown
+from engines.memory import Arena
+from engines.percentile import percentile
+from engines.scheduled.scheduler import Scheduler, SchedulerConfig
+from engines.sequence import FinishReason, SeqStatus
+from engines.shapes import DTYPE_BYTES, ModelShape
+from harness.analysis.capacity import SLO, capacity_block, request_metrics, sweep_rates
+from harness.gpus import GPU
+from harness.plan import Plan
+from workloads.generate import TraceRequest, at_rate, has_shared_prefixes, iter_requests
+from workloads.spec import WorkloadSpec
+
+DEFAULT_SLO = SLO()
+PAPER_PLACEMENT = {"static-max": "buddy", "static-pow2": "buddy", "static-oracle": "best-fit", "growth": "best-fit",
+                   "paged": "best-fit"}
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Roofline: a step takes the longer of moving its bytes (weights + KV read) over HBM and doing its
+    FLOPs (2 x params per token + attention) at peak."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int
+    params: int
+    attn_flops_per_ctx_token: int  # 4 x layers x heads x head_dim per (query, key) pair
+    hbm_bytes_per_s: float
+    peak_flops: float
+
+    @classmethod
+    def of(cls, shape: ModelShape, dtype: str, gpu: GPU) -> StepModel:
+        return cls(shape.weights_bytes(dtype), shape.kv_bytes_per_token(dtype), shape.num_params,
+                   4 * shape.num_layers * shape.num_heads * shape.head_dim, gpu.hbm_bytes_per_s, gpu.peak_bf16_flops)
+
+    def step_s(self, tokens: np.ndarray | float, context_read: np.ndarray | float,
+               attn_pairs: np.ndarray | float) -> np.ndarray | float:
+        memory = (self.weights_bytes + self.kv_bytes_per_token * context_read) / self.hbm_bytes_per_s
+        compute = (2 * self.params * tokens + self.attn_flops_per_ctx_token * attn_pairs) / self.peak_flops
+        return np.maximum(memory, compute)
+
+    def constants(self) -> dict:
+        return {"weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "params": self.params, "attn_flops_per_query_key": self.attn_flops_per_ctx_token,
+                "hbm_bytes_per_s": self.hbm_bytes_per_s, "peak_flops": self.peak_flops}
+
+
+def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
+                    placement: str | None, preflight: bool = True) -> KVPolicy:
+    """The engines' own policy on a bookkeeping-only arena."""
+    arena = Arena(budget_bytes, placement=placement or PAPER_PLACEMENT[name], backing_device=None)
+    return make_policy(name, arena, kvb, max_seq_len, block_size, preflight)
+
+
+class Tracks:
+    """What the figures need of every request, by column: arrival, first token and end (NaN until they
+    happen), output tokens and outcome. A day of traffic is millions of requests: 30 bytes each."""
+
+    OUTCOMES = ("unfinished", "ok", "oom")
+
+    def __init__(self, capacity: int = 1024):
+        self.n = 0
+        self.arrival_s = np.empty(capacity)
+        self.first_s = np.full(capacity, np.nan)
+        self.end_s = np.full(capacity, np.nan)
+        self.target = np.empty(capacity, dtype=np.int64)
+        self.outcome = np.zeros(capacity, dtype=np.int8)  # an index into OUTCOMES
+
+    def add(self, arrival_s: float, target: int) -> int:
+        if self.n == len(self.arrival_s):
+            self._grow()
+        i, self.n = self.n, self.n + 1
+        self.arrival_s[i], self.target[i] = arrival_s, target
+        return i
+
+    def end(self, i: int, t: float, outcome: str) -> None:
+        self.end_s[i], self.outcome[i] = t, self.OUTCOMES.index(outcome)
+
+    def _grow(self) -> None:
+        for name in ("arrival_s", "first_s", "end_s", "target", "outcome"):
+            old = getattr(self, name)
+            new = np.full(2 * len(old), np.nan) if name in ("first_s", "end_s") else np.zeros(2 * len(old), old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def frame(self) -> pd.DataFrame:
+        """Request rows with the columns capacity.request_metrics reads."""
+        n, first, end, target = self.n, self.first_s[: self.n], self.end_s[: self.n], self.target[: self.n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(target > 1, (end - first) / np.maximum(target - 1, 1), np.nan)
+        status = pd.Categorical.from_codes(self.outcome[:n], self.OUTCOMES)
+        return pd.DataFrame({"status": status, "arrival_s": self.arrival_s[:n], "output_tokens": target,
+                             "ttft_s": first - self.arrival_s[:n], "tpot_s": tpot, "e2e_s": end - self.arrival_s[:n]})
+
+
+@dataclass
+class Accumulator:
+    """Time integrals of the breakdown and of the running count."""
+
+    capacity: int
+    seconds: float = 0.0
+    bytes_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
+    running_s: float = 0.0
+    max_running: int = 0
+    timeline: list[tuple] = field(default_factory=list)
+    next_sample_s: float = 0.0
+
+    def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
+        end = np.array(after.astuple())
+        self.bytes_s += (np.array(before.astuple()) + end) / 2 * dt
+        self.seconds += dt
+        self.running_s += running * dt
+        self.max_running = max(self.max_running, running)
+        if t >= self.next_sample_s:
+            self.timeline.append((t, *(end / self.capacity).tolist(), running))
+            self.next_sample_s = t + every_s
+
+
+class DecodeClock:
+    """Decode steps taken by the running set, and the sum of the running sequences' tokens in O(1): each
+    running sequence holds (tokens when it started running - steps then), and gains one token per step."""
+
+    def __init__(self):
+        self.steps = 0
+        self.running = 0
+        self._base = 0  # sum over running sequences of (tokens at start - steps at start)
+
+    def live_tokens(self) -> int:
+        return self._base + self.running * self.steps
+
+    def join(self, tokens: int) -> None:
+        self.running += 1
+        self._base += tokens - self.steps
+
+    def leave(self, tokens: int) -> None:
+        self.running -= 1
+        self._base -= tokens - self.steps
+
+
+class SimSequence:
+    """A simulated sequence, as the scheduler and the KV policies see a Sequence: its prompt ids (what prefix
+    caching hashes) and a token count that runs on the decode clock while the scheduler keeps it RUNNING.
+    Output token values never matter to a memory policy, so none is stored and no step touches it."""
+
+    __slots__ = ("seq_id", "token_ids", "prompt_len", "max_tokens", "final_len", "num_computed_tokens",
+                 "num_preemptions", "finish_reason", "track", "_clock", "_tokens", "_since", "_status")
+
+    def __init__(self, req: TraceRequest, max_seq_len: int, clock: DecodeClock, track: int, keep_ids: bool):
+        self.seq_id = req.request_id
+        # only prefix caching reads the ids: without it a queue of millions keeps none
+        self.token_ids = req.prompt_ids if keep_ids else ()
+        self.prompt_len = len(req.prompt_ids)
+        self.max_tokens = req.max_tokens
+        self.final_len = min(self.prompt_len + req.max_tokens, max_seq_len)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.track = track  # its row in Tracks
+        self._clock = clock
+        self._tokens = self.prompt_len  # while not running; while running, at `_since` steps
+        self._since = 0
+        self._status = SeqStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        if self._status is SeqStatus.RUNNING:
+            return self._tokens + self._clock.steps - self._since
+        return self._tokens
+
+    @property
+    def status(self) -> SeqStatus:
+        return self._status
+
+    @status.setter
+    def status(self, value: SeqStatus) -> None:
+        tokens = self.num_tokens
+        if self._status is SeqStatus.RUNNING:
+            self._clock.leave(tokens)
+        if value is SeqStatus.RUNNING:
+            self._clock.join(tokens)
+        self._tokens, self._since, self._status = tokens, self._clock.steps, value
+
+    @property
+    def finish_step(self) -> int:
+        """The decode clock's value when it holds all its tokens, if it keeps running."""
+        return self._since + self.prompt_len + self.max_tokens - self._tokens
+
+
+def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
+                    placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
+                    preflight: bool = True) -> tuple[dict, pd.DataFrame, list[tuple]]:
+    """The policy's result, every request's row (for a sweep's per-request SLO figures), and the breakdown
+    sampled over simulated time (for the report). Each event costs its admissions, finishes and block
+    crossings, not the size of the running set: the sums come from the decode clock and the policy's totals."""
+    kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
+                         preflight)
+    if isinstance(kv, PagedKV):
+        kv.prefix_caching = prefix_caching
+    capacity = kv.stats().kv_capacity_bytes
+    sched = Scheduler(kv, SchedulerConfig(max_num_seqs=max_num_seqs,
+                                          max_num_batched_tokens=max(8192, plan.max_seq_len),
+                                          on_oom="wait" if preflight else "reject"))
+    clock = DecodeClock()
+    finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
+    admissions = itertools.count()
+    tracks = Tracks()
+    acc = Accumulator(capacity)
+    t, started = 0.0, time.perf_counter()
+    pending = next(requests, None)
+    while True:
+        while pending is not None and pending.arrival_s <= t:
+            seq = SimSequence(pending, plan.max_seq_len, clock, tracks.add(pending.arrival_s, pending.max_tokens),
+                              keep_ids=prefix_caching)
+            sched.add(seq)
+            pending = next(requests, None)
+        if not sched.has_work():
+            if pending is None:
+                break
+            t = pending.arrival_s
+            continue
+        step = sched.schedule()
+        before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
+        for seq in step.rejected:
+            tracks.end(seq.track, t, "oom")
+        if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
+            if pending is None:
+                break
+            t = max(t, pending.arrival_s)
+            continue
+        # the first step: prefills and decodes as scheduled
+        live = clock.live_tokens()
+        prefill_tokens = sum(c.end - c.start for c in step.prefills)
+        prefill_ctx = sum(c.end for c in step.prefills)
+        prefill_pairs = sum((c.end - c.start) * (c.start + c.end + 1) / 2 for c in step.prefills)
+        dt = float(model.step_s(len(step.decodes) + prefill_tokens, live, live - prefill_ctx + prefill_pairs))
+        t += dt
+        clock.steps += 1
+        for c in step.prefills:
+            if np.isnan(tracks.first_s[c.seq.track]):
+                tracks.first_s[c.seq.track] = t
+            heapq.heappush(finishing, (c.seq.finish_step, next(admissions), c.seq))
+        # then the running sequences decode together until something must be decided again
+        while finishing and stale(finishing[0]):
+            heapq.heappop(finishing)
+        if finishing:
+            # one step short of the headroom and of the first finish, as an engine's scheduler would see them:
+            # that last step is the next event's first, where a waiting request retries
+            k = min(max(1, sched.decode_headroom()), finishing[0][0] - clock.steps) - 1
+            if k > 0:
+                batch, ctx0 = clock.running, clock.live_tokens()
+                steps = model.step_s(batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
+                ends = t + np.cumsum(steps)
+                # stop at the next arrival only if it could be admitted: not behind a queue, not over the cap
+                admissible = not sched.waiting and len(sched.running) < sched.config.max_num_seqs
+                if pending is not None and admissible:
+                    k = min(k, int(np.searchsorted(ends, pending.arrival_s)) + 1)
+                dt_more = float(ends[k - 1] - t)
+                t += dt_more
+                dt += dt_more
+                clock.steps += k
+                sched.advance(k)  # the slots an engine would have taken on the way
+        # the interval ends with every sequence still holding its memory: retire the finished after
+        acc.add(before, kv.breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
+                sample_every_s)
+        while finishing and finishing[0][0] <= clock.steps:
+            entry = heapq.heappop(finishing)
+            if not stale(entry):
+                sched.finish(entry[2], FinishReason.LENGTH)
+                tracks.end(entry[2].track, t, "ok")
+    wall_s = time.perf_counter() - started
+    frame = tracks.frame()
+    return result(name, sched, frame, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), frame, acc.timeline
+
+
+def stale(entry: tuple[int, int, SimSequence]) -> bool:
+    """A finish entry of a sequence that was preempted (and may run again, later) since it was pushed."""
+    return entry[2].status is not SeqStatus.RUNNING or entry[2].finish_step != entry[0]
+
+
+def result(name: str, sched: Scheduler, requests: pd.DataFrame, acc: Accumulator, t: float,
+           wall_s: float, placement: str) -> dict:
+    seconds = acc.seconds or 1e-12
+    shares = acc.bytes_s / seconds / acc.capacity
+    done = requests[requests.status == "ok"]
+    ttft, e2e, tpot = done.ttft_s.to_numpy(), done.e2e_s.to_numpy(), done.tpot_s[done.output_tokens > 1].to_numpy()
+
+    ooms = [e for _, e, _ in sched.oom_events]
+    return {
+        "policy": name, "placement": placement,
+        **{f"{c}_share": float(v) for c, v in zip(CATEGORIES, shares, strict=True)},
+        "mean_running": acc.running_s / seconds, "max_running": acc.max_running,
+        "oom_total": len(ooms), "oom_fragmentation": sum(e.cause == "fragmentation" for e in ooms),
+        "preemptions": sched.preempted_total,
+        "output_tokens_per_s": int(done.output_tokens.sum()) / (t or 1e-12),
+        "requests_completed": len(done), "requests_oom": int((requests.status == "oom").sum()),
+        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+        "tpot_p50_s": percentile(tpot, 0.5), "tpot_p99_s": percentile(tpot, 0.99),
+        "e2e_p50_s": percentile(e2e, 0.5), "e2e_p99_s": percentile(e2e, 0.99),
+        "simulated_s": t, "wall_s": wall_s, "kv_capacity_bytes": acc.capacity,
+        "first_oom_running": first_oom_running(sched),
+    }
+
+
+def first_oom_running(sched: Scheduler) -> int | None:
+    return sched.oom_events[0][2]["running"] if sched.oom_events else None
+
+
+def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, policies: list[str],
+                   block_size: int, placement: str | None, num_requests: int, seed: int = 0,
+                   max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True, n_jobs: int = 1,
+                   sweep_points: int = 0, slo: SLO = DEFAULT_SLO, rates: list[float] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> Simulation:
+    """Each policy at the workload's own rate; with sweep_points, also a capacity sweep. Independent
+    simulations run in a pool of n_jobs processes; the result does not depend on n_jobs."""
+    model = StepModel.of(shape, dtype, gpu)
+    shared = has_shared_prefixes(spec)
+    out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
+           "kv_budget_bytes": plan.kv_budget_bytes, "max_seq_len": plan.max_seq_len, "block_size": block_size,
+           "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
+           "static_preflight": preflight,
+           "step_model": model.constants(), "policies": {}}
+    jobs = [SimJob(name, plan, model, spec, seed, num_requests, shape.vocab_size, shared, block_size, placement,
+                   max_num_seqs, preflight) for name in policies]
+    timelines = {}
+    for job, (res, _, timeline) in zip(jobs, pool_map(run_job, jobs, n_jobs, progress), strict=True):
+        out["policies"][job.policy], timelines[job.policy] = res, timeline
+    if sweep_points:
+        out["capacity"] = sweep(jobs, sweep_points, slo, n_jobs, progress, rates)
+    return Simulation(out, timelines)
+
+
+@dataclass
+class Simulation:
+    out: dict  # what --json prints
+    timelines: dict[str, list[tuple]]  # policy -> (t, five shares, running) over simulated time, for the report
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One independent simulation: a policy on a workload, at the workload's own rate or at `rate_rps`."""
+
+    policy: str
+    plan: Plan
+    model: StepModel
+    spec: WorkloadSpec
+    seed: int
+    num_requests: int
+    vocab_size: int
+    shared: bool
+    block_size: int
+    placement: str | None
+    max_num_seqs: int
+    preflight: bool
+    rate_rps: float | None = None
+
+
+def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
+    requests = iter_requests(job.spec, job.seed, job.plan.max_seq_len, job.vocab_size, job.num_requests,
+                             token_ids=job.shared)
+    if job.rate_rps is not None:
+        requests = iter(at_rate(list(requests), job.rate_rps))
+    return simulate_policy(job.policy, requests, job.plan, job.model, job.block_size, job.placement,
+                           job.max_num_seqs, job.shared, sample_every_s=1.0, preflight=job.preflight)
+
+
+def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] | None = None) -> list:
+    """fn over jobs in a process pool of n_jobs (serially for 1), results in the jobs' order."""
+    if progress:
+        progress(0, len(jobs))
+    if n_jobs <= 1 or len(jobs) <= 1:
+        out = []
+        for i, job in enumerate(jobs):
+            out.append(fn(job))
+            if progress:
+                progress(i + 1, len(jobs))
+        return out
+    with ProcessPoolExecutor(max_workers=min(n_jobs, len(jobs))) as pool:
+        futures = [pool.submit(fn, job) for job in jobs]
+        for i, _ in enumerate(as_completed(futures)):
+            if progress:
+                progress(i + 1, len(jobs))
+        return [f.result() for f in futures]
+
+
+def calibrated_rps(res: dict) -> float:
+    """What a saturated run completed per simulated second."""
+    return res["requests_completed"] / res["simulated_s"] if res["simulated_s"] else 0.0
+
+
+def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rates: list[float] | None) -> dict:
+    """Calibrate each policy with every request arriving at once, then offer the union's rates to all."""
+    if rates is None:
+        calibration = pool_map(run_job, [replace(j, rate_rps=1e9) for j in jobs], n_jobs, progress)
+        usable = [r for r in (calibrated_rps(res) for res, _, _ in calibration) if r > 0]
+        if not usable:
+            return {}
+        rates = sweep_rates(usable, points)
+    grid = [replace(j, rate_rps=r) for j in jobs for r in rates]
+    results = pool_map(run_job, grid, n_jobs, progress)
+    per_policy: dict[str, list[dict]] = {}
+    for job, (res, frame, _) in zip(grid, results, strict=True):
+        window = frame.arrival_s.max() if len(frame) else 1.0
+        per_policy.setdefault(job.policy, []).append({
+            "offered_rps": job.rate_rps, **request_metrics(frame, max(window, 1e-9), slo),
+            "mean_running": res["mean_running"], "token_states_share": res["token_states_share"],
+            "oom_total": res["oom_total"], "oom_fragmentation": res["oom_fragmentation"], "crashes": 0})
+    return {policy: capacity_block(pts, slo) for policy, pts in per_policy.items()}
+
+
+__all__ = ["PAPER_PLACEMENT", "StepModel", "run_simulation"]

@@ -1,0 +1,125 @@
+"""The run report's verdict and capacity sections: every sentence computed from this run, each linking to
+its evidence."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.analysis.summary import SHARE_COLUMNS, point_warmup_s, warmup_s
+from harness.views.capacity import PAGED, bound_sentence, capacity_sentence
+from harness.views.html import fmt, link, mib, section, table
+
+RUNBOOK = {
+    "capacity": "capacity: the live tokens did not fit; reduce max_num_seqs or max_seq_len, quantize the KV cache, "
+                "or add memory",
+    "reservation": "reservation and internal fragmentation: contiguous max-length reservations hold memory no token "
+                   "uses; use blocks",
+    "fragmentation": "external fragmentation: variable-size contiguous extents strand free memory; use blocks "
+                     "(more memory only delays it)",
+    "caching": "allocator caching: PyTorch reserved far more than it allocated; empty the cache or cap its fraction",
+}
+WASTE = {"reservation_share": "reservation", "internal_fragmentation_share": "internal fragmentation",
+         "external_fragmentation_share": "external fragmentation", "free_share": "free"}
+
+
+def diagnosis(s: dict, ooms: pd.DataFrame) -> str | None:
+    """The OOM runbook's line for one engine, from its own failures and where its memory went."""
+    if not len(ooms) and not s["crashes"]:
+        return None
+    if s["oom_fragmentation"] > s["oom_capacity"]:
+        return RUNBOOK["fragmentation"]
+    if (s["reservation_share"] or 0) + (s["internal_fragmentation_share"] or 0) > (s["token_states_share"] or 0):
+        return RUNBOOK["reservation"]
+    return RUNBOOK["capacity"]
+
+
+def goodput_sentence(engines: dict) -> str:
+    ranked = sorted(engines, key=lambda e: -(engines[e]["goodput_requests_per_s"] or 0))
+    best = ranked[0]
+    contiguous = [e for e in engines if e not in PAGED]
+    rates = ", ".join(f"{e} {engines[e]['goodput_requests_per_s']:.2f}" for e in ranked)
+    line = f"Goodput at the workload's own rate (requests per second within the SLO): {rates}; {best} served the most"
+    if best in PAGED and contiguous:
+        rival = max(contiguous, key=lambda e: engines[e]["goodput_requests_per_s"] or 0)
+        theirs = engines[rival]["goodput_requests_per_s"] or 0
+        line += (f", {engines[best]['goodput_requests_per_s'] / theirs:.1f}x the best contiguous engine ({rival})"
+                 if theirs else ", and no contiguous engine served any request within the SLO")
+    return line + "."
+
+
+def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[str]:
+    engines = summary["engines"]
+    if not engines:
+        return ["No engine produced a result in this run."]
+    budget = meta.get("config", {}).get("kv_budget", "the same budget")
+    out = []
+    if summary.get("capacity"):
+        out.append(link("capacity", capacity_sentence(summary["capacity"])))
+        if any("bound" in c for c in summary["capacity"].values()):
+            out.append(link("capacity", bound_sentence(summary["capacity"])))
+    else:  # one offered rate: goodput at it is the measure of what memory bought
+        out.append(link("verdict-table", goodput_sentence(engines)))
+    held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
+                     for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
+    out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
+    where = []
+    for e, s in engines.items():
+        if s["token_states_share"] is None:
+            where.append(f"{e} exports usage only ({fmt(s['allocated_share'], '%')} allocated)")
+            continue
+        worst = max(WASTE, key=lambda k: s[k] or 0)
+        where.append(f"{e} {fmt(s['token_states_share'], '%')} token states, largest other share {WASTE[worst]} "
+                     f"{fmt(s[worst], '%')}")
+    out.append(link("figure2", "Where the memory went: " + "; ".join(where) + "."))
+    oom = events[events.kind == "oom"] if len(events) else events
+    failures = []
+    for e, s in engines.items():
+        mine = oom[oom.engine == e] if len(oom) else oom
+        if not s["oom_total"] and not s["crashes"]:
+            continue
+        part = f"{e}: {s['oom_capacity']} capacity and {s['oom_fragmentation']} fragmentation OOMs"
+        frag = mine[mine.cause == "fragmentation"] if len(mine) else mine
+        if len(frag):
+            part += (f" (the fragmentation ones failed with {mib(frag.free_bytes.median())} free, median, for "
+                     f"{mib(frag.requested_bytes.median())} requested, the largest free extent "
+                     f"{mib(frag.largest_free_bytes.median())})")
+        part += f", {s['crashes']} crashes"
+        failures.append(part)
+    out.append(link("oom-events", ("Failures: " + "; ".join(failures) + ".") if failures
+                    else "No engine failed an allocation or crashed."))
+    for e, s in engines.items():
+        mine = oom[oom.engine == e] if len(oom) else oom
+        line = diagnosis(s, mine)
+        if line:
+            out.append(link("memory-map", f"{e}, diagnosis: {line}."))
+    return out
+
+
+# -- sections
+def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> str:
+    cfg = meta.get("config", {})
+    rows = []
+    for engine, s in summary["engines"].items():
+        rows.append([
+            engine, fmt(s["output_tokens_per_s"]), fmt(s["requests_per_s"]), fmt(s["goodput_requests_per_s"]),
+            f"{fmt(s['ttft_p50_s'], 'ms')} / {fmt(s['ttft_p99_s'], 'ms')}",
+            f"{fmt(s['tpot_p50_s'], 'ms')} / {fmt(s['tpot_p99_s'], 'ms')}",
+            fmt(s["max_running"]), f"{s['oom_capacity']} / {s['oom_fragmentation']}", s["crashes"],
+            f"{s['cancelled']} ({fmt(s['cancel_release_p99_s'], 'ms')})", s["preemptions"],
+            " / ".join(fmt(s[c], "%") for c in SHARE_COLUMNS),
+            f"{s['requests_ok']} ok, {s['requests_oom']} oom, {s['requests_crashed']} crashed, "
+            f"{s['requests_error']} failed, {s['requests_unfinished']} unfinished at the end",
+        ])
+    header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
+              "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
+              "token / reserv. / internal / external / free", "requests"]
+    window = (f"every sweep point's window, after a warm-up of {point_warmup_s(meta):.1f} s into each"
+              if meta.get("sweep") else f"its churn window, after a warm-up of {warmup_s(cfg):.1f} s")
+    how = (f"Per engine over {window} (from empty memory); goodput counts requests with TTFT <= "
+           f"{cfg.get('slo_ttft_s', 2.0)} s and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time "
+           "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
+           "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "
+           "run's grace period ended.")
+    sentences = verdict_sentences(summary, events if events is not None else pd.DataFrame(), meta)
+    words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in sentences) + "</ul>"
+    return section("verdict", "Verdict", how, words + f"<div id='verdict-table'>{table(header, rows)}</div>")

@@ -1,0 +1,113 @@
+"""The layout is the architecture (docs/architecture.md): every module lives in a room, and a room imports
+only rooms below it. This reads every import of the source tree, those inside functions too."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import ROOT
+
+# (room, level): a room may import its own modules and those of rooms on lower levels, nothing else.
+# workloads and engines never import harness; engines never import workloads.
+ROOMS = {
+    "workloads": 0,
+    "engines.foundation": 0,  # memory, sequences, sampling, shapes, processes: what every engine builds on
+    "engines.kv": 1,
+    "engines.interface": 2,  # Engine, its stats and OOM handling, offline generation
+    "engines.scheduled": 3,
+    "engines.peers": 3,
+    "engines.api": 3,
+    "engines.factory": 4,
+    "harness.foundation": 5,  # units, GPU presets, the results files
+    "harness.analysis": 6,
+    "harness.plan": 6,
+    "harness.run": 7,
+    "harness.sim": 7,
+    "harness.views": 8,
+    "harness.check": 8,
+    "harness.cli": 9,
+}
+FOUNDATION = {
+    "engines": {"engines", "engines.memory", "engines.nvml", "engines.procs", "engines.percentile", "engines.shapes",
+                "engines.sequence", "engines.sampler", "engines.modelbuild"},
+    "harness": {"harness", "harness.units", "harness.gpus", "harness.results"},
+}
+INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}
+LAYERS = ("workloads", "engines", "harness")  # the top level: each may import only those before it
+
+
+def room(module: str) -> str:
+    top = module.split(".")[0]
+    if top == "workloads":
+        return "workloads"
+    if module in FOUNDATION.get(top, ()):
+        return f"{top}.foundation"
+    if module in INTERFACE:
+        return "engines.interface"
+    for name in ROOMS:
+        if module == name or module.startswith(name + "."):
+            return name
+    raise AssertionError(f"{module} lives in no room: add it to ROOMS and to docs/architecture.md")
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for top in LAYERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            out[name] = ast.parse(path.read_text())
+    return out
+
+
+def imports(tree: ast.Module) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}  # `from harness.cli import bench`
+    return {m for m in out if m.split(".")[0] in LAYERS}
+
+
+def test_every_import_points_down():
+    found = modules()
+    wrong = set()
+    for name, tree in found.items():
+        mine = room(name)
+        for target in imports(tree):
+            while target not in found and "." in target:  # `from engines.kv import PagedKV`: the module
+                target = target.rsplit(".", 1)[0]
+            theirs = room(target)
+            if theirs != mine and ROOMS[theirs] >= ROOMS[mine]:
+                wrong.add(f"{name} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "imports against the layout:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_module_is_too_long():
+    long = []
+    for top in ("engines", "harness"):
+        for path in (ROOT / top).rglob("*.py"):
+            limit = 200 if path.parent.name == "cli" else 500
+            lines = len(path.read_text().splitlines())
+            if lines > limit:
+                long.append(f"{path.relative_to(ROOT)}: {lines} lines (at most {limit})")
+    assert not long, "\n".join(long)
+
+
+def test_the_architecture_page_names_every_room():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    folders = {p.relative_to(ROOT).as_posix() for top in LAYERS for p in (ROOT / top).rglob("__init__.py")}
+    missing = [f.removesuffix("/__init__.py") for f in folders if f.removesuffix("__init__.py") not in page]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_modules_that_find_the_checkout_find_it_from_their_room():
+    import engines.peers.vllm
+    import harness.run.bench
+    import harness.run.loadargs
+    import harness.run.servers
+
+    for module in (engines.peers.vllm, harness.run.bench, harness.run.loadargs, harness.run.servers):
+        assert module.ROOT == ROOT, f"{module.__name__}.ROOT is {module.ROOT}"

@@ -1,0 +1,102 @@
+"""The knee search: it brackets and bisects any monotone attainment curve, its interval covers the knee, and
+the binding constraint reads the figures at the knee as the report says it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.analysis.capacity import SLO
+from harness.analysis.knee import KneeSearch, binding_constraint, knee_block, ratio_interval, sustained_interval
+from tests.conftest import run_cli
+
+
+def attainment(rate: float, knee: float) -> float:
+    """A smooth curve that crosses 0.9 at `knee`."""
+    return 1.0 if rate <= 0.8 * knee else max(0.0, 1.0 - 0.5 * (rate - 0.8 * knee) / knee)
+
+
+@pytest.mark.parametrize("start", [0.1, 1.0, 3.0, 40.0])
+def test_the_search_brackets_the_knee_from_any_start_and_stops_within_its_tolerance(start):
+    knee = 3.0
+    search = KneeSearch(start, 0.9, tolerance=0.2, max_points=12)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, attainment(rate, knee))
+    lo, hi = search.bracket()
+    assert lo is not None and hi is not None and lo <= knee <= hi and hi <= 1.2 * lo
+
+
+def test_a_calibration_far_below_the_knee_is_bracketed_in_three_points():
+    search = KneeSearch(0.16, 0.9, max_points=3)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, attainment(rate, 0.5))
+    assert search.bracket()[1] is not None
+
+
+def test_the_search_stops_at_its_most_points():
+    search = KneeSearch(1.0, 0.9, max_points=3)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, 1.0)  # never fails
+    assert len(search.measured) == 3
+
+
+def test_a_noisy_pass_above_a_failure_does_not_move_the_bracket():
+    search = KneeSearch(1.0, 0.9)
+    for rate, att in ((1.0, 0.95), (2.0, 0.5), (3.0, 0.95)):
+        search.record(rate, att)
+    assert search.bracket() == (1.0, 2.0)
+
+
+def points(*pairs, n=60):
+    return [{"offered_rps": r, "slo_attainment": a, "requests": n} for r, a in pairs]
+
+
+def test_the_interval_holds_the_estimate_and_the_bracket_and_narrows_with_more_requests():
+    slo = SLO()
+    few = sustained_interval(points((1.0, 0.95), (1.2, 0.85), n=20), slo)
+    many = sustained_interval(points((1.0, 0.95), (1.2, 0.85), n=2000), slo)
+    assert few[0] <= 1.0 and few[1] >= 1.2 and many[0] <= 1.0 and many[1] >= 1.2  # never narrower than the bracket
+    assert few[1] - few[0] >= many[1] - many[0]
+
+
+def test_a_ratio_interval_that_contains_one_is_no_difference():
+    assert ratio_interval([2.0, 2.4], [1.0, 1.2]) == [pytest.approx(1.667, abs=1e-3), 2.4]
+    lo, hi = ratio_interval([1.0, 1.2], [1.0, 1.1])
+    assert lo < 1.0 < hi
+
+
+KNEE = {"kv_usage": 0.5, "waiting_for_memory_share": 0.0, "running": 6.0, "step_s": 0.1, "oom_total": 0,
+        "preemptions": 0, "crashes": 0}
+
+
+@pytest.mark.parametrize("changes, failed, missed, bound", [
+    ({}, 0, 10, "compute"),
+    ({"waiting_for_memory_share": 0.6}, 0, 10, "memory"),
+    ({"kv_usage": 0.95}, 0, 10, "memory"),
+    ({"oom_total": 3}, 0, 10, "memory"),
+    ({"preemptions": 2}, 0, 10, "memory"),
+    ({"crashes": 1, "oom_total": 3}, 0, 10, "failures"),
+    ({}, 6, 10, "failures"),
+])
+def test_the_binding_constraint_reads_the_knee(changes, failed, missed, bound):
+    assert binding_constraint({**KNEE, **changes}, failed, missed)[0] == bound
+
+
+def test_a_knee_block_has_the_contract_fields():
+    pts = [{**p, **KNEE, "mean_running": 6.0, "failed": 0, "missed": 3} for p in points((1.0, 0.95), (1.5, 0.7))]
+    block = knee_block({"sustained_rps": 1.1, "sustained_where": "within", "slo": SLO().to_json(), "points": pts},
+                       SLO())
+    assert block["bound"] == "compute" and len(block["sustained_rps_ci"]) == 2
+    assert set(block["knee"]) >= {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total",
+                                  "preemptions"}
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--kv-budgets", ""], "--kv-budgets is empty"),
+    (["--kv-budgets", "16MiB,lots"], "not a size"),
+    (["--kv-budgets", "1MiB"], "smaller than one max-length sequence"),
+    (["--search-time", "5", "--point-duration", "10"], "--search-time"),
+    (["--knee-tolerance", "0"], "--knee-tolerance"),
+])
+def test_bench_refuses_a_search_it_cannot_run(flags, says, tiny_model, tmp_path):
+    r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--sweep", "--out", str(tmp_path), *flags)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1

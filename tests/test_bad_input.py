@@ -107,18 +107,18 @@ def poisoned_server(tiny_model, monkeypatch):
     """An in-process paged server whose sampler raises for the request with seed 666 only."""
     from transformers import AutoTokenizer
 
-    import engines.engine
+    import engines.scheduled.engine
     from engines.api.server import CompletionServer, serve
     from engines.factory import EngineSpec, make_engine
 
-    real = engines.engine.sample
+    real = engines.scheduled.engine.sample
 
     def sample(logits, params, generator):
         if params.seed == 666:
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return real(logits, params, generator)
 
-    monkeypatch.setattr(engines.engine, "sample", sample)
+    monkeypatch.setattr(engines.scheduled.engine, "sample", sample)
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * 2**20, max_seq_len=256))
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(tiny_model), "tiny")
     bound = threading.Event()

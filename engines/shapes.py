@@ -51,6 +51,11 @@ class ModelShape:
             config=cfg,
         )
 
+    @property
+    def dtype(self) -> str | None:
+        """The dtype its config names (transformers writes `dtype`, older versions `torch_dtype`), if any."""
+        return self.config.get("dtype") or self.config.get("torch_dtype")
+
     def kv_bytes_per_token(self, dtype: str = "float16") -> int:
         """K and V, every layer, every KV head: 2 x layers x kv_heads x head_dim x dtype bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]

@@ -40,8 +40,7 @@ class VLLMUnavailable(ValueError):
 class VLLMPeer:
     def __init__(self, model_dir: str, kv_budget_bytes: int, max_seq_len: int, block_size: int, cuda: bool):
         shape = load_shape(model_dir)
-        self.dtype = "float32" if shape.config.get("dtype", shape.config.get("torch_dtype")) == "float32" \
-            else "bfloat16"
+        self.dtype = "float32" if shape.dtype == "float32" else "bfloat16"
         self.kv_bytes_per_token = shape.kv_bytes_per_token(self.dtype)
         self.block_size = block_size if cuda else -(-block_size // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
         self.num_blocks = kv_budget_bytes // (self.block_size * self.kv_bytes_per_token)

@@ -97,6 +97,12 @@ def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
     return smp[inside]
 
 
+def arrived_in(req: pd.DataFrame, window: dict) -> pd.DataFrame:
+    """The requests of one sweep point: those whose arrival falls in its window (rates can repeat across budgets)."""
+    arrival = pd.to_numeric(req.arrival_s, errors="coerce")
+    return req[(arrival >= window["start_s"] - 1e-6) & (arrival <= window["end_s"] + 1e-6)]
+
+
 def in_point(smp: pd.DataFrame, window: dict, warm_s: float) -> pd.Series:
     """Samples of one sweep point's window, past its warm-up."""
     return (smp.t_s >= window["start_s"] + warm_s) & (smp.t_s <= window["end_s"])
@@ -200,19 +206,21 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     if not windows or "offered_rps" not in req:
         return None
     slo, warm, grace = slo_of(cfg), point_warmup_s(meta), cfg.get("grace_s", 0.0)
-    arrival = pd.to_numeric(req.arrival_s, errors="coerce")
     points = []
     for w in windows:
-        rows = req[(arrival >= w["start_s"] - 1e-6) & (arrival <= w["end_s"] + 1e-6)]
+        rows = arrived_in(req, w)
         events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
         points.append(point_figures(rows, smp, events, w, slo, warm))
     return knee_block(capacity_block(points, slo), slo)
 
 
 def capacity_by_budget(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
-    budgets = dict.fromkeys(w.get("kv_budget") for w in (meta.get("sweep") or {}).get("points", {}).get(engine, []))
-    blocks = {b: capacity(engine, req, smp, ev, meta, b) for b in budgets if b}
-    return {parse_size(b): block for b, block in blocks.items() if block is not None}
+    """Every KV budget's capacity block for one engine, by budget as the run was given it."""
+    own = meta.get("config", {}).get("kv_budget")
+    windows = (meta.get("sweep") or {}).get("points", {}).get(engine, [])
+    budgets = dict.fromkeys(w.get("kv_budget", own) for w in windows)
+    blocks = {b: capacity(engine, req, smp, ev, meta, b) for b in budgets}
+    return {b: block for b, block in blocks.items() if block is not None}
 
 
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
@@ -226,12 +234,12 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
-            block = capacity(engine, r, s, e, meta)
-            if block is not None:
-                summary.setdefault("capacity", {})[engine] = block
+            blocks = capacity_by_budget(engine, r, s, e, meta)
+            if meta.get("config", {}).get("kv_budget") in blocks:
+                summary.setdefault("capacity", {})[engine] = blocks[meta["config"]["kv_budget"]]
             if len(meta.get("config", {}).get("kv_budgets") or []) > 1:
-                for budget, by in capacity_by_budget(engine, r, s, e, meta).items():
-                    summary.setdefault("capacity_by_budget", {}).setdefault(str(budget), {})[engine] = by
+                for budget, block in blocks.items():
+                    summary.setdefault("capacity_by_budget", {}).setdefault(str(parse_size(budget)), {})[engine] = block
     return summary
 
 

@@ -67,7 +67,7 @@ def kv_budgets(args: argparse.Namespace) -> list[str]:
     if not any(texts):
         raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
     shape = load_shape(args.model)
-    one = args.max_seq_len * shape.kv_bytes_per_token(shape.config.get("dtype") or "float32")
+    one = args.max_seq_len * shape.kv_bytes_per_token(shape.dtype or "float16")
     for text in texts:
         try:
             size = parse_size(text)

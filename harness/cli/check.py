@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = gpu_of(args)
     max_seq_len = args.max_seq_len or shape.max_seq_len
     trace_of(args.workload, 0, max_seq_len, shape.vocab_size)
-    dtype = args.dtype or shape.config.get("dtype") or shape.config.get("torch_dtype") or "float16"
+    dtype = args.dtype or shape.dtype or "float16"
     cfg = CheckConfig(target, args.metrics_url or f"{target}/metrics", args.model, gpu, max_seq_len, args.workload,
                       args.duration, dtype if dtype in DTYPE_BYTES else "float16")
     with usage_errors(Unreachable):

@@ -24,6 +24,7 @@ from engines.memory import device_info, device_note
 from engines.procs import free_port
 from harness.analysis.capacity import SLO, request_metrics
 from harness.analysis.knee import KneeSearch
+from harness.analysis.summary import arrived_in
 from harness.results import Journal, read_journals, token_times
 from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
@@ -211,10 +212,10 @@ class Bench:
     def run_engine(self, engine: str, shower) -> None:
         """Every budget of one engine on one clock: a server per budget, the debugging pass on the first."""
         run = EngineRun(engine, time.time(), free_port())
+        total = (self.cfg.search_s if not self.cfg.rates else len(self.cfg.rates) * self.cfg.point_s) \
+            if self.cfg.sweep else self.cfg.duration_s
         for budget in self.budgets:
             run.budget = budget
-            total = (self.cfg.search_s if not self.cfg.rates else len(self.cfg.rates) * self.cfg.point_s) \
-                if self.cfg.sweep else self.cfg.duration_s
             label = engine if budget == self.cfg.kv_budget else f"{engine}@{budget}"
             self.run_budget(run, shower(label, total))
 
@@ -305,8 +306,7 @@ class Bench:
                    self.load_args(run, duration_s=window_s, rate=rate, start_at_s=start), start)
         self.drain(run)
         rows = read_journals([self.dir / "engines" / run.engine / "requests.jsonl"], "requests")
-        mine = rows[(rows.arrival_s >= start - 1e-6) & (rows.arrival_s <= window["end_s"] + 1e-6)]
-        attainment = request_metrics(mine, window_s, self.slo)["slo_attainment"]
+        attainment = request_metrics(arrived_in(rows, window), window_s, self.slo)["slo_attainment"]
         met = "n/a" if attainment is None else f"{100 * attainment:.0f} %"
         self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s, SLO attainment {met}; "
                    + self.figures(run, sampler))

@@ -156,7 +156,9 @@ def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, s
     if len(during) < 5:
         return None, f"only {len(during)} metric samples while the probe decoded"
     levels = [r["usage"] for r in during]
-    changes = [r["t_s"] for a, r in zip(during, during[1:], strict=False) if r["usage"] != a["usage"]]
+    # rises only: the server frees the probe's KV when it sends the last token, which the client reads a moment
+    # later (longer on a loaded machine), so the release can fall inside the decode window; it is not growth
+    changes = [r["t_s"] for a, r in zip(during, during[1:], strict=False) if r["usage"] > a["usage"]]
     tokens_per_change = len(times) / max(1, len(changes))
     jump = levels[0] - (p["baseline"] or 0.0)
     growth = levels[-1] - levels[0]
@@ -168,8 +170,8 @@ def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, s
         return "contiguous", evidence + ": a whole reservation at admission, flat while decoding"
     if changes and capacity_tokens:
         deltas = [round((b["usage"] - a["usage"]) * capacity_tokens) for a, b in zip(during, during[1:], strict=False)
-                  if b["usage"] != a["usage"]]
-        step = math.gcd(*[abs(d) for d in deltas if d])
+                  if b["usage"] > a["usage"]]
+        step = math.gcd(*[d for d in deltas if d])
         evidence += f"; in tokens of a {capacity_tokens:,}-token capacity every change is a multiple of {step}"
         if step >= 4:
             return "blocks", evidence + f": growth in whole blocks of {step} tokens as live tokens grow"

@@ -115,19 +115,21 @@ def sampling(metrics: Metrics, t0: float, stop: threading.Event, interval_s: flo
     return thread
 
 
-def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int) -> dict:
+def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int, api: str = "completions") -> dict:
     """One streaming request alone: how usage moves at admission and as tokens are produced."""
     t0 = time.time()
     stop = threading.Event()
     metrics.samples.clear()
     base = metrics.sample(t0)
     thread = sampling(metrics, t0, stop, 0.02)
-    body = {"prompt": "Where does the memory go?", "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    text = "Where does the memory go?"
+    body = {**({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text}),
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
     if model_name:
         body["model"] = model_name
     token_times: list[float] = []
-    req = urllib.request.Request(f"{target}/v1/completions", json.dumps(body).encode(),
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    req = urllib.request.Request(f"{target}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     error = None
     try:
@@ -192,6 +194,7 @@ class CheckConfig:
     duration_s: float
     dtype: str = "float16"
     seed: int = 0
+    api: str = "completions"  # or "chat": the probe and the churn speak /v1/chat/completions
 
 
 def run_check(cfg: CheckConfig) -> dict:
@@ -214,7 +217,8 @@ def run_check(cfg: CheckConfig) -> dict:
     plan = make_plan(shape, cfg.gpu.memory_bytes, cfg.dtype, max_seq_len=cfg.max_seq_len) if cfg.gpu else None
     answers[2] = live_budget(plan, metrics, family, kvb)
 
-    layout_probe = probe(cfg.target, metrics, model_name, max_tokens=min(96, cfg.max_seq_len // 4)) if family else None
+    layout_probe = (probe(cfg.target, metrics, model_name, max_tokens=min(96, cfg.max_seq_len // 4), api=cfg.api)
+                    if family else None)
     capacity = answers[2].answer.get("server_tokens") if isinstance(answers[2].answer, dict) else None
     layout, evidence = classify_layout(layout_probe, capacity) if layout_probe else (None, "no known KV metrics")
     answers[3] = Answer(3, QUESTIONS[3], {"blocks": "PASS", "contiguous": "WARN"}.get(layout, "UNKNOWN"), layout,
@@ -286,7 +290,7 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     stop = threading.Event()
     thread = sampling(metrics, t0, stop, 0.1)
     load = LoadArgs(target=cfg.target, workload=cfg.workload, out=out, duration_s=cfg.duration_s, seed=cfg.seed,
-                    max_seq_len=cfg.max_seq_len, t0=t0, grace_s=20, model=model_name)
+                    max_seq_len=cfg.max_seq_len, t0=t0, grace_s=20, model=model_name, api=cfg.api)
     before = scrape_samples(cfg.metrics_url)
     run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end_s = time.time() - t0

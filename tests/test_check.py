@@ -59,3 +59,12 @@ def test_a_release_read_before_the_last_token_is_not_growth():
     rows.sort(key=lambda r: r["t_s"])
     layout, evidence = classify_layout({"baseline": 0.0, "rows": rows, "token_times": times, "error": None}, 8192)
     assert layout == "contiguous", evidence
+
+
+def test_check_speaks_chat_to_a_server(tiny_model, tmp_path):
+    """--api chat: the probe and the churn go to /v1/chat/completions, and the answers are the same kind."""
+    with start_server("paged", str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
+        code, result = check(srv.url, str(tiny_model), "--api", "chat")
+    q = by_id(result)
+    assert q[3]["answer"] == "blocks", q[3]["evidence"]
+    assert q[6]["status"] == "PASS", q[6]["evidence"]

@@ -35,6 +35,34 @@ class ReplayPlan:
     model: str | None = None
     grace_s: float = 30.0  # how long requests still in flight at the deadline may finish
     api_key: str | None = None
+    api: str = "completions"  # or "chat": /v1/chat/completions, the prompt as one user message
+
+
+# Chat content is text: a prompt's ids become one common English word each, a token each in Llama-family
+# tokenizers (the server's usage gives the true count, template included).
+WORDS = ("the", "of", "and", "to", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "as", "with")
+
+
+def prompt_text(ids: list[int]) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in ids)
+
+
+def request_body(plan: ReplayPlan, req: TraceRequest) -> dict:
+    body = {"max_tokens": req.max_tokens, "n": req.n, "stream": req.stream, "temperature": req.temperature,
+            "ignore_eos": True, "seed": int(req.request_id[1:])}
+    if plan.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt_text(req.prompt_ids)}]
+    else:
+        body["prompt"] = req.prompt_ids
+    if plan.model:
+        body["model"] = plan.model
+    return body
+
+
+def chunk_tokens(choice: dict) -> int:
+    """Tokens one streamed chunk carries: its token ids (fragbench, vLLM), else one if it carries text."""
+    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+    return len(choice.get("token_ids") or []) or (1 if text else 0)
 
 
 def now(plan: ReplayPlan) -> float:
@@ -51,7 +79,7 @@ class ReplayUser(User):
         # its first byte, and the plan's deadline ends it anyway
         url = URL(self.host)
         self.http = HTTPClient.from_url(url, concurrency=100_000, network_timeout=3600.0, connection_timeout=10.0)
-        self.completions_path = url.path.rstrip("/") + "/v1/completions"
+        self.base_path = url.path.rstrip("/")
 
     @task
     def replay(self) -> None:
@@ -79,16 +107,14 @@ class ReplayUser(User):
         sent = now(plan)
         late = 0.0 if plan.closed_concurrency else max(0.0, sent - req.arrival_s)
         out = Outcome(req, sent, late)
-        body = {"prompt": req.prompt_ids, "max_tokens": req.max_tokens, "n": req.n, "stream": req.stream,
-                "temperature": req.temperature, "ignore_eos": True, "seed": int(req.request_id[1:])}
-        if plan.model:
-            body["model"] = plan.model
+        body = request_body(plan, req)
+        path = f"{self.base_path}/v1/{'chat/completions' if plan.api == 'chat' else 'completions'}"
         headers = {"Content-Type": "application/json"}
         if plan.api_key:
             headers["Authorization"] = f"Bearer {plan.api_key}"
         resp, error = None, None
         try:
-            resp = self.http.request("POST", self.completions_path, body=json.dumps(body).encode(), headers=headers)
+            resp = self.http.request("POST", path, body=json.dumps(body).encode(), headers=headers)
             out.http_status = resp.status_code
             if resp.status_code != 200:
                 out.status, out.error = "rejected", resp.read().decode(errors="replace")[:200]
@@ -110,7 +136,7 @@ class ReplayUser(User):
             # Locust's own statistics and web UI see every request, as they would from its HTTP users
             self.environment.events.request.fire(request_type="POST", name=req.cls, context={},
                                                  response_time=(out.end_s - sent) * 1e3, response_length=0,
-                                                 exception=error, response=None, url="/v1/completions")
+                                                 exception=error, response=None, url=path)
 
     def _read_stream(self, plan: ReplayPlan, req: TraceRequest, resp, out: Outcome) -> None:
         cancel_at = req.cancel_after_s
@@ -127,7 +153,7 @@ class ReplayUser(User):
             choice = payload["choices"]
             if not choice:
                 continue
-            tokens = len(choice[0].get("token_ids") or []) or (1 if choice[0].get("text") else 0)
+            tokens = chunk_tokens(choice[0])
             if tokens:
                 out.first_token_s = out.first_token_s if out.first_token_s is not None else t
                 out.token_times_s.append(t)

@@ -19,7 +19,6 @@ import queue
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,14 +26,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engines.api.validation import CompletionRequest, InvalidRequest, check_engine, error_body, parse_completion
+from engines.api.openai import MAX_BODY_BYTES, OpenAIRoutes, error_response
+from engines.api.validation import InvalidRequest
 from engines.engine import Engine, Request, TokenEvent
 from engines.memory import device_snapshot
 from engines.oom import EngineCrash
 from engines.percentile import percentile
-from engines.sequence import FinishReason, SamplingParams
 
-MAX_BODY_BYTES = 1 * 2**20
 CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
 ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
 FAIL_GRACE_S = 1.0  # failed responses get this long to reach their clients before the process exits
@@ -42,10 +40,6 @@ FAIL_GRACE_S = 1.0  # failed responses get this long to reach their clients befo
 
 class InjectedFault(RuntimeError):
     """`serve --fail-at-step N`: an engine-wide error on purpose, to test supervisors (bench, systemd)."""
-
-
-class EngineFailed(Exception):
-    """Raised into a handler whose engine can no longer serve."""
 
 
 @dataclass
@@ -189,8 +183,9 @@ class EngineThread:
 class MetricsCollector:
     """Prometheus metrics named after vLLM's, read from the last snapshot at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, ignored: dict[str, int]) -> None:
         self.stats: dict = {}
+        self.ignored = ignored  # request fields in neither the OpenAI nor the vLLM schema, by name
 
     def collect(self):
         s = self.stats
@@ -227,29 +222,34 @@ class MetricsCollector:
         for reason, count in s["finished_total"].items():
             done.add_metric([reason], count)
         yield done
-
-
-def error_response(err: InvalidRequest) -> web.Response:
-    return web.json_response(err.body(), status=err.status)
+        ignored = CounterMetricFamily("fragbench:ignored_request_fields", "request fields in neither the OpenAI "
+                                      "nor the vLLM schema, ignored", labels=["field"])
+        for name, count in self.ignored.items():
+            ignored.add_metric([name[:64]], count)
+        yield ignored
 
 
 class CompletionServer:
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
-                 fail_at_step: int | None = None):
+                 fail_at_step: int | None = None, model_root: str | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_root = model_root or model_name  # where the model loads from (vLLM's `root`)
+        self.created = int(time.time())
+        self.routes = OpenAIRoutes(self)
         self.api_key = api_key
         self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
-        self.metrics = MetricsCollector()
+        self.metrics = MetricsCollector(self.routes.ignored)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._auth])
-        app.router.add_post("/v1/completions", self.completions)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._json_errors, self._auth])
+        app.router.add_post("/v1/completions", self.routes.completions)
+        app.router.add_post("/v1/chat/completions", self.routes.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/stats", self.stats)
@@ -280,6 +280,17 @@ class CompletionServer:
         threading.Timer(FAIL_GRACE_S, os._exit, [ENGINE_ERROR_EXIT_CODE]).start()
 
     @web.middleware
+    async def _json_errors(self, request: web.Request, handler):
+        """Unknown routes and methods answer OpenAI's error object, not aiohttp's plain text."""
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return error_response(InvalidRequest(f"no route {request.path}", None, status=404))
+        except web.HTTPMethodNotAllowed as e:
+            return error_response(InvalidRequest(f"{request.method} is not allowed on {request.path} (allowed: "
+                                                 f"{', '.join(sorted(e.allowed_methods))})", None, status=405))
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler):
         if self.api_key and request.path != "/health":
             if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
@@ -304,7 +315,10 @@ class CompletionServer:
         return web.json_response({"segments": segments})
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+        """As vLLM's: the served name, where it loads from, its context."""
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "fragbench",
+            "root": self.model_root, "parent": None, "max_model_len": self.engine.max_seq_len, "permission": []}]})
 
     async def stats(self, request: web.Request) -> web.Response:
         snap = await self.thread.snapshot(releases="releases" in request.query)
@@ -316,146 +330,8 @@ class CompletionServer:
         self.metrics.stats = await self.thread.snapshot()
         return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
 
-    async def _parse(self, request: web.Request) -> CompletionRequest:
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise InvalidRequest(f"body over {MAX_BODY_BYTES} bytes", None, status=413) from None
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise InvalidRequest("the body is not valid JSON", None) from None
-        except RecursionError:
-            raise InvalidRequest("the body nests too deeply", None) from None
-        req = parse_completion(body, self._tokenize, self.engine.vocab_size, self.engine.max_seq_len)
-        check_engine(self.engine, req.temperature)
-        return req
-
-    def _tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text).input_ids
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            req = await self._parse(request)
-        except InvalidRequest as err:
-            return error_response(err)
-        if self.thread.failure is not None:
-            return web.json_response(error_body(f"engine failed: {self.thread.failure}", "engine_error", 503),
-                                     status=503)
-        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
-        params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos)
-        loop = asyncio.get_running_loop()
-        streams = []
-        for i, prompt in enumerate(req.prompts):
-            stream = Stream(loop)
-            self.thread.submit(Request(f"{rid}-{i}", prompt, params, req.n), stream)
-            streams.append(stream)
-        try:
-            if req.stream:
-                return await self._stream(request, rid, req, streams)
-            return await self._whole(rid, req, streams)
-        except EngineFailed as err:  # before any byte was sent
-            return web.json_response(error_body(str(err), "engine_error", 500), status=500)
-        except (asyncio.CancelledError, ConnectionResetError):
-            self._abort(rid, req)
-            raise
-
-    def _abort(self, rid: str, req: CompletionRequest) -> None:
-        for i in range(len(req.prompts)):
-            self.thread.abort(f"{rid}-{i}")
-
-    async def _events(self, rid: str, req: CompletionRequest, streams: list[Stream]):
-        """(choice index, event) across every prompt's stream, until each request is done. Raises
-        EngineFailed when a sample fails (the request's other samples are aborted) or the engine does."""
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def watch_engine() -> None:
-            await self.dead.wait()
-            await merged.put(EngineFailed(f"engine failed: {self.thread.failure}"))
-
-        async def one(i: int, stream: Stream) -> None:
-            while True:
-                ev: TokenEvent = await stream.events.get()
-                await merged.put((i * req.n + ev.seq.sample_index, ev))
-                if ev.request_done:
-                    return await merged.put(None)
-
-        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(streams)]
-        tasks.append(asyncio.create_task(watch_engine()))
-        try:
-            remaining = len(streams)
-            while remaining:
-                item = await merged.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, EngineFailed):
-                    raise item
-                elif item[1].seq.finish_reason == FinishReason.ERROR:
-                    self._abort(rid, req)
-                    raise EngineFailed(f"request failed: {item[1].seq.error}")
-                else:
-                    yield item
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    async def _whole(self, rid: str, req: CompletionRequest, streams: list[Stream]) -> web.Response:
-        tokens: dict[int, list[int]] = {}
-        reasons: dict[int, str] = {}
-        async for index, ev in self._events(rid, req, streams):
-            if ev.token_id is not None:
-                tokens.setdefault(index, []).append(ev.token_id)
-            if ev.finished:
-                reasons[index] = ev.seq.finish_reason.value
-        choices = [
-            {"index": i, "text": self.tokenizer.decode(tokens.get(i, [])), "token_ids": tokens.get(i, []),
-             "logprobs": None, "finish_reason": reasons.get(i)}
-            for i in range(len(req.prompts) * req.n)
-        ]
-        return web.json_response(
-            {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
-             "choices": choices, "usage": self._usage(req, tokens)}
-        )
-
-    def _usage(self, req: CompletionRequest, tokens: dict[int, list[int]]) -> dict:
-        prompt = sum(len(p) for p in req.prompts) * req.n
-        completion = sum(len(t) for t in tokens.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    async def _stream(self, request: web.Request, rid: str, req: CompletionRequest, streams) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        tokens: dict[int, list[int]] = {}
-        texts: dict[int, str] = {}
-        created = int(time.time())
-
-        async def send(payload: dict | str) -> None:
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            await resp.write(f"data: {data}\n\n".encode())
-
-        try:
-            async for index, ev in self._events(rid, req, streams):
-                delta = ""
-                if ev.token_id is not None:
-                    tokens.setdefault(index, []).append(ev.token_id)
-                    full = self.tokenizer.decode(tokens[index])
-                    delta, texts[index] = full[len(texts.get(index, "")) :], full
-                choice = {"index": index, "text": delta,
-                          "token_ids": [ev.token_id] if ev.token_id is not None else [], "logprobs": None,
-                          "finish_reason": ev.seq.finish_reason.value if ev.finished else None}
-                await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                            "choices": [choice]})
-        except EngineFailed as err:  # the headers are out: the error travels as the stream's last event
-            await send(error_body(str(err), "engine_error", 500))
-            await send("[DONE]")
-            await resp.write_eof()
-            return resp
-        if req.include_usage:
-            await send({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                        "choices": [], "usage": self._usage(req, tokens)})
-        await send("[DONE]")
-        await resp.write_eof()
-        return resp
+    def stream(self, loop: asyncio.AbstractEventLoop) -> Stream:
+        return Stream(loop)
 
 
 async def serve(server: CompletionServer, host: str, port: int, ready: Callable[[int], None]) -> None:

@@ -1,9 +1,9 @@
-"""The /v1/completions body, checked field by field: every failure names its field."""
+"""What the API checks against the engine once a body has its type (`engines/api/protocol.py`): prompts
+against the vocabulary and context, lengths, what one engine cannot do; the one error shape."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_N = 16
 # seeds feed torch.Generator.manual_seed, which takes a signed or unsigned 64-bit integer
@@ -27,6 +27,8 @@ def error_body(message: str, kind: str, code: int, param: str | None = None) -> 
 
 @dataclass
 class CompletionRequest:
+    """A request both endpoints hand the engine, checked against it: prompts as ids, and what ends a sample."""
+
     prompts: list[list[int]]
     max_tokens: int
     n: int
@@ -37,44 +39,17 @@ class CompletionRequest:
     top_p: float
     seed: int | None
     model: str | None
+    stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # no EOS, stop string or stop token ends a sample before this many tokens
+    echo: bool = False  # completions: the prompt's text leads the answer's
+    skip_special_tokens: bool = True
+    chat: bool = False
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(body: dict, key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        raise InvalidRequest(f"{key} must be a number", key)
-    if not math.isfinite(v):  # Python's JSON reader accepts NaN and Infinity; no sampler does
-        raise InvalidRequest(f"{key} must be a finite number, got {v}", key)
-    if v < lo or v > hi or (lo_open and v == lo):
-        raise InvalidRequest(f"{key} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", key)
-    return float(v)
-
-
-def _flag(body: dict, key: str) -> bool:
-    v = body.get(key, False)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise InvalidRequest(f"{key} must be a boolean", key)
-    return v
-
-
-def _int(body: dict, key: str, default: int | None, lo: int, hi: int) -> int | None:
-    """An integer in [lo, hi]; NaN, Infinity and floats (even whole ones) are not integers."""
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if not _is_int(v):
-        raise InvalidRequest(f"{key} must be an integer, got {v!r}"[:200], key)
-    if not lo <= v <= hi:
-        raise InvalidRequest(f"{key} must be in [{lo}, {hi}], got {v}"[:200], key)
-    return v
 
 
 def check_prompts(prompts: list[list[int]], vocab_size: int, max_seq_len: int) -> None:
@@ -102,38 +77,31 @@ def check_engine(engine, temperature: float) -> None:
         raise InvalidRequest(f"engine {engine.name} decodes greedily: temperature must be 0", "temperature")
 
 
-def parse_completion(body, tokenize, vocab_size: int, max_seq_len: int) -> CompletionRequest:
-    """`tokenize(text) -> ids`. Raises InvalidRequest."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", None)
-    prompts = _prompts(body.get("prompt"), tokenize)
+def checked(body, prompts: list[list[int]], vocab_size: int, max_seq_len: int, chat: bool = False,
+            echo: bool = False, default_temperature: float = 1.0) -> CompletionRequest:
+    """A parsed body (`engines/api/protocol.SamplingBody`) and its prompts, checked against the engine.
+    `default_temperature`: OpenAI's 1.0, or 0 for an engine that decodes greedily only (hf-cb)."""
     check_prompts(prompts, vocab_size, max_seq_len)
-    max_tokens = _int(body, "max_tokens", 16, 1, max_seq_len)
+    max_tokens = body.output_limit() or 16
+    if max_tokens > max_seq_len:
+        name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        raise InvalidRequest(f"{name} must be in [1, {max_seq_len}], got {max_tokens}", name)
     check_lengths(prompts, max_tokens, max_seq_len)
-    n = _int(body, "n", 1, 1, MAX_N)
-    seed = _int(body, "seed", None, *SEED_RANGE)
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise InvalidRequest("stream_options must be an object", "stream_options")
-    include_usage = _flag(options, "include_usage")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidRequest("model must be a string", "model")
+    if body.min_tokens > max_tokens:
+        raise InvalidRequest(f"min_tokens ({body.min_tokens}) exceeds the output limit ({max_tokens})", "min_tokens")
+    if any(not 0 <= t < vocab_size for t in body.stop_token_ids or []):
+        raise InvalidRequest(f"stop_token_ids has ids outside the vocabulary [0, {vocab_size})", "stop_token_ids")
     return CompletionRequest(
-        prompts=prompts,
-        max_tokens=max_tokens,
-        n=n,
-        stream=_flag(body, "stream"),
-        include_usage=include_usage,
-        ignore_eos=_flag(body, "ignore_eos"),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        seed=seed,
-        model=model,
-    )
+        prompts=prompts, max_tokens=max_tokens, n=body.n, stream=bool(body.stream), include_usage=body.include_usage,
+        ignore_eos=body.ignore_eos,
+        temperature=default_temperature if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, model=body.model,
+        stop=body.stop_strings(), stop_token_ids=list(body.stop_token_ids or []),
+        include_stop_str_in_output=body.include_stop_str_in_output, min_tokens=body.min_tokens, echo=echo,
+        skip_special_tokens=body.skip_special_tokens, chat=chat)
 
 
-def _prompts(prompt, tokenize) -> list[list[int]]:
+def prompt_ids(prompt, tokenize) -> list[list[int]]:
     """A text, token ids, or a list of either."""
     if isinstance(prompt, str):
         return [_tokenize(tokenize, prompt)]

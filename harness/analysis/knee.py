@@ -115,7 +115,7 @@ def binding_constraint(knee: dict, failed: int, missed: int) -> tuple[str, str]:
     `failed`: requests that errored or met a crash there (OOM rejections are memory's); `missed`: all that
     missed the SLO."""
     if knee["crashes"] or (missed and failed >= missed / 2):
-        return "failures", f"{knee['crashes']} crashes, {failed} of {missed} SLO misses were failed requests"
+        return "failures", f"crashes {knee['crashes']}, {failed} of {missed} SLO misses were failed requests"
     memory = []
     if knee["oom_total"]:
         memory.append(f"{knee['oom_total']} OOMs")

@@ -158,3 +158,9 @@ def check_sweep_args(args: argparse.Namespace, workload) -> None:
         check_sweep(args.slo_ttft, args.slo_tpot, args.slo_attainment, args.point_duration, args.calibrate_duration,
                     args.warmup, args.sweep or bool(args.rates), workload.closed_concurrency, args.workload,
                     getattr(args, "search_time", None), getattr(args, "knee_tolerance", None))
+
+
+def add_api_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", choices=["completions", "chat"], default="completions",
+                        help="the endpoint the load speaks: /v1/completions, or /v1/chat/completions (each prompt "
+                             "one user message)")

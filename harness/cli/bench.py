@@ -6,7 +6,15 @@ import argparse
 import shlex
 from pathlib import Path
 
-from harness.cli.args import UsageError, check_sweep_args, positive_int, sweep_group, trace_of, usage_errors
+from harness.cli.args import (
+    UsageError,
+    add_api_flag,
+    check_sweep_args,
+    positive_int,
+    sweep_group,
+    trace_of,
+    usage_errors,
+)
 
 
 def register(sub) -> None:
@@ -32,6 +40,7 @@ def register(sub) -> None:
     bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
                        help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
                             "cuda: every KV allocation a real tensor from PyTorch's caching allocator")
+    add_api_flag(bench)
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
@@ -103,7 +112,7 @@ def config(args: argparse.Namespace):
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
                        point_requests=args.point_requests, search_s=args.search_time,
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device_of(args.device),
-                       memory=args.memory)
+                       memory=args.memory, api=args.api)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,16 @@ import argparse
 import json
 from pathlib import Path
 
-from harness.cli.args import add_gpu_flags, gpu_of, http_url, positive_int, shape_of, trace_of, usage_errors
+from harness.cli.args import (
+    add_api_flag,
+    add_gpu_flags,
+    gpu_of,
+    http_url,
+    positive_int,
+    shape_of,
+    trace_of,
+    usage_errors,
+)
 
 
 def register(sub) -> None:
@@ -23,6 +32,7 @@ def register(sub) -> None:
     chk.add_argument("--duration", type=float, default=30.0)
     chk.add_argument("--json", action="store_true")
     chk.add_argument("--report")
+    add_api_flag(chk)
     chk.set_defaults(func=run)
 
 
@@ -38,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     trace_of(args.workload, 0, max_seq_len, shape.vocab_size)
     dtype = args.dtype or shape.dtype or "float16"
     cfg = CheckConfig(target, args.metrics_url or f"{target}/metrics", args.model, gpu, max_seq_len, args.workload,
-                      args.duration, dtype if dtype in DTYPE_BYTES else "float16")
+                      args.duration, dtype if dtype in DTYPE_BYTES else "float16", api=args.api)
     with usage_errors(Unreachable):
         result = run_check(cfg)
     if args.report:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, http_url, positive_int, trace_of
+from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, trace_of
 
 
 def register(sub) -> None:
@@ -20,6 +20,7 @@ def register(sub) -> None:
     load.add_argument("--vocab-size", type=positive_int, default=4096)
     load.add_argument("--engine-label", default="target")
     load.add_argument("--api-key")
+    add_api_flag(load)
     spread = load.add_argument_group("over several machines (Locust's master/worker protocol)")
     spread.add_argument("--master", action="store_true", help="hand the trace to --expect-workers workers")
     spread.add_argument("--expect-workers", type=positive_int, default=1)
@@ -46,4 +47,4 @@ def run(args: argparse.Namespace) -> int:
                                 vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,
                                 workers=args.expect_workers if args.master else args.workers,
                                 master_bind=args.master_bind if args.master else None,
-                                connect_timeout_s=args.connect_timeout))
+                                connect_timeout_s=args.connect_timeout, api=args.api))

@@ -17,6 +17,8 @@ def register(sub) -> None:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--served-model-name", help="the model id /v1/models answers (default: --model as given, as "
+                                                   "vLLM does)")
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71)")
@@ -36,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from engines.api.server import CompletionServer, serve
 
     engine = engine_from_flags(args)
-    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), Path(args.model).name, args.api_key,
-                              args.fail_at_step)
+    server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
+                              args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()))
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)

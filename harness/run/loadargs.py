@@ -27,6 +27,7 @@ class Traffic:
     seed: int = 0
     max_seq_len: int = 2048
     grace_s: float = 30.0
+    api: str = "completions"  # or "chat"
 
 
 @dataclass(kw_only=True)
@@ -54,7 +55,7 @@ class LoadArgs(Traffic):
                "--duration", str(self.duration_s), "--seed", str(self.seed), "--max-seq-len", str(self.max_seq_len),
                "--vocab-size", str(self.vocab_size), "--grace", str(self.grace_s), "--engine", self.engine,
                "--workers", str(self.workers), "--start-at", str(self.start_at_s),
-               "--connect-timeout", str(self.connect_timeout_s)]
+               "--connect-timeout", str(self.connect_timeout_s), "--api", self.api]
         for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key),
                             ("--rate", self.rate)):
             if value is not None:

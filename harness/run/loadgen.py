@@ -54,6 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds after --t0 when the first arrival falls; --duration counts from there")
     ap.add_argument("--grace", type=float, default=30.0)
     ap.add_argument("--api-key")
+    ap.add_argument("--api", choices=["completions", "chat"], default="completions")
     ap.add_argument("--model", help="the 'model' field of each request")
     ap.add_argument("--master", action="store_true", help="wait for --expect-workers workers from other machines")
     ap.add_argument("--expect-workers", type=int, default=1)
@@ -71,7 +72,7 @@ class Unconnected(RuntimeError):
 
 # what a master hands its workers: everything a worker needs to build the same trace and send its share
 PLAN_FIELDS = ("target", "workload", "duration", "seed", "engine", "max_seq_len", "vocab_size", "t0", "rate",
-               "start_at", "grace", "api_key", "model")
+               "start_at", "grace", "api_key", "model", "api")
 
 
 def host_port(text: str, default_port: int = 5557) -> tuple[str, int]:
@@ -98,7 +99,7 @@ def configure(env: Environment, args: argparse.Namespace, on_row, workers: int =
     env.replay_plan = ReplayPlan(
         requests=requests, t0=args.t0, duration_s=args.start_at + args.duration,
         on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate}),
-        closed_concurrency=closed, grace_s=args.grace, api_key=args.api_key, model=args.model,
+        closed_concurrency=closed, grace_s=args.grace, api_key=args.api_key, model=args.model, api=args.api,
     )
     env.replay_workers = workers
     env.replay_done = False

@@ -58,7 +58,7 @@ def capacity_sentence(capacity: dict) -> str:
 
 
 def bound_sentence(capacity: dict) -> str:
-    parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee']['offered_rps']:g} req/s)"
+    parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee']['offered_rps']:.2f} req/s)"
              for e, c in sorted(capacity.items(), key=lambda kv: -kv[1]["sustained_rps"]) if "bound" in c]
     return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
 

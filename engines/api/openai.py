@@ -1,0 +1,231 @@
+"""The OpenAI routes: POST /v1/completions and /v1/chat/completions, whole or streamed, shaped as vLLM's.
+
+A body is typed once (`protocol`), its prompts made ids (text or token ids; chat through the template) and
+checked against the engine (`validation`); each prompt is one engine request of `n` samples. Each sample's
+answer is a `Choice`, which applies the API's stop rules; when every sample of a request has stopped, the
+server aborts what the engine still runs of it, which frees its KV that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+
+from aiohttp import web
+
+from engines.api.chat import render
+from engines.api.choices import Choice
+from engines.api.protocol import ChatBody, CompletionBody, SamplingBody, parse
+from engines.api.validation import CompletionRequest, InvalidRequest, check_engine, checked, error_body, prompt_ids
+from engines.engine import Request
+from engines.sequence import FinishReason, SamplingParams
+
+MAX_BODY_BYTES = 1 * 2**20
+
+
+class EngineFailed(Exception):
+    """Raised into a handler whose engine can no longer serve."""
+
+
+def error_response(err: InvalidRequest) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+class OpenAIRoutes:
+    def __init__(self, server):
+        self.server = server  # the CompletionServer: its engine thread, tokenizer, model name, dead event
+        self.ignored: Counter[str] = Counter()  # fields in neither schema, by name
+
+    # -- parsing
+    async def _body(self, request: web.Request, model: type[SamplingBody]) -> SamplingBody:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidRequest(f"body over {MAX_BODY_BYTES} bytes", None, status=413) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidRequest("the body is not valid JSON", None) from None
+        except RecursionError:
+            raise InvalidRequest("the body nests too deeply", None) from None
+        parsed = parse(model, body)
+        if parsed.ignored():
+            self.ignored.update(parsed.ignored())
+            print(f"fragbench serve: ignored request fields (in neither the OpenAI nor the vLLM schema): "
+                  f"{', '.join(parsed.ignored())}"[:300], file=sys.stderr, flush=True)
+        return parsed
+
+    def _tokenize(self, add_special_tokens: bool):
+        return lambda text: self.server.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+
+    def _checked(self, body: SamplingBody, prompts: list[list[int]], chat: bool, echo: bool) -> CompletionRequest:
+        engine = self.server.engine
+        req = checked(body, prompts, engine.vocab_size, engine.max_seq_len, chat=chat, echo=echo,
+                      default_temperature=0.0 if getattr(engine, "greedy_only", False) else 1.0)
+        check_engine(engine, req.temperature)
+        return req
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._body(request, CompletionBody)
+            prompts = prompt_ids(body.prompt, self._tokenize(body.add_special_tokens))
+            req = self._checked(body, prompts, chat=False, echo=body.echo)
+        except InvalidRequest as err:
+            return error_response(err)
+        return await self._serve(request, f"cmpl-{uuid.uuid4().hex[:16]}", req)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._body(request, ChatBody)
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            text = render(self.server.tokenizer, messages, body.add_generation_prompt, body.continue_final_message)
+            prompts = prompt_ids(text, self._tokenize(body.add_special_tokens))
+            req = self._checked(body, prompts, chat=True, echo=False)
+        except InvalidRequest as err:
+            return error_response(err)
+        return await self._serve(request, f"chatcmpl-{uuid.uuid4().hex[:16]}", req)
+
+    # -- serving
+    async def _serve(self, request: web.Request, rid: str, req: CompletionRequest) -> web.StreamResponse:
+        thread = self.server.thread
+        if thread.failure is not None:
+            return web.json_response(error_body(f"engine failed: {thread.failure}", "engine_error", 503),
+                                     status=503)
+        # the server stops on EOS itself when min_tokens must hold it off (the engines stop on EOS at once)
+        params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed,
+                                req.ignore_eos or req.min_tokens > 0)
+        loop = asyncio.get_running_loop()
+        streams = []
+        for i, prompt in enumerate(req.prompts):
+            stream = self.server.stream(loop)
+            thread.submit(Request(f"{rid}-{i}", prompt, params, req.n), stream)
+            streams.append(stream)
+        choices = [self._choice(req, i) for i in range(len(req.prompts) * req.n)]
+        try:
+            if req.stream:
+                return await self._stream(request, rid, req, streams, choices)
+            return await self._whole(rid, req, streams, choices)
+        except EngineFailed as err:  # before any byte was sent
+            return web.json_response(error_body(str(err), "engine_error", 500), status=500)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._abort(rid, req)
+            raise
+
+    def _choice(self, req: CompletionRequest, index: int) -> Choice:
+        tok = self.server.tokenizer
+        prompt = req.prompts[index // req.n]
+        return Choice(index, lambda ids: tok.decode(ids, skip_special_tokens=req.skip_special_tokens),
+                      stop=req.stop, stop_token_ids=frozenset(req.stop_token_ids),
+                      include_stop_str=req.include_stop_str_in_output, min_tokens=req.min_tokens,
+                      eos_token_id=self.server.engine.eos_token_id if req.min_tokens and not req.ignore_eos else None,
+                      prefix=tok.decode(prompt, skip_special_tokens=req.skip_special_tokens) if req.echo else "")
+
+    def _abort(self, rid: str, req: CompletionRequest, prompts: range | None = None) -> None:
+        for i in prompts if prompts is not None else range(len(req.prompts)):
+            self.server.thread.abort(f"{rid}-{i}")
+
+    async def _events(self, rid: str, req: CompletionRequest, streams: list, choices: list[Choice]):
+        """(choice, text to send) as the engine's events arrive, until every choice has ended. Raises
+        EngineFailed when a sample fails (the request's other samples are aborted) or the engine does."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def watch_engine() -> None:
+            await self.server.dead.wait()
+            await merged.put(EngineFailed(f"engine failed: {self.server.thread.failure}"))
+
+        async def one(i: int, stream) -> None:
+            while True:
+                ev = await stream.events.get()
+                await merged.put((i * req.n + ev.seq.sample_index, ev))
+                if ev.request_done:
+                    return
+
+        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(streams)]
+        tasks.append(asyncio.create_task(watch_engine()))
+        try:
+            while any(c.finish_reason is None for c in choices):
+                item = await merged.get()
+                if isinstance(item, EngineFailed):
+                    raise item
+                index, ev = item
+                if ev.seq.finish_reason == FinishReason.ERROR:
+                    self._abort(rid, req)
+                    raise EngineFailed(f"request failed: {ev.seq.error}")
+                choice = choices[index]
+                if choice.finish_reason is not None:
+                    continue  # stopped by the API; the engine's events for it come after
+                delta = choice.add(ev.token_id, ev.seq.finish_reason.value if ev.finished else None)
+                if choice.finish_reason is not None and not ev.finished:
+                    self._stop_early(rid, req, choices, index)
+                yield choice, delta, ev.token_id
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def _stop_early(self, rid: str, req: CompletionRequest, choices: list[Choice], index: int) -> None:
+        """A choice the API stopped: once every sample of its prompt has, abort the engine's request."""
+        prompt = index // req.n
+        if all(c.finish_reason is not None for c in choices[prompt * req.n:(prompt + 1) * req.n]):
+            self._abort(rid, req, range(prompt, prompt + 1))
+
+    def _usage(self, req: CompletionRequest, choices: list[Choice]) -> dict:
+        prompt = sum(len(p) for p in req.prompts) * req.n
+        completion = sum(len(c.tokens) for c in choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _head(self, rid: str, req: CompletionRequest, created: int, chunk: bool = False) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else "text_completion"
+        return {"id": rid, "object": kind, "created": created, "model": self.server.model_name}
+
+    async def _whole(self, rid: str, req: CompletionRequest, streams: list, choices: list[Choice]) -> web.Response:
+        async for _ in self._events(rid, req, streams, choices):
+            pass
+        if req.chat:
+            out = [{"index": c.index, "message": {"role": "assistant", "content": c.output}, "logprobs": None,
+                    "finish_reason": c.finish_reason} for c in choices]
+        else:
+            out = [{"index": c.index, "text": c.output, "token_ids": c.tokens, "logprobs": None,
+                    "finish_reason": c.finish_reason} for c in choices]
+        return web.json_response({**self._head(rid, req, int(time.time())), "choices": out,
+                                  "usage": self._usage(req, choices)})
+
+    def _chunk_choice(self, req: CompletionRequest, choice: Choice, delta: str, token_id: int | None,
+                      first: bool) -> dict:
+        finish = choice.finish_reason
+        if req.chat:
+            message = {"role": "assistant", "content": delta} if first else {"content": delta}
+            return {"index": choice.index, "delta": message, "logprobs": None, "finish_reason": finish}
+        return {"index": choice.index, "text": delta, "token_ids": [token_id] if token_id is not None else [],
+                "logprobs": None, "finish_reason": finish}
+
+    async def _stream(self, request: web.Request, rid: str, req: CompletionRequest, streams,
+                      choices: list[Choice]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created, started = int(time.time()), set()
+
+        async def send(payload: dict | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        try:
+            async for choice, delta, token_id in self._events(rid, req, streams, choices):
+                first = choice.index not in started
+                started.add(choice.index)
+                await send({**self._head(rid, req, created, chunk=True),
+                            "choices": [self._chunk_choice(req, choice, delta, token_id, first)]})
+        except EngineFailed as err:  # the headers are out: the error travels as the stream's last event
+            await send(error_body(str(err), "engine_error", 500))
+            await send("[DONE]")
+            await resp.write_eof()
+            return resp
+        if req.include_usage:
+            await send({**self._head(rid, req, created, chunk=True), "choices": [],
+                        "usage": self._usage(req, choices)})
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp

@@ -1,0 +1,104 @@
+"""The OpenAI API as a client we did not write sees it (the openai SDK): completions and chat, whole and
+streamed, usage, max_completion_tokens, stop strings and stop token ids, errors, /v1/models; every engine."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import openai
+import pytest
+
+from harness.run.servers import start_server
+
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module", params=["paged", "static-oracle", "hf", "hf-cb"])
+def client(request, tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("sdk") / f"{request.param}.log"
+    with start_server(request.param, str(tiny_model), "32MiB", log) as srv:
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def model_of(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_are_listed_as_vllm_lists_them(client):
+    m = client.models.list().data[0]
+    extra = m.model_extra or {}
+    assert m.object == "model" and m.owned_by and m.created and extra["root"] and extra["max_model_len"] == 2048
+
+
+def test_completions_whole_and_streamed_give_the_tokens_asked_for(client):
+    model = model_of(client)
+    whole = client.completions.create(model=model, prompt="Where does the memory go?", max_tokens=5, **GREEDY)
+    assert whole.usage.completion_tokens == 5 and whole.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model=model, prompt="Where does the memory go?", max_tokens=5,
+                                            stream=True, stream_options={"include_usage": True}, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_max_completion_tokens_is_honoured(client):
+    out = client.completions.create(model=model_of(client), prompt="hi", max_tokens=16,
+                                    extra_body={"max_completion_tokens": 5}, **GREEDY)
+    assert out.usage.completion_tokens == 5
+
+
+def test_chat_whole_and_streamed(client):
+    model = model_of(client)
+    messages = [{"role": "system", "content": "You count."}, {"role": "user", "content": "hi"}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=4, **GREEDY)
+    assert whole.object == "chat.completion" and whole.usage.completion_tokens == 4
+    assert whole.choices[0].message.role == "assistant" and isinstance(whole.choices[0].message.content, str)
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_completion_tokens=4,
+                                                 stream=True, stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and chunks[-1].usage.completion_tokens == 4
+
+
+def test_stop_strings_and_stop_token_ids_end_with_finish_reason_stop(client):
+    model = model_of(client)
+    free = client.completions.create(model=model, prompt="hello there", max_tokens=12, **GREEDY)
+    ids = free.choices[0].model_extra["token_ids"]
+    by_ids = client.completions.create(model=model, prompt="hello there", max_tokens=12,
+                                       extra_body={"stop_token_ids": [ids[3]]}, **GREEDY)
+    assert by_ids.choices[0].finish_reason == "stop" and by_ids.usage.completion_tokens == ids.index(ids[3]) + 1
+    stop = free.choices[0].text[len(free.choices[0].text) // 2:][:3]
+    by_text = client.completions.create(model=model, prompt="hello there", max_tokens=12, stop=[stop], **GREEDY)
+    assert by_text.choices[0].finish_reason == "stop" and stop not in by_text.choices[0].text
+    assert free.choices[0].text.startswith(by_text.choices[0].text)
+
+
+def test_unsupported_and_bad_fields_are_400s_naming_them(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_of(client), prompt="hi", max_tokens=2, logprobs=2)
+    assert e.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_of(client), messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, frequency_penalty=1.0)
+    assert e.value.body["param"] == "frequency_penalty"
+
+
+def test_unknown_routes_answer_openai_json(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("nope")
+    assert e.value.body["code"] == 404
+
+
+def test_the_contract_bodies(client):
+    """The issue's own requests, as curl would send them."""
+    url = str(client.base_url).rstrip("/")
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(f"{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.load(r)
+
+    chat = post("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert chat["usage"]["completion_tokens"] == 4
+    done = post("/completions", {"prompt": "hi", "max_completion_tokens": 5})
+    assert done["usage"]["completion_tokens"] == 5

@@ -100,3 +100,13 @@ def test_a_knee_block_has_the_contract_fields():
 def test_bench_refuses_a_search_it_cannot_run(flags, says, tiny_model, tmp_path):
     r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--sweep", "--out", str(tmp_path), *flags)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_bracket_end_that_cannot_be_told_from_the_target_does_not_bound_the_interval():
+    slo = SLO()
+    clear = sustained_interval(points((1.0, 1.0), (1.3, 0.5), n=27), slo, tolerance=0.3)
+    assert clear[1] <= 1.3  # 50 % of 27 is a miss beyond doubt: the failing end bounds it
+    close = sustained_interval(points((1.0, 1.0), (1.3, 0.85), n=27), slo, tolerance=0.3)
+    assert close[1] == pytest.approx(1.69)  # 85 % of 27 might be 90 %: one search step past it
+    beyond = sustained_interval(points((1.0, 1.0), (1.3, 0.85), (1.6, 0.3), n=27), slo, tolerance=0.3)
+    assert beyond[1] == pytest.approx(1.6)  # the next measured rate past it, where there is one

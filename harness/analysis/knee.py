@@ -87,15 +87,41 @@ def bracket_of(points: list[dict], slo: SLO) -> tuple[float | None, float | None
     return search.bracket()
 
 
-def sustained_interval(points: list[dict], slo: SLO, confidence: float = CONFIDENCE) -> list[float]:
+Z = {0.9: 1.645, 0.95: 1.96}
+
+
+def inconclusive(point: dict, target: float, confidence: float = CONFIDENCE) -> bool:
+    """Whether the point's attainment cannot be told from the target: its Wilson interval holds it."""
+    n = int(point.get("requests") or 0)
+    if n == 0:
+        return True
+    p, z = point["slo_attainment"] or 0.0, Z[confidence]
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n) <= target <= (centre + half) / (1 + z * z / n)
+
+
+def sustained_interval(points: list[dict], slo: SLO, tolerance: float | None = None,
+                       confidence: float = CONFIDENCE) -> list[float]:
     """[lo, hi]: the bootstrap's central `confidence` interval, widened to the bracket the search measured
     (the knee lies between the highest passing and the lowest failing rate; interpolation between them is
-    an assumption the interval does not make)."""
+    an assumption the interval does not make). A bracket end whose attainment cannot be told from the
+    target bounds nothing: the interval then reaches the next measured rate past it, or one search step
+    (1 + tolerance) past it where none was measured (interpolation cannot reach beyond the measured rates,
+    so the bootstrap alone would stop at that end)."""
     reps = bootstrap_rates(points, slo)
     lo, hi = np.quantile(reps, [(1 - confidence) / 2, (1 + confidence) / 2])
     b_lo, b_hi = bracket_of(points, slo)
-    lo = min(lo, b_lo) if b_lo is not None else lo
-    hi = max(hi, b_hi) if b_hi is not None else hi
+    rates = sorted(p["offered_rps"] for p in points)
+    step = 1 + (tolerance or 0.0)
+    at = {p["offered_rps"]: p for p in points}
+    if b_lo is not None:
+        if inconclusive(at[b_lo], slo.attainment, confidence):
+            b_lo = max((r for r in rates if r < b_lo), default=b_lo / step)
+        lo = min(lo, b_lo)
+    if b_hi is not None:
+        if inconclusive(at[b_hi], slo.attainment, confidence):
+            b_hi = min((r for r in rates if r > b_hi), default=b_hi * step)
+        hi = max(hi, b_hi)
     return [round(float(lo), 4), round(float(hi), 4)]
 
 
@@ -138,7 +164,7 @@ def knee_point(points: list[dict], slo: SLO) -> dict:
     return next((p for p in points if p["offered_rps"] == hi), max(points, key=lambda p: p["offered_rps"]))
 
 
-def knee_block(block: dict, slo: SLO) -> dict:
+def knee_block(block: dict, slo: SLO, tolerance: float | None = None) -> dict:
     """A capacity block with the sustained rate's interval and the constraint that bound it at the knee."""
     points = block["points"]
     at = knee_point(points, slo)
@@ -146,5 +172,5 @@ def knee_block(block: dict, slo: SLO) -> dict:
             "running": at.get("mean_running"), "step_s": at.get("step_s"), "oom_total": at.get("oom_total", 0),
             "preemptions": at.get("preemptions", 0), "offered_rps": at["offered_rps"], "crashes": at.get("crashes", 0)}
     bound, evidence = binding_constraint(knee, at.get("failed", 0), at.get("missed", 0))
-    return {**block, "sustained_rps_ci": sustained_interval(points, slo), "bound": bound, "bound_evidence": evidence,
-            "knee": knee}
+    return {**block, "sustained_rps_ci": sustained_interval(points, slo, tolerance), "bound": bound,
+            "bound_evidence": evidence, "knee": knee}

@@ -211,7 +211,8 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         rows = arrived_in(req, w)
         events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
         points.append(point_figures(rows, smp, events, w, slo, warm))
-    return knee_block(capacity_block(points, slo), slo)
+    search = (meta.get("sweep") or {}).get("search") or {}
+    return knee_block(capacity_block(points, slo), slo, search.get("tolerance"))
 
 
 def capacity_by_budget(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:

@@ -282,7 +282,8 @@ class Bench:
                 break
             search.record(rate, self.point(run, sampler, show, rate, window_s, spent))
             spent += window_s
-        self.plain(f"{run.engine}: knee between {search.bracket()} req/s after {len(search.measured)} points")
+        lo, hi = search.bracket()
+        self.plain(f"{run.engine}: knee between {lo} and {hi} req/s after {len(search.measured)} points")
 
     def window_s(self, rate: float) -> float:
         """--point-requests arrivals, but never so long that the search time holds fewer than three points (a

@@ -153,7 +153,10 @@ def capacity_section(summary: dict, budget_bytes: int | None = None) -> str:
                 "crossing re-interpolated) widened to the measured bracket; a ratio's interval bounds it by the two "
                 "engines' intervals, and one that contains 1.0 is no measurable difference. Requests in one point are"
                 " not independent (they share a queue), so the bootstrap alone would be too narrow: the bracket is "
-                "the floor. Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
+                "the floor; and a bracket end whose attainment cannot be told from the target (its Wilson 90 % "
+                "interval holds it) bounds nothing: the interval reaches the next measured rate, or one search "
+                "step, past it. "
+                "Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
                 " requests half of the misses), else memory (OOMs, preemptions, KV usage >= "
                 f"{100 * KV_USAGE_NEAR_FULL:.0f} %, or requests waiting for memory alone in >= "
                 f"{100 * WAITING_FOR_MEMORY:.0f} % of samples), else compute (KV room left while steps slow).")

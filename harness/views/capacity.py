@@ -28,16 +28,20 @@ def best_contiguous(capacity: dict) -> str | None:
     return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e]["sustained_rps"], default=None)
 
 
-def ratio_words(mine: dict, theirs: dict) -> str:
-    """The ratio of two sustained rates, with its interval; inside the interval 1.0 is no difference."""
+def ratio_of(mine: dict, theirs: dict) -> tuple[str, bool]:
+    """The ratio of two sustained rates with its interval, and whether that interval holds 1.0 (no
+    measurable difference)."""
     ratio = mine["sustained_rps"] / theirs["sustained_rps"]
     ci = ratio_interval(mine["sustained_rps_ci"], theirs["sustained_rps_ci"]) \
         if "sustained_rps_ci" in mine and "sustained_rps_ci" in theirs else None
     if ci is None:
-        return f"{ratio:.2f}x"
-    if ci[0] <= 1.0 <= ci[1]:
-        return f"{ratio:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]: no measurable difference"
-    return f"{ratio:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+        return f"{ratio:.2f}x", False
+    return f"{ratio:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]", ci[0] <= 1.0 <= ci[1]
+
+
+def ratio_words(mine: dict, theirs: dict) -> str:
+    words, same = ratio_of(mine, theirs)
+    return words + (": no measurable difference" if same else "")
 
 
 def capacity_sentence(capacity: dict) -> str:
@@ -51,9 +55,12 @@ def capacity_sentence(capacity: dict) -> str:
     if rival is not None:
         for e in (e for e in capacity if e in PAGED):
             mine, theirs = capacity[e], capacity[rival]
-            line += (f"; {e} sustains {ratio_words(mine, theirs)} the best contiguous engine ({rival})"
-                     if theirs["sustained_rps"] > 0
-                     else f"; no contiguous engine sustained any rate, {e} {mine['sustained_rps']:.2f} req/s")
+            if theirs["sustained_rps"] <= 0:
+                line += f"; no contiguous engine sustained any rate, {e} {mine['sustained_rps']:.2f} req/s"
+                continue
+            words, same = ratio_of(mine, theirs)
+            line += f"; {e} sustains {words} the rate of the best contiguous engine ({rival})" + (
+                ", an interval that holds 1.0: no measurable difference" if same else "")
     return line + "."
 
 

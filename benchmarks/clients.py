@@ -44,18 +44,20 @@ def completed(url: str) -> int:
 def commands(client: str, api: str, url: str, model: str, model_dir: str, seconds: int, rate: float,
              out: Path) -> list[str] | None:
     chat = api == "chat"
-    if client == "guidellm":
-        return [str(venv_bin("guidellm") / "guidellm"), "benchmark", "run", "--target", url, "--model", model,
-                "--processor", model_dir, "--data", f"prompt_tokens={PROMPT},output_tokens={OUTPUT}",
-                "--rate-type", "constant", "--rate", str(rate), "--max-seconds", str(seconds),
-                "--request-type", "chat_completions" if chat else "text_completions",
-                "--output-path", str(out / f"guidellm-{api}.json")]
+    if client == "guidellm":  # guidellm 0.8's kind=... arguments
+        return [str(venv_bin("guidellm") / "guidellm"), "run", "--backend",
+                f"kind=openai_http,target={url},model={model},request_format=/v1/{'chat/' if chat else ''}completions",
+                "--profile", f"kind=constant,rate={rate}", "--constraint", f"kind=max_duration,seconds={seconds}",
+                "--tokenizer", f"kind=hf_auto,model={model_dir}",
+                "--data", f"kind=synthetic_text,prompt_tokens={PROMPT},output_tokens={OUTPUT}",
+                "--output", f"kind=json,path={out / f'guidellm-{api}.json'}", "--disable-console-interactive"]
     if client == "aiperf":
         return [str(venv_bin("aiperf") / "aiperf"), "profile", "--model", model, "--tokenizer", model_dir,
                 "--url", url, "--endpoint-type", api, "--streaming",
                 "--synthetic-input-tokens-mean", str(PROMPT), "--synthetic-input-tokens-stddev", "0",
                 "--output-tokens-mean", str(OUTPUT), "--output-tokens-stddev", "0", "--request-rate", str(rate),
-                "--request-count", str(int(seconds * rate)), "--artifact-dir", str(out / f"aiperf-{api}")]
+                "--request-count", str(int(seconds * rate)), "--artifact-dir", str(out / f"aiperf-{api}"),
+                "--ui-type", "none"]
     vllm = ROOT / ".venv-vllm" / "bin" / "vllm"
     if not vllm.exists():
         return None
@@ -64,6 +66,18 @@ def commands(client: str, api: str, url: str, model: str, model_dir: str, second
             "--tokenizer", model_dir, "--dataset-name", "random", "--random-input-len", str(PROMPT),
             "--random-output-len", str(OUTPUT), "--num-prompts", str(int(seconds * rate)),
             "--request-rate", str(rate), "--ignore-eos"]
+
+
+def measured(client: str, api: str, out: Path) -> str:
+    """What the client itself reports: requests it counted as successful and its TTFT median."""
+    if client == "guidellm":
+        m = json.loads((out / f"guidellm-{api}.json").read_text())["benchmarks"][0]["metrics"]
+        ttft = m["time_to_first_token_ms"]["successful"]["median"]
+        return f"{m['request_totals']['successful']} successful, TTFT p50 {ttft:.0f} ms"
+    if client == "aiperf":
+        m = json.loads((out / f"aiperf-{api}" / "profile_export_aiperf.json").read_text())
+        return f"{m['request_count']['avg']:.0f} requests, TTFT p50 {m['time_to_first_token']['p50']:.0f} ms"
+    return "(see its output)"
 
 
 def fragbench_load(url: str, api: str, seconds: int, rate: float, out: Path) -> str:
@@ -108,9 +122,10 @@ def main() -> None:
                     continue
                 before = completed(srv.url)
                 run = subprocess.run(cmd, capture_output=True, text=True, cwd=out, timeout=600)
-                tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])[:400]
-                print(f"{client:<9} exit {run.returncode}, server completed {completed(srv.url) - before}: {tail}",
-                      flush=True)
+                seen = measured(client, api, out) if run.returncode == 0 else \
+                    " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])[:400]
+                print(f"{client:<9} exit {run.returncode}, server completed {completed(srv.url) - before}; "
+                      f"the client measured: {seen}", flush=True)
     print(f"outputs in {out}")
 
 

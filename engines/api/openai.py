@@ -216,8 +216,11 @@ class OpenAIRoutes:
             async for choice, delta, token_id in self._events(rid, req, streams, choices):
                 first = choice.index not in started
                 started.add(choice.index)
-                await send({**self._head(rid, req, created, chunk=True),
-                            "choices": [self._chunk_choice(req, choice, delta, token_id, first)]})
+                event = {**self._head(rid, req, created, chunk=True),
+                         "choices": [self._chunk_choice(req, choice, delta, token_id, first)]}
+                if req.continuous_usage:
+                    event["usage"] = self._usage(req, choices)
+                await send(event)
         except EngineFailed as err:  # the headers are out: the error travels as the stream's last event
             await send(error_body(str(err), "engine_error", 500))
             await send("[DONE]")

@@ -134,7 +134,6 @@ class SamplingBody(BaseModel):
                     raise ValueError(f"stream_options has no field {key!r}")
                 if not isinstance(value, bool):
                     raise ValueError(f"stream_options.{key} must be a boolean")
-            _no_op("stream_options.continuous_usage_stats", v.get("continuous_usage_stats", False), (False,))
         return v
 
     def output_limit(self) -> int | None:
@@ -147,6 +146,11 @@ class SamplingBody(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats: usage so far in every streamed event."""
+        return bool((self.stream_options or {}).get("continuous_usage_stats"))
 
     def ignored(self) -> list[str]:
         """Fields in neither schema: ignored, as vLLM does, and counted by the server."""

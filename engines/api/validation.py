@@ -46,6 +46,7 @@ class CompletionRequest:
     echo: bool = False  # completions: the prompt's text leads the answer's
     skip_special_tokens: bool = True
     chat: bool = False
+    continuous_usage: bool = False  # usage so far in every streamed event (vLLM's continuous_usage_stats)
 
 
 def _is_int(v) -> bool:
@@ -98,7 +99,8 @@ def checked(body, prompts: list[list[int]], vocab_size: int, max_seq_len: int, c
         top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, model=body.model,
         stop=body.stop_strings(), stop_token_ids=list(body.stop_token_ids or []),
         include_stop_str_in_output=body.include_stop_str_in_output, min_tokens=body.min_tokens, echo=echo,
-        skip_special_tokens=body.skip_special_tokens, chat=chat)
+        skip_special_tokens=body.skip_special_tokens, chat=chat,
+        continuous_usage=body.continuous_usage)
 
 
 def prompt_ids(prompt, tokenize) -> list[list[int]]:

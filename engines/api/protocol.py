@@ -9,9 +9,9 @@ in `engines/api/validation.py`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.api.validation import MAX_N, SEED_RANGE, InvalidRequest
 
@@ -21,11 +21,13 @@ Stop = str | list[str] | None
 class Unsupported(ValueError):
     """A known field set to something fragbench's engines cannot do."""
 
+    def __init__(self, field: str, value: Any, allowed: tuple):
+        super().__init__(f"{field}={value!r} is not supported by fragbench's engines (accepted: "
+                         f"{', '.join(repr(a) for a in allowed)})")
+        self.field = field
 
-def _no_op(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise Unsupported(f"{name}={value!r} is not supported by fragbench's engines (accepted: "
-                          f"{', '.join(repr(a) for a in allowed)})")
+
+UNSET = (None,)
 
 
 class SamplingBody(BaseModel):
@@ -75,54 +77,28 @@ class SamplingBody(BaseModel):
     response_format: dict | None = None
     spaces_between_special_tokens: bool = True
 
+    # each refused field with the values that ask for nothing (an empty {} or [] counts as unset)
+    NO_OP: ClassVar[dict[str, tuple]] = {
+        "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
+        "length_penalty": (None, 1), "logit_bias": UNSET, "top_k": (None, -1, 0), "min_p": (None, 0),
+        "best_of": (None, 1), "use_beam_search": (False,), "prompt_logprobs": UNSET, "truncate_prompt_tokens": UNSET,
+        "guided_json": UNSET, "guided_regex": UNSET, "guided_choice": UNSET, "guided_grammar": UNSET,
+        "structured_outputs": UNSET, "response_format": (None, {"type": "text"}),
+    }
+
+    @model_validator(mode="after")
+    def _refused(self):
+        for name, allowed in self.NO_OP.items():
+            value = getattr(self, name)
+            if value not in allowed and value not in ({}, []):
+                raise Unsupported(name, value, allowed)
+        return self
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: Stop) -> Stop:
         if isinstance(v, list) and (len(v) > 16 or not all(v)):
             raise ValueError("stop takes at most 16 non-empty strings")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _zero(cls, v, info):
-        _no_op(info.field_name, v, (None, 0, 0.0))
-        return v
-
-    @field_validator("repetition_penalty", "length_penalty")
-    @classmethod
-    def _one(cls, v, info):
-        _no_op(info.field_name, v, (None, 1, 1.0))
-        return v
-
-    @field_validator("logit_bias", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                     "structured_outputs", "prompt_logprobs", "truncate_prompt_tokens")
-    @classmethod
-    def _unset(cls, v, info):
-        _no_op(info.field_name, v if v != {} else None, (None,))
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v):
-        _no_op("top_k", v, (None, -1, 0))
-        return v
-
-    @field_validator("min_p")
-    @classmethod
-    def _min_p(cls, v):
-        _no_op("min_p", v, (None, 0, 0.0))
-        return v
-
-    @field_validator("use_beam_search")
-    @classmethod
-    def _beam(cls, v):
-        _no_op("use_beam_search", v, (False,))
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _format(cls, v):
-        _no_op("response_format", v, (None, {"type": "text"}))
         return v
 
     @field_validator("stream_options")
@@ -164,18 +140,7 @@ class CompletionBody(SamplingBody):
     suffix: str | None = None
     add_special_tokens: bool = True
 
-    @field_validator("logprobs", "suffix")
-    @classmethod
-    def _unset(cls, v, info):
-        _no_op(info.field_name, v, (None,))
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        _no_op("best_of", v, (None, 1))
-        return v
-
+    NO_OP: ClassVar[dict[str, tuple]] = {**SamplingBody.NO_OP, "logprobs": UNSET, "suffix": UNSET}
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -215,43 +180,12 @@ class ChatBody(SamplingBody):
     reasoning_effort: str | None = None
     web_search_options: Any = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v):
-        _no_op("logprobs", v, (False,))
-        return v
-
-    @field_validator("top_logprobs", "functions", "function_call", "chat_template", "chat_template_kwargs",
-                     "audio", "prediction", "reasoning_effort", "web_search_options")
-    @classmethod
-    def _unset(cls, v, info):
-        _no_op(info.field_name, v if v not in ({}, []) else None, (None,))
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, v):
-        _no_op("tools", v or None, (None,))
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice(cls, v):
-        _no_op("tool_choice", v, (None, "none", "auto"))
-        return v
-
-    @field_validator("modalities")
-    @classmethod
-    def _modalities(cls, v):
-        _no_op("modalities", v, (None, ["text"]))
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        _no_op("best_of", v, (None, 1))
-        return v
-
+    NO_OP: ClassVar[dict[str, tuple]] = {
+        **SamplingBody.NO_OP, "logprobs": (False,), "top_logprobs": UNSET, "tools": UNSET,
+        "tool_choice": (None, "none", "auto"), "functions": UNSET, "function_call": UNSET, "chat_template": UNSET,
+        "chat_template_kwargs": UNSET, "modalities": (None, ["text"]), "audio": UNSET, "prediction": UNSET,
+        "reasoning_effort": UNSET, "web_search_options": UNSET,
+    }
 
 def parse(model: type[SamplingBody], body) -> SamplingBody:
     """The body as `model`, or an InvalidRequest naming the first field that is wrong."""
@@ -263,6 +197,8 @@ def parse(model: type[SamplingBody], body) -> SamplingBody:
         err = e.errors(include_url=False)[0]
         loc = [str(x) for x in err["loc"]]
         cause = err.get("ctx", {}).get("error")
-        message = str(cause) if isinstance(cause, Unsupported) else err["msg"].removeprefix("Value error, ")
-        return_param = loc[0] if loc else None
-        raise InvalidRequest(f"{'.'.join(loc) or 'body'}: {message}"[:300], return_param) from None
+        if isinstance(cause, Unsupported):  # from the model's own check: no location, the field is on it
+            loc, message = [cause.field], str(cause)
+        else:
+            message = err["msg"].removeprefix("Value error, ")
+        raise InvalidRequest(f"{'.'.join(loc) or 'body'}: {message}"[:300], loc[0] if loc else None) from None

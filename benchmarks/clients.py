@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,7 @@ def commands(client: str, api: str, url: str, model: str, model_dir: str, second
             "--request-rate", str(rate), "--ignore-eos"]
 
 
-def measured(client: str, api: str, out: Path) -> str:
+def measured(client: str, api: str, out: Path, stdout: str) -> str:
     """What the client itself reports: requests it counted as successful and its TTFT median."""
     if client == "guidellm":
         m = json.loads((out / f"guidellm-{api}.json").read_text())["benchmarks"][0]["metrics"]
@@ -77,7 +78,8 @@ def measured(client: str, api: str, out: Path) -> str:
     if client == "aiperf":
         m = json.loads((out / f"aiperf-{api}" / "profile_export_aiperf.json").read_text())
         return f"{m['request_count']['avg']:.0f} requests, TTFT p50 {m['time_to_first_token']['p50']:.0f} ms"
-    return "(see its output)"
+    found = dict(re.findall(r"^(Successful requests|Median TTFT \(ms\)):\s+([0-9.]+)", stdout, re.M))
+    return f"{found.get('Successful requests', '?')} successful, TTFT p50 {found.get('Median TTFT (ms)', '?')} ms"
 
 
 def fragbench_load(url: str, api: str, seconds: int, rate: float, out: Path) -> str:
@@ -122,7 +124,7 @@ def main() -> None:
                     continue
                 before = completed(srv.url)
                 run = subprocess.run(cmd, capture_output=True, text=True, cwd=out, timeout=600)
-                seen = measured(client, api, out) if run.returncode == 0 else \
+                seen = measured(client, api, out, run.stdout) if run.returncode == 0 else \
                     " | ".join((run.stdout + run.stderr).strip().splitlines()[-3:])[:400]
                 print(f"{client:<9} exit {run.returncode}, server completed {completed(srv.url) - before}; "
                       f"the client measured: {seen}", flush=True)

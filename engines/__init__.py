@@ -3,6 +3,7 @@
 # The in-house engines by name (torch-free, so the CLI can list them before it imports anything heavy):
 # `static` is `static-max`, whose --reserve flag still picks another reservation.
 ENGINES = ("hf", "hf-cb", "static", "static-max", "static-pow2", "static-oracle", "growth", "paged")
+SCHEDULED = ("static", "static-max", "static-pow2", "static-oracle", "growth", "paged")  # fragbench's scheduler
 SERVED = (*ENGINES, "vllm")  # what `serve` and `bench` start: the in-house engines and the vLLM peer
 
 

@@ -165,6 +165,7 @@ class EngineThread:
             abort_release_p99_steps=percentile(self.engine.abort_release_steps, 0.99),
             threads=threading.active_count(),
             engine_errors=0,
+            engine_config=getattr(self.engine, "config", dict)(),
             memory_map=self.engine.memory_map(),
             fragmentation_oom_maps=[{"t_s": t - self.started_s, "event": e.__dict__, "memory_map": mm}
                                     for t, e, mm in self.engine.fragmentation_maps],

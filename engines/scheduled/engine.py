@@ -3,6 +3,8 @@ policy; what differs between them is the policy alone."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
@@ -11,6 +13,7 @@ from engines.memory import DeviceMemory, OutOfMemory
 from engines.sampler import make_generator, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
+from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
 
 
@@ -24,6 +27,7 @@ class ScheduledEngine(Engine):
         self.runner = ModelRunner(hf_model, kv)
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
+        self.step_recorder: StepRecorder | None = None  # serve --step-log: every step's row
 
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
@@ -59,12 +63,14 @@ class ScheduledEngine(Engine):
 
     # -- the step
     def step(self) -> None:
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         for seq in plan.rejected:
             self._emit(seq, None, True)
         if not plan.chunks:
             return
-        logits = self.runner.forward(plan.chunks)
+        chunks = plan.chunks
+        logits = self.runner.forward(chunks)
         self.steps += 1
         for chunk, row in zip(plan.chunks, logits, strict=True):
             seq = chunk.seq
@@ -77,6 +83,15 @@ class ScheduledEngine(Engine):
                 self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
             except Exception as err:  # one sequence's failure is its request's alone
                 self.fail_request(seq.request_id, err)
+        if self.step_recorder is not None:
+            self.step_recorder.record(StepRow(
+                time.time(), time.perf_counter() - started, len(plan.decodes), len(plan.prefills),
+                sum(c.end - c.start for c in chunks), sum(c.end for c in chunks), self.runner.last_buckets,
+                len(self.scheduler.running), len(self.scheduler.waiting)))
+
+    def close(self) -> None:
+        if self.step_recorder is not None:
+            self.step_recorder.close()
 
     def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
         """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""
@@ -121,6 +136,16 @@ class ScheduledEngine(Engine):
 
     def memory_map(self) -> list[dict]:
         return self.kv.memory_map()
+
+    def config(self) -> dict:
+        """What a simulated twin of this engine needs to schedule and allocate as it does."""
+        cfg = self.scheduler.config
+        return {"policy": self.kv.name, "placement": getattr(self.memory, "placement", None),
+                "block_size": getattr(self.kv, "block_size", None), "preflight": getattr(self.kv, "preflight", True),
+                "prefix_caching": getattr(self.kv, "prefix_caching", False), "max_num_seqs": cfg.max_num_seqs,
+                "max_num_batched_tokens": cfg.max_num_batched_tokens, "on_oom": cfg.on_oom,
+                "kv_budget_bytes": self.memory.capacity_bytes, "kv_bytes_per_token": self.kv.kv_bytes_per_token,
+                "max_seq_len": self.max_seq_len}
 
     @property
     def memory(self) -> DeviceMemory:

@@ -97,6 +97,7 @@ class ModelRunner:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
+        self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
         dev = self.device
@@ -148,6 +149,7 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """Logits [chunks, vocab] at the last position of each chunk, in fp32."""
         inp = self.prepare(chunks)
+        self.last_buckets = len(inp.buckets)
         model = self.hf.model
         h = model.embed_tokens(inp.input_ids)[None]  # [1, T, H]
         cos, sin = model.rotary_emb(h, inp.positions[None])

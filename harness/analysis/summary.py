@@ -67,6 +67,29 @@ def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
     return {"requests": requests, "samples": samples, "events": events, "debug": debug}
 
 
+def load_steps(run_dir: Path, meta: dict) -> pd.DataFrame:
+    """Every scheduled engine's step rows (engines/ENGINE/steps-BUDGET.csv, written by the server), each with
+    its engine, budget, engine time, and the sweep point whose window (and grace) it fell in: `point` indexes
+    run.json's sweep points of that engine, -1 outside every window (debugging pass, calibration, drain)."""
+    frames = []
+    for path in sorted(run_dir.glob("engines/*/steps-*.csv")):
+        df = pd.read_csv(path)
+        if not len(df):
+            continue
+        engine, budget = path.parent.name, path.stem.removeprefix("steps-")
+        df.insert(0, "engine", engine)
+        df.insert(1, "kv_budget", budget)
+        df["t_s"] = df.t_wall - meta.get("engine_t0", {}).get(engine, df.t_wall.iloc[0])
+        df["point"] = -1
+        df["offered_rps"] = np.nan
+        grace = meta.get("config", {}).get("grace_s", 0.0)
+        for i, w in enumerate((meta.get("sweep") or {}).get("points", {}).get(engine, [])):
+            inside = (df.t_s >= w["start_s"]) & (df.t_s <= w["end_s"] + grace) & (w.get("kv_budget", budget) == budget)
+            df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w["offered_rps"]
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def pct(series: pd.Series, q: float) -> float | None:
     return percentile(pd.to_numeric(series, errors="coerce"), q)
 
@@ -165,7 +188,7 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
     metrics = request_metrics(rows, window["end_s"] - window["start_s"], slo)
     unfinished = (rows.status == "error") & (rows.error == UNFINISHED)
     return {"offered_rps": window["offered_rps"], **metrics,
-            "mean_running": mem["mean_running"], "token_states_share": mem["token_states_share"],
+            "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
             "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
             "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
             "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
@@ -249,6 +272,12 @@ def finalize(run_dir: Path) -> dict:
     frames = load_frames(run_dir)
     for kind in ("requests", "samples", "events"):
         frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
+    steps = load_steps(run_dir, load_meta(run_dir))
+    if len(steps):
+        steps.to_parquet(run_dir / "steps.parquet", index=False)
     summary = summarize(run_dir, frames)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    path = run_dir / "summary.json"
+    if path.is_file() and "twin" in (before := json.loads(path.read_text())):
+        summary["twin"] = before["twin"]  # simulated from this run's rows once they were all written
+    path.write_text(json.dumps(summary, indent=2))
     return summary

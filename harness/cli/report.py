@@ -16,11 +16,14 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.analysis.summary import finalize
+    from harness.analysis.summary import finalize, load_meta
+    from harness.sim.twin import write_twin
     from harness.views.report import render
 
     directory = run_dir(args.run_dir)
-    finalize(directory)  # a partial run gets its parquet files and summary from what it wrote
+    summary = finalize(directory)  # a partial run gets its parquet files and summary from what it wrote
+    if "twin" not in summary and load_meta(directory).get("status") == "complete":
+        write_twin(directory)  # a run bench finished before it simulated its twin
     out = Path(args.out) if args.out else Path("reports") / f"{directory.name}.html"
     print(render(directory, out))
     return 0

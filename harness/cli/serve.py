@@ -22,6 +22,9 @@ def register(sub) -> None:
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71)")
+    srv.add_argument("--step-log", metavar="FILE",
+                     help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
+                          "the rows `simulate --step-model` fits")
     srv.set_defaults(func=run)
 
 
@@ -38,6 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from engines.api.server import CompletionServer, serve
 
     engine = engine_from_flags(args)
+    if args.step_log:
+        if not hasattr(engine, "step_recorder"):
+            raise UsageError(f"--step-log: the {args.engine} engine is not scheduled by fragbench; it has no steps "
+                             "to record")
+        from engines.scheduled.steps import StepRecorder
+
+        engine.step_recorder = StepRecorder(Path(args.step_log))
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
                               args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()))
 

@@ -41,6 +41,10 @@ def register(sub) -> None:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--no-preflight", action="store_true",
                      help="static policies admit without checking free bytes (a naive server) and reject on OOM")
+    sim.add_argument("--step-model", metavar="RUN_DIR|FILE",
+                     help="step times from a model fitted on a bench run's engine steps (RUN_DIR, steps.parquet or "
+                          "a --step-log CSV) or saved as JSON, instead of the GPU's roofline")
+    sim.add_argument("--step-engine", help="with a RUN_DIR: fit on this engine's steps alone (default: all of them)")
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--report", help="write an HTML page with the breakdown over time")
     sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress
     from harness.sim.simulate import run_simulation
+    from harness.sim.stepfit import StepModelError, load
     from harness.views.sim_report import render_simulation, render_text
     from workloads.traces import TraceError, resolve
 
@@ -72,13 +77,19 @@ def run(args: argparse.Namespace) -> int:
     check_sweep_args(args, trace_of(args.workload, args.seed, max_seq_len, shape.vocab_size))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.step_engine and not args.step_model:
+        raise UsageError("--step-engine needs --step-model RUN_DIR")
+    step_model = None
+    if args.step_model:
+        with usage_errors(StepModelError):
+            step_model = load(args.step_model, args.step_engine)
     with SimulationProgress() as progress:
         sim = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
                              args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
                              preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
                              sweep_points=args.points if args.sweep or args.rates else 0,
                              slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
-                             progress=progress)
+                             progress=progress, step_model=step_model)
     if args.report:
         render_simulation(sim, Path(args.report))
     print(json.dumps(sim.out, indent=2) if args.json else render_text(sim.out))

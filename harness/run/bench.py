@@ -20,6 +20,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from engines import SCHEDULED
 from engines.memory import device_info, device_note
 from engines.procs import free_port
 from harness.analysis.capacity import SLO, request_metrics
@@ -29,6 +30,7 @@ from harness.results import Journal, read_journals, token_times
 from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
 from harness.run.servers import ServerFailed, ServerProcess, start_server
+from harness.sim.twin import write_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
@@ -148,6 +150,9 @@ class Bench:
         self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
         self.write_meta()
         finalize(self.dir)
+        if self.cfg.sweep:
+            self.plain("simulating the run's twin")
+            write_twin(self.dir)
         return self.dir
 
     # -- one engine
@@ -158,8 +163,15 @@ class Bench:
 
     def start(self, run: EngineRun) -> ServerProcess:
         log = self.dir / "logs" / f"{run.engine}.log"
-        return start_server(run.engine, self.cfg.model, run.budget, log,
-                            extra=self.server_args(run.engine, run.port), threads=self.cfg.threads)
+        extra = self.server_args(run.engine, run.port)
+        if run.engine in SCHEDULED:  # the rows the twin's step model is fitted on (harness/sim/twin.py)
+            extra += ["--step-log", str(self.dir / "engines" / run.engine / f"steps-{run.budget}.csv")]
+        server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads)
+        config = (fetch_stats(server.url) or {}).get("engine_config")
+        if config:
+            self.run_meta.setdefault("engine_config", {}).setdefault(run.engine, {})[run.budget] = config
+            self.write_meta()
+        return server
 
     def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None:
         t = t_s if t_s is not None else time.time() - run.t0

@@ -28,6 +28,7 @@ from engines.shapes import DTYPE_BYTES, ModelShape
 from harness.analysis.capacity import SLO, capacity_block, request_metrics, sweep_rates
 from harness.gpus import GPU
 from harness.plan import Plan
+from harness.sim.stepfit import FittedStepModel
 from workloads.generate import TraceRequest, at_rate, has_shared_prefixes, iter_requests
 from workloads.spec import WorkloadSpec
 
@@ -53,8 +54,11 @@ class StepModel:
         return cls(shape.weights_bytes(dtype), shape.kv_bytes_per_token(dtype), shape.num_params,
                    4 * shape.num_layers * shape.num_heads * shape.head_dim, gpu.hbm_bytes_per_s, gpu.peak_bf16_flops)
 
-    def step_s(self, tokens: np.ndarray | float, context_read: np.ndarray | float,
+    def step_s(self, decodes, prefills, tokens: np.ndarray | float, context_read: np.ndarray | float,
                attn_pairs: np.ndarray | float) -> np.ndarray | float:
+        """A step of `decodes` one-token sequences and `prefills` chunks computing `tokens` positions, reading
+        `context_read` keys (attention over `attn_pairs` query-key pairs). The roofline counts bytes and
+        FLOPs alone; a fitted model (harness/sim/stepfit.py) also the cost per sequence and per chunk."""
         memory = (self.weights_bytes + self.kv_bytes_per_token * context_read) / self.hbm_bytes_per_s
         compute = (2 * self.params * tokens + self.attn_flops_per_ctx_token * attn_pairs) / self.peak_flops
         return np.maximum(memory, compute)
@@ -118,6 +122,9 @@ class Accumulator:
     """Time integrals of the breakdown and of the running count."""
 
     capacity: int
+    # None: the integrals cover the time the engine is serving (the paper's figures); a (start, end) window of
+    # simulated seconds: the wall-clock time inside it, idle included, as a sampler sees it (a twin's point)
+    window: tuple[float, float] | None = None
     seconds: float = 0.0
     bytes_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
     running_s: float = 0.0
@@ -125,11 +132,19 @@ class Accumulator:
     timeline: list[tuple] = field(default_factory=list)
     next_sample_s: float = 0.0
 
+    def idle(self, now: Breakdown, t: float, until: float, every_s: float) -> float:
+        """Nothing runs from t until `until` (the next arrival): memory as it is, no sequence running."""
+        if self.window is not None:
+            self.add(now, now, 0, until - t, until, every_s)
+        return until
+
     def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
         end = np.array(after.astuple())
-        self.bytes_s += (np.array(before.astuple()) + end) / 2 * dt
-        self.seconds += dt
-        self.running_s += running * dt
+        lo, hi = self.window or (-np.inf, np.inf)
+        inside = max(0.0, min(t, hi) - max(t - dt, lo))  # of the interval [t - dt, t]
+        self.bytes_s += (np.array(before.astuple()) + end) / 2 * inside
+        self.seconds += inside
+        self.running_s += running * inside
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
             self.timeline.append((t, *(end / self.capacity).tolist(), running))
@@ -206,37 +221,39 @@ class SimSequence:
         return self._since + self.prompt_len + self.max_tokens - self._tokens
 
 
-def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, model: StepModel, block_size: int,
-                    placement: str | None, max_num_seqs: int, prefix_caching: bool, sample_every_s: float,
-                    preflight: bool = True) -> tuple[dict, pd.DataFrame, list[tuple]]:
+def sim_config(plan: Plan, max_num_seqs: int, preflight: bool) -> SchedulerConfig:
+    """The simulator's own scheduler at real-model scale (a twin takes its engine's instead)."""
+    return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, plan.max_seq_len),
+                           on_oom="wait" if preflight else "reject")
+
+
+def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[TraceRequest], max_seq_len: int,
+                    model: StepModel | FittedStepModel, prefix_caching: bool, sample_every_s: float,
+                    window: tuple[float, float] | None = None) -> tuple[dict, pd.DataFrame, list[tuple]]:
     """The policy's result, every request's row (for a sweep's per-request SLO figures), and the breakdown
     sampled over simulated time (for the report). Each event costs its admissions, finishes and block
     crossings, not the size of the running set: the sums come from the decode clock and the policy's totals."""
-    kv = make_sim_policy(name, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, block_size, placement,
-                         preflight)
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
     capacity = kv.stats().kv_capacity_bytes
-    sched = Scheduler(kv, SchedulerConfig(max_num_seqs=max_num_seqs,
-                                          max_num_batched_tokens=max(8192, plan.max_seq_len),
-                                          on_oom="wait" if preflight else "reject"))
+    sched = Scheduler(kv, config)
     clock = DecodeClock()
     finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
     admissions = itertools.count()
     tracks = Tracks()
-    acc = Accumulator(capacity)
+    acc = Accumulator(capacity, window)
     t, started = 0.0, time.perf_counter()
     pending = next(requests, None)
     while True:
         while pending is not None and pending.arrival_s <= t:
-            seq = SimSequence(pending, plan.max_seq_len, clock, tracks.add(pending.arrival_s, pending.max_tokens),
+            seq = SimSequence(pending, max_seq_len, clock, tracks.add(pending.arrival_s, pending.max_tokens),
                               keep_ids=prefix_caching)
             sched.add(seq)
             pending = next(requests, None)
         if not sched.has_work():
             if pending is None:
                 break
-            t = pending.arrival_s
+            t = acc.idle(kv.breakdown_of(0), t, pending.arrival_s, sample_every_s)
             continue
         step = sched.schedule()
         before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
@@ -245,14 +262,15 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
         if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
             if pending is None:
                 break
-            t = max(t, pending.arrival_s)
+            t = acc.idle(before, t, max(t, pending.arrival_s), sample_every_s)
             continue
         # the first step: prefills and decodes as scheduled
         live = clock.live_tokens()
         prefill_tokens = sum(c.end - c.start for c in step.prefills)
         prefill_ctx = sum(c.end for c in step.prefills)
         prefill_pairs = sum((c.end - c.start) * (c.start + c.end + 1) / 2 for c in step.prefills)
-        dt = float(model.step_s(len(step.decodes) + prefill_tokens, live, live - prefill_ctx + prefill_pairs))
+        dt = float(model.step_s(len(step.decodes), len(step.prefills), len(step.decodes) + prefill_tokens, live,
+                                live - prefill_ctx + prefill_pairs))
         t += dt
         clock.steps += 1
         for c in step.prefills:
@@ -268,7 +286,7 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
             k = min(max(1, sched.decode_headroom()), finishing[0][0] - clock.steps) - 1
             if k > 0:
                 batch, ctx0 = clock.running, clock.live_tokens()
-                steps = model.step_s(batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
+                steps = model.step_s(batch, 0, batch, ctx0 + batch * np.arange(k), ctx0 + batch * np.arange(k))
                 ends = t + np.cumsum(steps)
                 # stop at the next arrival only if it could be admitted: not behind a queue, not over the cap
                 admissible = not sched.waiting and len(sched.running) < sched.config.max_num_seqs
@@ -289,7 +307,7 @@ def simulate_policy(name: str, requests: Iterator[TraceRequest], plan: Plan, mod
                 tracks.end(entry[2].track, t, "ok")
     wall_s = time.perf_counter() - started
     frame = tracks.frame()
-    return result(name, sched, frame, acc, t, wall_s, placement or PAPER_PLACEMENT[name]), frame, acc.timeline
+    return result(kv.name, sched, frame, acc, t, wall_s, kv.memory.placement), frame, acc.timeline
 
 
 def stale(entry: tuple[int, int, SimSequence]) -> bool:
@@ -329,16 +347,18 @@ def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, 
                    block_size: int, placement: str | None, num_requests: int, seed: int = 0,
                    max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True, n_jobs: int = 1,
                    sweep_points: int = 0, slo: SLO = DEFAULT_SLO, rates: list[float] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> Simulation:
+                   progress: Callable[[int, int], None] | None = None,
+                   step_model: FittedStepModel | None = None) -> Simulation:
     """Each policy at the workload's own rate; with sweep_points, also a capacity sweep. Independent
-    simulations run in a pool of n_jobs processes; the result does not depend on n_jobs."""
-    model = StepModel.of(shape, dtype, gpu)
+    simulations run in a pool of n_jobs processes; the result does not depend on n_jobs. Steps take the
+    roofline's time on `gpu`, or `step_model`'s (fitted on a bench run's steps)."""
+    model = step_model or StepModel.of(shape, dtype, gpu)
     shared = has_shared_prefixes(spec)
     out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
            "kv_budget_bytes": plan.kv_budget_bytes, "max_seq_len": plan.max_seq_len, "block_size": block_size,
            "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
            "static_preflight": preflight,
-           "step_model": model.constants(), "policies": {}}
+           "step_model": model.to_json() if step_model else model.constants(), "policies": {}}
     jobs = [SimJob(name, plan, model, spec, seed, num_requests, shape.vocab_size, shared, block_size, placement,
                    max_num_seqs, preflight) for name in policies]
     timelines = {}
@@ -361,7 +381,7 @@ class SimJob:
 
     policy: str
     plan: Plan
-    model: StepModel
+    model: StepModel | FittedStepModel
     spec: WorkloadSpec
     seed: int
     num_requests: int
@@ -379,8 +399,10 @@ def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
                              token_ids=job.shared)
     if job.rate_rps is not None:
         requests = iter(at_rate(list(requests), job.rate_rps))
-    return simulate_policy(job.policy, requests, job.plan, job.model, job.block_size, job.placement,
-                           job.max_num_seqs, job.shared, sample_every_s=1.0, preflight=job.preflight)
+    kv = make_sim_policy(job.policy, job.plan.kv_budget_bytes, job.plan.kv_bytes_per_token, job.plan.max_seq_len,
+                         job.block_size, job.placement, job.preflight)
+    return simulate_policy(kv, sim_config(job.plan, job.max_num_seqs, job.preflight), requests, job.plan.max_seq_len,
+                           job.model, job.shared, sample_every_s=1.0)
 
 
 def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] | None = None) -> list:

@@ -29,10 +29,11 @@ from harness.views.html import (
     section,
     table,
 )
+from harness.views.twin import twin_section
 from harness.views.verdict import verdict
 
-SECTIONS = ("verdict", "capacity", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map", "debug-pass",
-            "latency", "throughput", "workload", "config")
+SECTIONS = ("verdict", "capacity", "twin", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map",
+            "debug-pass", "latency", "throughput", "workload", "config")
 MAX_POINTS = 1200  # per engine and time series: a one-hour run draws as fast as a one-minute one
 
 
@@ -343,12 +344,15 @@ def render(run_dir: Path, out: Path) -> Path:
     meta = load_meta(run_dir)
     frames = load_frames(run_dir)
     summary = summarize(run_dir, frames)
+    written = run_dir / "summary.json"  # the twin is simulated once, when bench ends, and kept there
+    summary["twin"] = json.loads(written.read_text()).get("twin") if written.is_file() else None
     partial = meta.get("status") != "complete"
     banner = (f"<p class='partial' id='partial'>PARTIAL RUN: this run did not finish (engines done: "
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
         verdict(summary, meta, frames["events"]), capacity_section(summary, budget_bytes(meta)),
+        twin_section(summary, budget_bytes(meta)),
         memory_breakdown(frames["samples"]), figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),

@@ -21,6 +21,21 @@ from harness.views.html import (
 )
 
 
+def step_time_line(sm: dict) -> str:
+    """How a step's time was computed: the fitted model's terms, or the roofline's constants."""
+    if "coefficients" in sm:
+        c = sm["coefficients"]
+        r2 = "n/a" if sm.get("fit_r2") is None else f"{sm['fit_r2']:.3f}"
+        return (f"  step time fitted on {sm['rows']:,} measured steps of {sm['source']} (R² {r2}): "
+                f"{1e3 * c['fixed_s']:.3f} ms + {1e3 * c['per_decode_s']:.4f} ms/decode + "
+                f"{1e3 * c['per_prefill_s']:.4f} ms/prefill + {1e6 * c['per_token_s']:.3f} µs/token + "
+                f"{1e9 * c['per_context_token_s']:.3f} ns/key read")
+    return ("  step time = max((weights + KV read) / HBM, FLOPs / peak): weights "
+            f"{sm['weights_bytes']:,} B, KV {sm['kv_bytes_per_token']:,} B/token, {sm['params']:,} params, "
+            f"{sm['attn_flops_per_query_key']:,} attention FLOP per query-key pair, HBM {sm['hbm_bytes_per_s']:.3g} "
+            f"B/s, peak {sm['peak_flops']:.3g} FLOP/s")
+
+
 def render_text(out: dict) -> str:
     sm = out["step_model"]
     lines = [
@@ -30,10 +45,7 @@ def render_text(out: dict) -> str:
         f"blocks of {out['block_size']}, prefix caching {'on' if out['prefix_caching'] else 'off'}, static "
         + ("admission waits for free bytes (Orca)" if out["static_preflight"] else
            "admission without a memory check (naive), OOM rejects"),
-        "  step time = max((weights + KV read) / HBM, FLOPs / peak): weights "
-        f"{sm['weights_bytes']:,} B, KV {sm['kv_bytes_per_token']:,} B/token, {sm['params']:,} params, "
-        f"{sm['attn_flops_per_query_key']:,} attention FLOP per query-key pair, HBM {sm['hbm_bytes_per_s']:.3g} B/s, "
-        f"peak {sm['peak_flops']:.3g} FLOP/s",
+        step_time_line(sm),
         f"  {'policy':<14}{'placement':<10}{'token':>7}{'reserv':>8}{'intern':>8}{'extern':>8}{'free':>7}"
         f"{'mean run':>10}{'max run':>9}{'OOM (frag)':>12}{'preempt':>9}{'out tok/s':>11}{'TTFT p50':>10}"
         f"{'TPOT p50':>10}{'wall s':>8}",

@@ -1,11 +1,14 @@
-# Set-up is idempotent: the stamp is rebuilt only when pyproject.toml changes.
+# Set-up is idempotent: the stamp is rebuilt when pyproject.toml changes, and when the machine gains or loses a
+# GPU (the stamp names the kind): a venv made on CPU gets the CUDA torch on a GPU box.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.fragbench-installed
+DEVICE_KIND := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+STAMP := $(VENV)/.fragbench-installed-$(DEVICE_KIND)
 MODEL_DIR := models/tiny-llama
-# The CPU wheel of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
-TORCH_CPU := torch==2.13.0
+# The tested torch, on both kinds. On CPU its wheel lies on disk; on a GPU box PyPI's Linux wheel of the same
+# version is the CUDA build (an unpinned torch would pull whatever is newest).
+TORCH_VERSION := 2.13.0
 
 .PHONY: setup test lint model vllm bench nightly stress clean gpu-check
 
@@ -14,9 +17,15 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(BIN)/pip install -q torch; else $(BIN)/pip install -q $(TORCH_CPU); fi
+ifeq ($(DEVICE_KIND),cuda)
+	$(BIN)/pip install -q --force-reinstall torch==$(TORCH_VERSION)
+	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.version.cuda else 'make setup: torch ' + torch.__version__ \
+	  + ' has no CUDA (a local CPU wheel may shadow PyPI: pip config list); install torch==$(TORCH_VERSION) with CUDA')"
+else
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+endif
 	$(BIN)/pip install -q -e '.[dev]'
+	rm -f $(VENV)/.fragbench-installed*
 	touch $(STAMP)
 
 # vLLM, the peer, in its own venv: it pins its own torch and transformers. On CPU, scripts/vllm_alias.py lets
@@ -55,13 +64,17 @@ MODEL ?= $(MODEL_DIR)
 KV_BUDGET ?= 16MiB
 KV_BUDGETS ?=
 MEMORY ?= arena
-BENCH_ENGINES ?= hf,static-max,static-oracle,paged$(if $(BENCH_VLLM),$(comma)vllm)
+# MEMORY=cuda benches hf and paged: contiguous reservations index one arena (they run with MEMORY=arena on a GPU)
+BENCH_ENGINES ?= $(if $(filter cuda,$(MEMORY)),hf$(comma)paged,hf$(comma)static-max$(comma)static-oracle$(comma)paged)$(if $(BENCH_VLLM),$(comma)vllm)
+# TARGETS="vllm=http://127.0.0.1:8000 sglang=http://127.0.0.1:30000" benches servers you already run beside
+# the in-house engines (fragbench never starts or stops them); `make nightly TARGETS=...` keeps their history.
+TARGETS ?=
 BENCH_ARGS ?= --workload mixed-churn --sweep --point-duration 8 --point-requests 24 --search-time 100 \
 	--knee-tolerance 0.3 --calibrate-duration 8 --grace 5 --engine-args static-max=--no-preflight
 
 bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) --memory $(MEMORY) \
-		$(if $(KV_BUDGETS),--kv-budgets $(KV_BUDGETS)) $(BENCH_ARGS)
+		$(if $(KV_BUDGETS),--kv-budgets $(KV_BUDGETS)) $(foreach t,$(TARGETS),--target $(t)) $(BENCH_ARGS)
 
 # Every GPU path once (both memory modes, forced OOMs, NVML, a two-engine bench, the OOM snapshot), PASS or
 # FAIL per item; on a machine without CUDA it says so and exits 2.

@@ -106,6 +106,7 @@ class Engine(ABC):
     def __init__(self, name: str, hf_model, max_seq_len: int) -> None:
         self.name = name
         self.max_seq_len = max_seq_len
+        self.device = str(next(hf_model.parameters()).device)  # where the model runs: its samples read that GPU
         self.vocab_size: int = hf_model.config.vocab_size
         eos = hf_model.config.eos_token_id
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
@@ -118,6 +119,11 @@ class Engine(ABC):
         self.abort_release_steps: list[int] = []  # engine steps between the abort's arrival and the free
         self.steps = 0  # scheduling iterations (for the naive engine: batches, the unit it frees memory in)
         self.by_request: dict[str, list[Sequence]] = {}
+
+    def close(self) -> None:
+        """The engine is done: its memory gives back what it changed of the process (the CUDA cap)."""
+        if self.memory is not None:
+            self.memory.close()
 
     @abstractmethod
     def add_request(self, request: Request) -> list[Sequence]: ...

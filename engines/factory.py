@@ -36,6 +36,18 @@ class EngineSpec:
     device: str = "cpu"
 
 
+def cfg_shape(spec: EngineSpec, hf_model) -> ModelShape:
+    return ModelShape.from_config(spec.model_dir, hf_model.config.to_dict())
+
+
+def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
+    """The KV's memory on the model's device; one line where it cannot be (no CUDA, a CPU model)."""
+    try:
+        return make_memory(spec.memory, capacity_bytes, spec.device, headroom_bytes=headroom_bytes)
+    except (ValueError, RuntimeError) as e:
+        raise EngineConfigError(f"--memory {spec.memory}: {e}") from None
+
+
 def make_engine(spec: EngineSpec):
     from engines.scheduled.model import load_hf_model
 
@@ -50,7 +62,7 @@ def make_engine(spec: EngineSpec):
         raise EngineConfigError(
             f"--max-seq-len {max_seq_len} exceeds the model's context of {cfg.max_position_embeddings}"
         )
-    kvb = ModelShape.from_config(spec.model_dir, cfg.to_dict()).kv_bytes_per_token(str(hf_model.dtype).split(".")[-1])
+    kvb = cfg_shape(spec, hf_model).kv_bytes_per_token(str(hf_model.dtype).split(".")[-1])
     need = max_seq_len * kvb
     if spec.kv_budget_bytes < need:
         raise EngineConfigError(
@@ -60,15 +72,24 @@ def make_engine(spec: EngineSpec):
     if spec.engine == "hf":
         from engines.peers.hf import HFEngine
 
-        return HFEngine(hf_model, spec, max_seq_len, kvb)
+        headroom = cfg_shape(spec, hf_model).activation_bytes(hf_model.dtype.itemsize, spec.max_batch * max_seq_len,
+                                                              spec.max_batch)
+        return HFEngine(hf_model, spec, max_seq_len, kvb, device_memory(spec, spec.kv_budget_bytes, headroom))
     if spec.engine == "hf-cb":
         from engines.peers.hf_cb import HFContinuousBatchingEngine
 
         return HFContinuousBatchingEngine(hf_model, spec, max_seq_len, kvb)
     from engines.scheduled.engine import ScheduledEngine
 
-    memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
     policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine
+    if spec.memory == "cuda" and policy != "paged":
+        # a contiguous policy's rows index one store; the caching allocator hands every sequence a tensor of
+        # its own, which the runner cannot read as rows of one buffer
+        raise EngineConfigError(f"{policy} keeps contiguous reservations in one arena: it runs with --memory arena "
+                                "(on the GPU too); --memory cuda serves paged and hf")
+    batched = spec.max_num_batched_tokens or max(2048, max_seq_len)
+    memory = device_memory(spec, spec.kv_budget_bytes, cfg_shape(spec, hf_model).activation_bytes(
+        hf_model.dtype.itemsize, batched, spec.max_num_seqs))
     try:
         kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
     except ValueError as e:

@@ -16,8 +16,6 @@ from typing import Literal
 
 import torch
 
-from engines.nvml import memory_info, nvml
-
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 ROUND_BYTES = 512  # PyTorch's kMinBlockSize
 LARGE_BYTES = 1 * MiB  # above this PyTorch serves from the large pool...
@@ -100,6 +98,9 @@ class DeviceMemory(ABC):
     @abstractmethod
     def view(self, alloc: Allocation) -> torch.Tensor:
         """The allocation's bytes as a uint8 tensor."""
+
+    def close(self) -> None:  # noqa: B027 (most memories change nothing beyond their bytes)
+        """Give back what the memory changed beyond its own bytes (the CUDA allocator's process-wide cap)."""
 
     @abstractmethod
     def rounded(self, nbytes: int) -> int:
@@ -308,114 +309,16 @@ class BuddyHeap:
         raise ValueError(f"offset {offset} lies outside the buddy regions")
 
 
-class CudaMemory(DeviceMemory):
-    """The real PyTorch CUDA caching allocator, capped at the KV budget above what is already in use."""
-
-    def __init__(self, capacity_bytes: int, device: str | torch.device = "cuda"):
-        if not torch.cuda.is_available():
-            raise RuntimeError("the cuda memory backend needs a CUDA device; this machine has none")
-        self.device = torch.device(device)
-        self.capacity_bytes = capacity_bytes
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        in_use = torch.cuda.memory_reserved(self.device)
-        torch.cuda.set_per_process_memory_fraction(min(1.0, (in_use + capacity_bytes) / total), self.device)
-        self._baseline = torch.cuda.memory_allocated(self.device)
-        self._live: dict[int, Allocation] = {}
-        self._requested = 0
-        self.first_oom_snapshot: list[dict] | None = None  # the allocator's segments at the first OOM
-
-    @property
-    def backed(self) -> bool:
-        return True
-
-    def rounded(self, nbytes: int) -> int:
-        return round_size(nbytes)
-
-    def allocate(self, nbytes: int, owner: str = "") -> Allocation:
-        try:
-            tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        except torch.OutOfMemoryError:
-            if self.first_oom_snapshot is None:
-                self.first_oom_snapshot = cuda_segments(self.device)
-            s = self.stats()
-            raise OutOfMemory(
-                OOMEvent.classify(round_size(nbytes), s.free_bytes, s.largest_free_bytes, owner)
-            ) from None
-        alloc = Allocation(0, round_size(nbytes), nbytes, owner, tensor)
-        self._live[id(alloc)] = alloc
-        self._requested += nbytes
-        return alloc
-
-    def free(self, alloc: Allocation) -> None:
-        if self._live.pop(id(alloc), None) is None:
-            raise ValueError("double free or foreign allocation")
-        self._requested -= alloc.requested
-        alloc.tensor = None
-
-    def stats(self) -> MemoryStats:
-        s = torch.cuda.memory_stats(self.device)
-        allocated = s.get("allocated_bytes.all.current", 0) - self._baseline
-        reserved = s.get("reserved_bytes.all.current", 0)
-        free = max(0, self.capacity_bytes - allocated)
-        return MemoryStats(
-            capacity_bytes=self.capacity_bytes,
-            allocated_bytes=allocated,
-            requested_bytes=self._requested,
-            free_bytes=free,
-            largest_free_bytes=min(free, self._largest_free_block(reserved)),
-            num_allocations=len(self._live),
-            reserved_bytes=reserved,
-        )
-
-    def _largest_free_block(self, reserved: int) -> int:
-        """The largest inactive block in the cache, or the never-reserved rest of the cap if larger."""
-        inactive = [
-            b["size"]
-            for seg in torch.cuda.memory_snapshot()
-            for b in seg["blocks"]
-            if b["state"] == "inactive"
-        ]
-        unreserved = max(0, self._baseline + self.capacity_bytes - reserved)
-        return max([unreserved, *inactive])
-
-    def extents(self) -> list[tuple[int, int, str | None]]:
-        out: list[tuple[int, int, str | None]] = []
-        for seg in torch.cuda.memory_snapshot():
-            addr = seg["address"]
-            for b in seg["blocks"]:
-                out.append((addr, b["size"], "allocated" if b["state"] == "active_allocated" else None))
-                addr += b["size"]
-        return sorted(out)
-
-    def view(self, alloc: Allocation) -> torch.Tensor:
-        assert alloc.tensor is not None
-        return alloc.tensor
-
-
-def cuda_segments(device: torch.device | None = None) -> list[dict]:
-    """torch.cuda.memory_snapshot() cut to what the report draws: each segment's blocks, in address order."""
-    index = None if device is None else torch.device(device).index
-    return [{"address": seg["address"], "total_size": seg["total_size"], "device": seg.get("device"),
-             "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
-            for seg in torch.cuda.memory_snapshot() if index is None or seg.get("device") in (None, index)]
-
-
-# torch.cuda.memory_stats fields sampled beside the allocator totals: the gap between reserved and allocated
-# that the caching allocator keeps, how much of it is split blocks no request fits, and its retries and OOMs
-ALLOCATOR_FIELDS = {
-    "torch_active_bytes": "active_bytes.all.current",
-    "torch_inactive_split_bytes": "inactive_split_bytes.all.current",
-    "torch_segments": "segment.all.current",
-    "torch_alloc_retries": "num_alloc_retries",
-    "torch_ooms": "num_ooms",
-}
-
-
-def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: Placement = "best-fit"):
+def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: Placement = "best-fit",
+                headroom_bytes: int = 0):
+    """`device` is where the model runs: the KV lives on the same one (cuda memory on a CPU model would put
+    every K/V row on another device than the activations that write it)."""
     if kind == "arena":
         return Arena(capacity_bytes, placement, backing_device=device)
     if kind == "cuda":
-        return CudaMemory(capacity_bytes, device if device != "cpu" else "cuda")
+        from engines.cuda import CudaMemory  # torch.cuda's side, apart
+
+        return CudaMemory(capacity_bytes, device, headroom_bytes)
     raise ValueError(f"memory backend must be arena or cuda, not {kind!r}")
 
 
@@ -428,44 +331,3 @@ def resolve_device(requested: str = "auto") -> str:
     if requested != "cpu" and not requested.startswith("cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda[:N], not {requested!r}")
     return requested
-
-
-def device_info(device: str) -> dict:
-    """What run.json records of the device a run used."""
-    info = {"device": device, "name": None, "driver": None, "cuda": None}
-    if device.startswith("cuda"):
-        info.update(name=torch.cuda.get_device_name(torch.device(device)), cuda=torch.version.cuda)
-        try:
-            info["driver"] = nvml().nvmlSystemGetDriverVersion()
-        except Exception:  # NVML missing or refusing: the rest still stands
-            pass
-    return info
-
-
-def device_snapshot() -> dict:
-    """What the device itself says: the PyTorch CUDA allocator and NVML, or None where there is no GPU."""
-    out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None,
-                 **dict.fromkeys(ALLOCATOR_FIELDS)}
-    if torch.cuda.is_available():
-        stats = torch.cuda.memory_stats()
-        out["torch_allocated_bytes"] = stats.get("allocated_bytes.all.current", 0)
-        out["torch_reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
-        out.update({column: stats.get(key, 0) for column, key in ALLOCATOR_FIELDS.items()})
-        try:
-            out["device_used_bytes"] = memory_info(torch.cuda.current_device()).used
-        except Exception:  # NVML missing or refusing: the allocator's numbers still stand
-            pass
-    return out
-
-
-def device_note() -> str:
-    """One clear line on what device memory the run can see."""
-    if not torch.cuda.is_available():
-        return "no CUDA device: KV memory is the arena's; PyTorch allocator and NVML figures are absent"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return f"CUDA device {torch.cuda.get_device_name()}; NVML driver {pynvml.nvmlSystemGetDriverVersion()}"
-    except Exception as e:
-        return f"CUDA device {torch.cuda.get_device_name()}; NVML unavailable ({type(e).__name__})"

@@ -15,6 +15,8 @@ class ModelNotFound(ValueError):
     """Neither a preset name nor a model directory with a config.json."""
 
 
+LOGITS_BYTES = 4  # logits are computed in fp32
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str
@@ -59,6 +61,14 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype: str = "float16") -> int:
         """K and V, every layer, every KV head: 2 x layers x kv_heads x head_dim x dtype bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+    def activation_bytes(self, dtype_bytes: int, batched_tokens: int, max_num_seqs: int) -> int:
+        """Peak temporaries of one forward over `batched_tokens`: residual and normed hidden states, q/k/v,
+        the MLP's gate and up projections, and fp32 logits for every running sequence. What a KV budget must
+        leave beside it (the plan; a cuda memory's cap)."""
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_token = 2 * self.hidden_size + q_dim + 2 * kv_dim + 2 * self.intermediate_size
+        return batched_tokens * per_token * dtype_bytes + max_num_seqs * self.vocab_size * LOGITS_BYTES
 
     @property
     def num_params(self) -> int:

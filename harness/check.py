@@ -19,9 +19,10 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from engines.nvml import memory_info
-from engines.procs import metric_samples, metric_values
+from engines.nvml import nvml
+from engines.procs import metric_samples
 from harness.run.loadargs import LoadArgs, run_loadgen
+from harness.run.telemetry import detect, family_named, scrape
 
 QUESTIONS = {
     1: "How many bytes does one token of KV cost for this model and precision?",
@@ -32,14 +33,7 @@ QUESTIONS = {
     6: "Do cancellations and finished streams release KV promptly?",
     7: "Are failures under churn capacity or fragmentation?",
     8: "How much preemption and queueing does the load cause, against the admitted-token budget?",
-}
-# metric families by server: usage (0-1), running, waiting, preemptions
-FAMILIES = {
-    "fragbench": ("fragbench:kv_cache_usage_perc", "fragbench:num_requests_running",
-                  "fragbench:num_requests_waiting", "fragbench:num_preemptions_total"),
-    "vllm": ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
-             "vllm:num_preemptions_total"),
-    "sglang": ("sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs", None),
+    9: "What request rate does the server sustain at the SLO on this workload?",
 }
 
 
@@ -62,25 +56,18 @@ class Metrics:
     family: str | None = None
     samples: list[dict] = field(default_factory=list)  # t_s, usage, running, waiting, preemptions, raw
 
-    def scrape(self) -> dict[str, float] | None:
-        try:
-            with urllib.request.urlopen(self.url, timeout=5) as r:
-                return metric_values(r.read().decode())
-        except (OSError, ValueError):
-            return None
-
     def detect(self) -> str | None:
-        m = self.scrape() or {}
-        self.family = next((f for f, names in FAMILIES.items() if names[0] in m), None)
+        family = detect(scrape(self.url))
+        self.family = family.name if family else None
         return self.family
 
     def sample(self, t0: float) -> dict | None:
-        m = self.scrape()
+        m = scrape(self.url)
         if m is None or self.family is None:
             return None
-        usage, running, waiting, pre = FAMILIES[self.family]
-        row = {"t_s": time.time() - t0, "usage": m.get(usage), "running": m.get(running),
-               "waiting": m.get(waiting), "preemptions": m.get(pre) if pre else None, "raw": m}
+        read = family_named(self.family).row(m)  # harness/run/telemetry.py: one table of names per server
+        row = {"t_s": time.time() - t0, "usage": read.get("kv_cache_usage_perc"), "running": read.get("running"),
+               "waiting": read.get("waiting"), "preemptions": read.get("preempted_total"), "raw": m}
         self.samples.append(row)
         return row
 
@@ -195,6 +182,7 @@ class CheckConfig:
     dtype: str = "float16"
     seed: int = 0
     api: str = "completions"  # or "chat": the probe and the churn speak /v1/chat/completions
+    capacity_s: float = 60.0  # seconds of arrivals the ninth question's knee search may spend; 0 skips it
 
 
 def run_check(cfg: CheckConfig) -> dict:
@@ -236,8 +224,9 @@ def run_check(cfg: CheckConfig) -> dict:
     answers[6] = release(load, metrics)
     answers[7] = failures(load, family)
     answers[8] = queueing(load, metrics, family, plan)
+    answers[9] = sustained(cfg, model_name)
     return {"target": cfg.target, "metrics_url": cfg.metrics_url,
-            "metrics_found": family or "none (no vllm:, sglang: or fragbench: KV metrics)",
+            "metrics_found": family or "none (no fragbench:, vllm:, sglang: or tgi_ metrics)",
             "window_s": [0.0, load["end_s"]], "questions": [asdict(answers[i]) for i in sorted(answers)]}
 
 
@@ -312,13 +301,19 @@ def headroom(cfg: CheckConfig, load: dict) -> Answer:
     if host not in ("127.0.0.1", "localhost", "::1"):
         return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
     try:
-        mem = memory_info(0)
+        lib = nvml()
+        mems = [lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(i)) for i in range(lib.nvmlDeviceGetCount())]
     except Exception as e:  # no driver, no GPU
         return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"NVML unavailable on this machine ({type(e).__name__})")
+    if not mems:
+        return Answer(5, QUESTIONS[5], "UNKNOWN", None, "NVML sees no GPU on this machine")
+    # which GPU the server runs on is its own business: the one with the least free memory is where it binds
+    index, mem = min(enumerate(mems), key=lambda m: m[1].total - m[1].used)
     free = mem.total - mem.used
     status = "PASS" if free >= 0.05 * mem.total else "WARN"
     return Answer(5, QUESTIONS[5], status, int(free),
-                  f"NVML after the churn: {mem.used:,} B used of {mem.total:,} B; {free:,} B free for temporaries")
+                  f"NVML after the churn, the fullest of {len(mems)} GPU(s) (NVML index {index}): {mem.used:,} B used "
+                  f"of {mem.total:,} B; {free:,} B free for temporaries")
 
 
 def release(load: dict, metrics: Metrics) -> Answer:
@@ -342,11 +337,6 @@ def release(load: dict, metrics: Metrics) -> Answer:
                   f"{cancelled} requests cancelled mid-stream, {len(rows)} in all; KV usage back to 0 at "
                   f"t={back:.2f} s, {delay:.2f} s after the last request ended (peak usage {peak:.4f}); window "
                   f"0-{back:.1f} s")
-
-
-def counter_delta(metrics: Metrics, name: str) -> float:
-    vals = [s["raw"].get(name) for s in metrics.samples if s["raw"].get(name) is not None]
-    return (vals[-1] - vals[0]) if len(vals) >= 2 else 0.0
 
 
 def oom_by_cause(load: dict) -> dict[str, float]:
@@ -379,8 +369,8 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
     samples = [s for s in metrics.samples if s["running"] is not None]
     if not samples:
         return Answer(8, QUESTIONS[8], "UNKNOWN", None, "no running/waiting metrics")
-    pre_name = FAMILIES[family][3] if family else None
-    preemptions = counter_delta(metrics, pre_name) if pre_name else None
+    counts = [s["preemptions"] for s in samples if s["preemptions"] is not None]
+    preemptions = counts[-1] - counts[0] if counts else None  # unknown where the server exports none
     max_running = max(s["running"] for s in samples)
     max_waiting = max((s["waiting"] or 0) for s in samples)
     waited = float(np.mean([(s["waiting"] or 0) > 0 for s in samples]))
@@ -395,3 +385,43 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
                      "max-reserved requests at once")
     status = "WARN" if (preemptions or 0) > 0 or waited > 0.5 else "PASS"
     return Answer(8, QUESTIONS[8], status, answer, evidence)
+
+
+def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
+    """The bench's own knee search (calibration, then bracketing and bisection) with the target as its one
+    engine: the same search, SLO and interval as `bench --target`'s capacity."""
+    from harness.run.bench import Bench, BenchConfig
+    from harness.run.targets import Target
+    from harness.run.telemetry import NoTelemetry, Telemetry
+    from workloads.spec import load_spec
+
+    if cfg.capacity_s <= 0:
+        return Answer(9, QUESTIONS[9], "UNKNOWN", None, "skipped: --capacity-time 0")
+    if load_spec(cfg.workload).arrival.process == "closed":
+        return Answer(9, QUESTIONS[9], "UNKNOWN", None, f"{cfg.workload} is closed-loop: it has no rate to offer")
+    try:
+        telemetry = Telemetry.of(cfg.metrics_url)
+    except NoTelemetry:
+        telemetry = None  # the rate needs no memory figures; the bound then says what it could not see
+    target = Target("target", cfg.target, telemetry, model_name or "", None)
+    point_s = min(8.0, cfg.capacity_s / 3)
+    bench = BenchConfig(engines=[], targets={"target": target.describe()}, workload=cfg.workload, model=cfg.model,
+                        kv_budget="own", duration_s=cfg.capacity_s, out_dir=Path(tempfile.mkdtemp(prefix="fragbench-")),
+                        seed=cfg.seed, max_seq_len=cfg.max_seq_len, grace_s=5.0, sweep=True, point_s=point_s,
+                        point_requests=24, search_s=cfg.capacity_s, calibrate_s=point_s, knee_tolerance=0.3,
+                        api=cfg.api, run_id="check-capacity")
+    run_dir = Bench(bench).run()
+    cap = json.loads((run_dir / "summary.json").read_text()).get("capacity", {}).get("target")
+    if not cap:
+        return Answer(9, QUESTIONS[9], "UNKNOWN", None, f"the knee search measured no point (rows in {run_dir})")
+    ci, rates = cap.get("sustained_rps_ci"), [p["offered_rps"] for p in cap["points"]]
+    slo = cap["slo"]
+    evidence = (f"knee search on {cfg.workload}: {len(rates)} offered rates ({', '.join(f'{r:g}' for r in rates)} "
+                f"req/s, {point_s:g} s or 24 arrivals each, {cfg.capacity_s:g} s in all); SLO TTFT <= "
+                f"{slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for {slo['attainment']:.0%} of requests; "
+                f"sustained {cap['sustained_rps']:.3g} req/s ({cap['sustained_where']} the measured rates)"
+                + (f", 90 % interval [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+                + f"; bound by {cap.get('bound')} ({cap.get('bound_evidence')}); rows in {run_dir}")
+    status = "PASS" if cap["sustained_rps"] > 0 else "FAIL"
+    return Answer(9, QUESTIONS[9], status, {"sustained_rps": cap["sustained_rps"], "sustained_rps_ci": ci,
+                                            "bound": cap.get("bound")}, evidence)

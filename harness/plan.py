@@ -8,7 +8,6 @@ from engines.shapes import ModelShape
 
 DEFAULT_GPU_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default cap on running sequences
-LOGITS_BYTES = 4  # logits are computed in fp32
 
 
 @dataclass(frozen=True)
@@ -54,14 +53,6 @@ class Plan:
         return asdict(self)
 
 
-def activation_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int) -> int:
-    """Peak temporaries of one forward over `batched_tokens`: residual and normed hidden states, q/k/v,
-    the MLP's gate and up projections, and fp32 logits for every running sequence."""
-    q_dim, kv_dim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    per_token = 2 * shape.hidden_size + q_dim + 2 * kv_dim + 2 * shape.intermediate_size
-    return batched_tokens * per_token * dtype_bytes + max_num_seqs * shape.vocab_size * LOGITS_BYTES
-
-
 def make_plan(
     shape: ModelShape,
     gpu_mem_bytes: int,
@@ -76,7 +67,7 @@ def make_plan(
     max_seq_len = max_seq_len or shape.max_seq_len
     kvb = shape.kv_bytes_per_token(dtype)
     weights = shape.weights_bytes(dtype)
-    headroom = activation_headroom_bytes(shape, DTYPE_BYTES[dtype], max(2048, max_seq_len), DEFAULT_MAX_NUM_SEQS)
+    headroom = shape.activation_bytes(DTYPE_BYTES[dtype], max(2048, max_seq_len), DEFAULT_MAX_NUM_SEQS)
     usable = int(gpu_mem_bytes * gpu_util)
     budget = max(0, usable - weights - headroom)
     # a request holds its prompt and, on average over its life, half its output, plus half a block

@@ -1,8 +1,10 @@
 """`make gpu-check`: every GPU path once, PASS or FAIL per item, in well under ten minutes on one GPU.
 
-    .venv/bin/python scripts/gpu_check.py [--model DIR] [--out DIR]
+    .venv/bin/python scripts/gpu_check.py [--model DIR] [--out DIR] [--item NAME]
 
-Without a CUDA device it says so on one line and exits 2: none of these paths can run on a CPU.
+Each item runs in a process of its own (`--item`): the CUDA allocator's cap is process-wide, and an item that
+fails (or crashes the interpreter) leaves the next one a fresh device. Without a CUDA device it says so on
+one line and exits 2: none of these paths can run on a CPU.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from engines.cuda import CudaMemory, device_info, device_snapshot
 from engines.factory import EngineSpec, make_engine
-from engines.memory import Arena, CudaMemory, OutOfMemory, device_info, device_snapshot
+from engines.memory import Arena, OutOfMemory
 from engines.offline import generate
 from engines.sequence import SamplingParams
 
@@ -59,6 +62,7 @@ def check_arena_on_device(args) -> str:
 def check_cuda_allocator(args) -> str:
     """Real tensors from PyTorch's caching allocator inside a cap: a real OutOfMemoryError, its snapshot."""
     memory = CudaMemory(64 * MIB)
+    capped = torch.cuda.get_per_process_memory_fraction(memory.device)
     held = []
     try:
         for i in range(1000):
@@ -72,6 +76,9 @@ def check_cuda_allocator(args) -> str:
     for i in range(0, len(held), 2):  # every other one: the cache keeps the holes
         memory.free(held[i])
     after = memory.stats()
+    memory.close()
+    restored = torch.cuda.get_per_process_memory_fraction(memory.device)
+    assert restored > capped, f"the cap stayed at {capped:.4f} after close"
     return (f"OOM ({cause}) after {len(held)} allocations; {len(memory.first_oom_snapshot)} segments in the "
             f"snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated {after.allocated_bytes / MIB:.0f}")
 
@@ -92,13 +99,13 @@ def check_greedy_equal(args) -> str:
     want = [model.generate(torch.tensor([p], device="cuda"), max_new_tokens=16, do_sample=False)[0, len(p):].tolist()
             for p in PROMPTS]
     del model
-    for name in ("paged", "static"):
-        for memory in ("arena", "cuda"):
-            engine = make_engine(EngineSpec(name, args.model, 64 * MIB, max_seq_len=512, memory=memory, device="cuda"))
-            got = [o[0].token_ids for o in generate(engine, PROMPTS, SamplingParams(16))]
-            assert got == want, f"{name} with {memory} memory differs from transformers"
-            getattr(engine, "close", lambda: None)()
-    return "paged and static, arena and cuda memory: equal to transformers' generate"
+    # contiguous reservations index one arena: static runs with arena memory only (the factory refuses cuda)
+    for name, memory in (("paged", "arena"), ("paged", "cuda"), ("static", "arena")):
+        engine = make_engine(EngineSpec(name, args.model, 64 * MIB, max_seq_len=512, memory=memory, device="cuda"))
+        got = [o[0].token_ids for o in generate(engine, PROMPTS, SamplingParams(16))]
+        engine.close()
+        assert got == want, f"{name} with {memory} memory differs from transformers"
+    return "paged (arena and cuda memory) and static (arena): equal to transformers' generate"
 
 
 def check_kernel(args) -> str:
@@ -125,39 +132,70 @@ def check_bench(args) -> str:
     samples = pd.read_parquet(next(run.rglob("samples.parquet")))
     for column in ("torch_allocated_bytes", "torch_reserved_bytes", "device_used_bytes", "torch_inactive_split_bytes"):
         assert samples[column].notna().any(), f"samples.{column} is empty"
+    requests = pd.read_parquet(next(run.rglob("requests.parquet")))
+    for engine in ("hf", "paged"):
+        ok = requests[(requests.engine == engine) & (requests.status == "ok")]
+        assert len(ok) and (ok.output_tokens > 0).all(), f"{engine}: no request completed with its tokens"
+    events = pd.read_parquet(next(run.rglob("events.parquet")))
     snapshots = list(run.rglob("cuda_snapshot-*.json"))
-    return f"{len(samples)} samples with allocator and NVML columns; {len(snapshots)} OOM snapshot(s) in {run}"
+    assert (events.kind == "oom").any(), "no OOM event at an 8 MiB budget in cuda mode"
+    assert snapshots, "an OOM in cuda mode without the allocator's snapshot"
+    return (f"{len(samples)} samples with allocator and NVML columns; {len(requests)} requests "
+            f"({int((requests.status == 'ok').sum())} ok); {int((events.kind == 'oom').sum())} OOM events, "
+            f"{len(snapshots)} snapshot(s) in {run}")
 
 
-CHECKS: list[tuple[str, Callable]] = [
-    ("device and driver", check_device), ("arena on the device", check_arena_on_device),
-    ("cuda caching allocator, forced OOM, snapshot", check_cuda_allocator), ("NVML sampling", check_nvml),
-    ("greedy outputs on the GPU", check_greedy_equal), ("paged-attention kernel", check_kernel),
-    ("two-engine bench, cuda memory mode", check_bench),
-]
+CHECKS: dict[str, tuple[str, Callable]] = {
+    "device": ("device and driver", check_device), "arena": ("arena on the device", check_arena_on_device),
+    "allocator": ("cuda caching allocator, forced OOM, snapshot, cap restored", check_cuda_allocator),
+    "nvml": ("NVML sampling", check_nvml), "greedy": ("greedy outputs on the GPU", check_greedy_equal),
+    "kernel": ("paged-attention kernel", check_kernel), "bench": ("two-engine bench, cuda memory mode", check_bench),
+}
+ITEM_TIMEOUT_S = 480
+
+
+def run_item(key: str, args) -> int:
+    """One item in this process: its PASS or FAIL line."""
+    name, check = CHECKS[key]
+    started = time.perf_counter()
+    try:
+        what = check(args)
+        print(f"PASS  {name}: {what} ({time.perf_counter() - started:.1f} s)", flush=True)
+        return 0
+    except Exception as e:
+        print(f"FAIL  {name}: {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc(limit=3, file=sys.stderr)
+        return 1
+
+
+def run_all(args) -> int:
+    """Every item in a child of its own; one that dies without its line is a FAIL with its last words."""
+    failed = 0
+    for key, (name, _) in CHECKS.items():
+        cmd = [sys.executable, __file__, "--item", key, "--model", args.model, "--out", args.out]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=ITEM_TIMEOUT_S, cwd=ROOT)
+            line = next((x for x in r.stdout.splitlines() if x.startswith(("PASS", "FAIL"))), None)
+            if line is None or r.returncode != 0:
+                line = line or f"FAIL  {name}: exited {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"
+        except subprocess.TimeoutExpired:
+            line = f"FAIL  {name}: no answer in {ITEM_TIMEOUT_S} s"
+        failed += line.startswith("FAIL")
+        print(line, flush=True)
+    print(json.dumps({"checks": len(CHECKS), "failed": failed}))
+    return 1 if failed else 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-llama"))
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="gpu-check-"))
+    ap.add_argument("--item", choices=list(CHECKS), help="run one item here (what the full check does per child)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu-check: error: no CUDA device on this machine; these checks need one", file=sys.stderr)
         return 2
-    failed = 0
-    for name, check in CHECKS:
-        started = time.perf_counter()
-        try:
-            what = check(args)
-            print(f"PASS  {name}: {what} ({time.perf_counter() - started:.1f} s)", flush=True)
-        except Exception as e:  # every item reports, whatever the one before did
-            failed += 1
-            print(f"FAIL  {name}: {type(e).__name__}: {e}", flush=True)
-            traceback.print_exc(limit=3, file=sys.stderr)
-        torch.cuda.empty_cache()
-    print(json.dumps({"checks": len(CHECKS), "failed": failed}))
-    return 1 if failed else 0
+    return run_item(args.item, args) if args.item else run_all(args)
 
 
 if __name__ == "__main__":

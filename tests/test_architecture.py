@@ -28,8 +28,8 @@ ROOMS = {
     "harness.cli": 10,
 }
 FOUNDATION = {
-    "engines": {"engines", "engines.memory", "engines.nvml", "engines.procs", "engines.percentile", "engines.shapes",
-                "engines.sequence", "engines.sampler", "engines.modelbuild"},
+    "engines": {"engines", "engines.memory", "engines.cuda", "engines.nvml", "engines.procs", "engines.percentile",
+                "engines.shapes", "engines.sequence", "engines.sampler", "engines.modelbuild"},
     "harness": {"harness", "harness.units", "harness.gpus", "harness.results"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}

@@ -11,8 +11,10 @@ from tests.conftest import run_cli
 
 
 def check(url: str, model: str, *extra: str) -> tuple[int, dict]:
+    """The first eight questions (the ninth, a knee search, has a test of its own)."""
+    capacity = () if "--capacity-time" in extra else ("--capacity-time", "0")
     r = run_cli("check", "--target", url, "--model", model, "--gpu-mem", "40GiB", "--duration", "8", "--json",
-                *extra, timeout=600)
+                *capacity, *extra, timeout=600)
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -26,7 +28,7 @@ def test_check_infers_the_layout_and_prompt_release(engine, layout, tiny_model, 
     with start_server(engine, str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
         code, result = check(srv.url, str(tiny_model), "--report", str(tmp_path / "check.html"))
     q = by_id(result)
-    assert sorted(q) == list(range(1, 9))
+    assert sorted(q) == list(range(1, 10)) and q[9]["status"] == "UNKNOWN"  # skipped here
     assert result["metrics_found"] == "fragbench"
     assert q[3]["answer"] == layout, q[3]["evidence"]
     assert q[6]["status"] == "PASS", q[6]["evidence"]
@@ -68,3 +70,13 @@ def test_check_speaks_chat_to_a_server(tiny_model, tmp_path):
     q = by_id(result)
     assert q[3]["answer"] == "blocks", q[3]["evidence"]
     assert q[6]["status"] == "PASS", q[6]["evidence"]
+
+
+def test_the_ninth_question_is_the_sustained_rate_with_its_interval(tiny_model, tmp_path):
+    with start_server("paged", str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
+        _, result = check(srv.url, str(tiny_model), "--capacity-time", "24")
+    q = by_id(result)[9]
+    assert q["status"] == "PASS", q["evidence"]
+    lo, hi = q["answer"]["sustained_rps_ci"]
+    assert 0 < lo <= q["answer"]["sustained_rps"] <= hi and q["answer"]["bound"] in ("memory", "compute", "failures")
+    assert "knee search" in q["evidence"] and "90 % interval" in q["evidence"]

@@ -105,7 +105,7 @@ def test_buddy_handles_capacity_that_is_not_a_power_of_two():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is absent")
 def test_cuda_backend_reports_oom_events():
-    from engines.memory import CudaMemory
+    from engines.cuda import CudaMemory
 
     m = CudaMemory(64 * MiB)
     x = m.allocate(32 * MiB)

@@ -28,8 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engines.api.openai import MAX_BODY_BYTES, OpenAIRoutes, error_response
 from engines.api.validation import InvalidRequest
+from engines.cuda import device_snapshot
 from engines.engine import Engine, Request, TokenEvent
-from engines.memory import device_snapshot
 from engines.oom import EngineCrash
 from engines.percentile import percentile
 
@@ -150,7 +150,7 @@ class EngineThread:
 
     def _stats(self) -> dict:
         stats = self.engine.stats().to_json()
-        stats.update(device_snapshot())
+        stats.update(device_snapshot(getattr(self.engine, "device", "cpu")))
         releases = sorted(self.engine.abort_release_s)
         stats.update(
             t_s=time.monotonic() - self.started_s,

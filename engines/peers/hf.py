@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
-from engines.memory import Allocation, DeviceMemory, OutOfMemory, make_memory
+from engines.memory import Allocation, DeviceMemory, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
@@ -79,13 +79,13 @@ class RowStopper(StoppingCriteria):
 
 
 class HFEngine(Engine):
-    def __init__(self, hf_model, spec, max_seq_len: int, kv_bytes_per_token: int):
+    def __init__(self, hf_model, spec, max_seq_len: int, kv_bytes_per_token: int, memory: DeviceMemory):
         super().__init__("hf", hf_model, max_seq_len)
         self.model = hf_model
         self.max_batch = spec.max_batch
         self.on_oom = spec.on_oom or "crash"
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.memory = make_memory(spec.memory, spec.kv_budget_bytes, spec.device)
+        self.memory = memory
         self.waiting: deque[Sequence] = deque()
         self.batch: list[Sequence] = []
         self.aborted_at: dict[str, tuple[float, int | None]] = {}  # KV held until the batch ends

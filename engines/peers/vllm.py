@@ -56,12 +56,18 @@ class VLLMPeer:
         cache.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(cache),
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        # its own process group, dying with us: vLLM's EngineCore and workers go with it
+        self.proc = spawn(self.command(python), env=env, stdout=sys.stderr, stderr=sys.stderr)
+
+    def command(self, python: Path) -> list[str]:
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                "--served-model-name", self.model_name, "--host", "127.0.0.1", "--port", str(self.port),
                "--max-model-len", str(self.max_seq_len), "--block-size", str(self.block_size),
                "--num-gpu-blocks-override", str(self.num_blocks), "--dtype", self.dtype, "--enforce-eager"]
-        # its own process group, dying with us: vLLM's EngineCore and workers go with it
-        self.proc = spawn(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr)
+        if self.cuda:  # the KV budget as vLLM's own cap: without it vLLM sizes its cache from a share of the
+            # whole GPU (--gpu-memory-utilization 0.9) and refuses to start where other processes hold memory
+            cmd += ["--kv-cache-memory-bytes", str(self.kv_capacity_bytes)]
+        return cmd
 
     async def wait_healthy(self, session: aiohttp.ClientSession) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -10,7 +10,7 @@ import torch
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
 from engines.memory import DeviceMemory, OutOfMemory
-from engines.sampler import make_generator, sample
+from engines.sampler import GREEDY_BELOW, make_generator, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
@@ -72,7 +72,8 @@ class ScheduledEngine(Engine):
         chunks = plan.chunks
         logits = self.runner.forward(chunks)
         self.steps += 1
-        for chunk, row in zip(plan.chunks, logits, strict=True):
+        greedy = logits.argmax(dim=-1).tolist()  # every greedy row's token in one device sync, not one per row
+        for chunk, row, best in zip(plan.chunks, logits, greedy, strict=True):
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
             if seq.is_finished:  # a sibling's failure earlier in this loop ended it
@@ -80,7 +81,8 @@ class ScheduledEngine(Engine):
             try:
                 if seq.seq_id in self.pending_forks:
                     self._fork(seq, row)
-                self._append(seq, sample(row, seq.params, self.generators[seq.seq_id]))
+                self._append(seq, best if seq.params.temperature < GREEDY_BELOW
+                             else sample(row, seq.params, self.generators[seq.seq_id]))
             except Exception as err:  # one sequence's failure is its request's alone
                 self.fail_request(seq.request_id, err)
         if self.step_recorder is not None:
@@ -92,6 +94,7 @@ class ScheduledEngine(Engine):
     def close(self) -> None:
         if self.step_recorder is not None:
             self.step_recorder.close()
+        super().close()
 
     def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
         """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""

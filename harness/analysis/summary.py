@@ -131,13 +131,23 @@ def in_point(smp: pd.DataFrame, window: dict, warm_s: float) -> pd.Series:
     return (smp.t_s >= window["start_s"] + warm_s) & (smp.t_s <= window["end_s"])
 
 
+def known(churn: pd.DataFrame, column: str) -> bool:
+    """Every sample has it: a server that does not export a figure (a target) leaves it unknown, not 0."""
+    return bool(len(churn)) and column in churn and bool(pd.to_numeric(churn[column], errors="coerce").notna().all())
+
+
 def memory_figures(churn: pd.DataFrame) -> dict:
-    cap = churn.kv_capacity_bytes.astype(float)
+    cap = pd.to_numeric(churn.get("kv_capacity_bytes", pd.Series(dtype=float)), errors="coerce")
+    sized = known(churn, "kv_capacity_bytes")
     out = {}
     for share, col in SHARE_COLUMNS.items():
-        values = churn[col].astype(float) / cap if len(churn) and churn[col].notna().all() else None
-        out[share] = float(values.mean()) if values is not None and len(values) else None
-    out["allocated_share"] = float((churn.allocated_bytes / cap).mean()) if len(churn) else None
+        out[share] = float((churn[col].astype(float) / cap).mean()) if sized and known(churn, col) else None
+    if sized and known(churn, "allocated_bytes"):
+        out["allocated_share"] = float((churn.allocated_bytes.astype(float) / cap).mean())
+    elif known(churn, "kv_cache_usage_perc"):  # a target's own usage gauge (vllm:kv_cache_usage_perc, ...)
+        out["allocated_share"] = float(pd.to_numeric(churn.kv_cache_usage_perc).mean())
+    else:
+        out["allocated_share"] = None
     out["mean_running"] = float(churn.running.astype(float).mean()) if len(churn) and churn.running.notna().any() \
         else None
     out["max_running"] = int(churn.running.max()) if len(churn) and churn.running.notna().any() else None
@@ -149,13 +159,16 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     churn = steady(smp, meta, engine)
     window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
     ok = req[req.status == "ok"]
-    out: dict = memory_figures(churn)
+    out: dict = {"source": "target" if engine in cfg.get("targets", {}) else "fragbench", **memory_figures(churn)}
     ooms = ev[ev.kind == "oom"]
     out["oom_total"] = int(len(ooms))
     out["oom_fragmentation"] = int((ooms.cause == "fragmentation").sum())
     out["oom_capacity"] = int((ooms.cause == "capacity").sum())
     pre = smp.preempted_total.dropna().astype(float).diff().clip(lower=0).sum() if len(smp) else 0
     out["preemptions"] = int(pre)
+    if out["source"] == "target":  # what its metrics do not export is unknown, not 0
+        out["preemptions"] = out["preemptions"] if known(smp, "preempted_total") else None
+        out["oom_total"] = out["oom_fragmentation"] = out["oom_capacity"] = None
     out["output_tokens_per_s"] = float(req.output_tokens.fillna(0).sum() / window)
     out["requests_per_s"] = float(len(ok) / window)
     out["goodput_requests_per_s"] = float(meets_slo(ok, slo_of(cfg)).sum() / window)

@@ -40,6 +40,12 @@ def register(sub) -> None:
     bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
                        help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
                             "cuda: every KV allocation a real tensor from PyTorch's caching allocator")
+    bench.add_argument("--target", action="append", default=[], metavar="NAME=URL",
+                       help="a running OpenAI-compatible server (vLLM, SGLang, TGI, fragbench) benched as one more "
+                            "engine; fragbench never starts, stops or restarts it (repeatable)")
+    bench.add_argument("--metrics-url", action="append", default=[], metavar="NAME=URL",
+                       help="a target's Prometheus metrics where they are not at URL/metrics")
+    bench.add_argument("--api-key", help="the targets' API key (sent as a bearer token)")
     add_api_flag(bench)
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
@@ -89,20 +95,34 @@ def kv_budgets(args: argparse.Namespace) -> list[str]:
 
 
 def config(args: argparse.Namespace):
-    from engines import SERVED, UnknownName, pick
+    from engines import SCHEDULED, SERVED, UnknownName, pick
     from harness.cli.args import device_of, model_dir
     from harness.run.bench import BenchConfig
+    from harness.run.targets import TargetRefused, open_targets
 
     with usage_errors(UnknownName):
-        engines = pick(args.engines, SERVED, "--engines", "engines")
+        engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
+                                                                           "engines")
+    with usage_errors(TargetRefused):  # before any load is sent
+        targets = open_targets(args.target, args.metrics_url, engines, args.api_key)
     if "vllm" in engines:
         from engines.peers.vllm import vllm_python
 
         if vllm_python() is None:
             raise UsageError("--engines vllm: vLLM is not installed: run `make vllm`")
-    model_dir(args.model, "run `make model`")
+    device = device_of(args.device)
+    if args.memory == "cuda":
+        if not device.startswith("cuda"):
+            raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
+                             f"on a GPU), not {device}")
+        contiguous = [e for e in engines if e in SCHEDULED and e != "paged"]
+        if contiguous:
+            raise UsageError(f"--memory cuda: {', '.join(contiguous)} keep contiguous reservations in one arena; run "
+                             "them with --memory arena (on the GPU too), or bench hf and paged in cuda mode")
+    if engines:  # targets bring their own model and memory
+        model_dir(args.model, "run `make model`")
     check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
-    budgets = kv_budgets(args)
+    budgets = kv_budgets(args) if engines else [args.kv_budget]
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
                        duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                        threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
@@ -111,8 +131,9 @@ def config(args: argparse.Namespace):
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
                        point_requests=args.point_requests, search_s=args.search_time,
-                       knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device_of(args.device),
-                       memory=args.memory, api=args.api)
+                       knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
+                       memory=args.memory, api=args.api, api_key=args.api_key,
+                       targets={name: t.describe() for name, t in targets.items()})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from harness.cli.args import (
+    UsageError,
     add_api_flag,
     add_gpu_flags,
     gpu_of,
@@ -30,6 +31,8 @@ def register(sub) -> None:
     chk.add_argument("--dtype", choices=list(DTYPE_BYTES), help="default: the model directory's, else float16")
     chk.add_argument("--workload", default="check-churn")
     chk.add_argument("--duration", type=float, default=30.0)
+    chk.add_argument("--capacity-time", type=float, default=60.0,
+                     help="seconds of arrivals the ninth question's knee search may spend (0 skips it)")
     chk.add_argument("--json", action="store_true")
     chk.add_argument("--report")
     add_api_flag(chk)
@@ -46,9 +49,12 @@ def run(args: argparse.Namespace) -> int:
     gpu = gpu_of(args)
     max_seq_len = args.max_seq_len or shape.max_seq_len
     trace_of(args.workload, 0, max_seq_len, shape.vocab_size)
+    if not 0 <= args.capacity_time < float("inf"):
+        raise UsageError(f"--capacity-time must be a number of seconds, 0 or more, not {args.capacity_time}")
     dtype = args.dtype or shape.dtype or "float16"
     cfg = CheckConfig(target, args.metrics_url or f"{target}/metrics", args.model, gpu, max_seq_len, args.workload,
-                      args.duration, dtype if dtype in DTYPE_BYTES else "float16", api=args.api)
+                      args.duration, dtype if dtype in DTYPE_BYTES else "float16", api=args.api,
+                      capacity_s=args.capacity_time)
     with usage_errors(Unreachable):
         result = run_check(cfg)
     if args.report:

@@ -9,9 +9,7 @@ import platform
 import re
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,15 +19,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engines import SCHEDULED
-from engines.memory import device_info, device_note
+from engines.cuda import device_info, device_note
 from engines.procs import free_port
 from harness.analysis.capacity import SLO, request_metrics
 from harness.analysis.knee import KneeSearch
 from harness.analysis.summary import arrived_in
 from harness.results import Journal, read_journals, token_times
+from harness.run.debug_pass import debug_row, request_alone
 from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
 from harness.run.servers import ServerFailed, ServerProcess, start_server
+from harness.run.targets import Target
 from harness.sim.twin import write_twin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +67,8 @@ class BenchConfig(Traffic):
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
+    targets: dict[str, dict] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
+    api_key: str | None = None  # the targets'; never written to run.json
 
 
 @dataclass
@@ -79,6 +81,8 @@ class EngineRun:
     down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
     budget: str = ""  # the KV budget its server runs at now
     oom_seen: int = 0
+    checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
+    down_since: float | None = None  # a target that stopped answering: since when
 
 
 def git_sha() -> str | None:
@@ -116,9 +120,11 @@ class Bench:
         self.samples = Journal(self.dir / "samples.jsonl")
         self.events = Journal(self.dir / "events.jsonl")
         self.debug = Journal(self.dir / "debug.jsonl")
+        self.targets = {name: Target.restore(name, d, cfg.api_key) for name, d in cfg.targets.items()}
         self.run_meta = {
             "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
-            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir)}, "git_sha": git_sha(),
+            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
+            "git_sha": git_sha(),
             "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
         }
         self.write_meta()
@@ -142,7 +148,7 @@ class Bench:
                 self.run_meta["sweep"] = {"rates": self.cfg.rates, "point_s": self.cfg.point_s, "points": {},
                                           "search": None if self.cfg.rates else self.search_settings()}
                 self.write_meta()
-            for engine in self.cfg.engines:
+            for engine in [*self.cfg.engines, *self.targets]:
                 self.run_engine(engine, shower)
                 self.run_meta["engines_done"].append(engine)
                 self.write_meta()
@@ -226,23 +232,30 @@ class Bench:
         run = EngineRun(engine, time.time(), free_port())
         total = (self.cfg.search_s if not self.cfg.rates else len(self.cfg.rates) * self.cfg.point_s) \
             if self.cfg.sweep else self.cfg.duration_s
-        for budget in self.budgets:
+        # a target serves from its own memory: it is run once, its windows labelled with the run's budget
+        for budget in self.budgets if engine not in self.targets else [self.cfg.kv_budget]:
             run.budget = budget
             label = engine if budget == self.cfg.kv_budget else f"{engine}@{budget}"
             self.run_budget(run, shower(label, total))
 
     def run_budget(self, run: EngineRun, show) -> None:
         engine, first = run.engine, run.budget == self.cfg.kv_budget
+        target = self.targets.get(engine)
         try:
-            run.server = self.start(run)
+            run.server = target or self.start(run)
         except ServerFailed as e:
             self.event(run, "crash", detail=f"did not start at {run.budget}: {e}")
             show(f"{engine:<6} did not start", 0)
             return
         map_path = self.dir / (f"memory_map-{engine}.json" if first else f"memory_map-{engine}-{run.budget}.json")
-        sampler = Sampler(engine, run.server.url, run.server.proc.pid, self.samples, run.t0, map_path).start()
+        sampler = Sampler(engine, run.server.url, run.server.proc.pid if run.server.proc else None, self.samples,
+                          run.t0, map_path, fetch=target.stats if target else None).start()
+        if target:
+            self.run_meta.setdefault("targets", {})[engine] = target.describe()
+            self.write_meta()
+        own = first and target is None  # the debugging pass needs the server's process and its /stats
         try:
-            if first:
+            if own:
                 self.debug_passes(run, show)
             calibrated = self.calibrate_at(run, show) if self.cfg.sweep and not self.cfg.rates else None
             if first:
@@ -258,7 +271,7 @@ class Bench:
             else:
                 self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
                 self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
-            if first:
+            if own:
                 time.sleep(1.0)
                 self.debug_pass(run, "after the churn mix")
                 self.releases(run)
@@ -271,9 +284,14 @@ class Bench:
         show(f"{run.engine:<6} debug pass", 0)
         self.plain(f"{run.engine}: server up, debugging pass")
         self.debug_pass(run, "after model load")
-        self.request_alone(run, "short request alone", prompt_tokens=16, max_tokens=16)
-        self.request_alone(run, "long request alone", prompt_tokens=int(self.cfg.max_seq_len * 0.75), max_tokens=32)
+        self.debug_pass(run, "short request alone", request_alone(run.server.url, prompt_tokens=16, max_tokens=16))
+        self.debug_pass(run, "long request alone", request_alone(run.server.url, int(self.cfg.max_seq_len * 0.75), 32))
         self.debug_pass(run, "after those requests complete")
+
+    def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
+        row = debug_row(run.engine, run.server.url, run.server.proc.pid, phase, stats)
+        if row is not None:
+            self.debug.write(row)
 
     def calibrate_at(self, run: EngineRun, show) -> float:
         rate = self.calibrate(run, lambda text, done: show(f"{run.engine:<6} calibrating", 0))
@@ -303,8 +321,10 @@ class Bench:
         return round(max(self.cfg.point_s, min(self.cfg.point_requests / rate, self.cfg.search_s / 3)), 3)
 
     def load_args(self, run: EngineRun, **changes) -> LoadArgs:
+        target = self.targets.get(run.engine)
+        mine = {"model": target.model, "api_key": target.api_key} if target else {}
         return replace(LoadArgs.of(self.cfg, target=run.server.url, out=self.dir / "engines" / run.engine, t0=run.t0,
-                                   engine=run.engine), **changes)
+                                   engine=run.engine, **mine), **changes)
 
     def point(self, run: EngineRun, sampler: Sampler, show, rate: float, window_s: float,
               done_before: float = 0.0) -> float | None:
@@ -329,10 +349,31 @@ class Bench:
         """Points are independent: the next starts on an idle engine."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            stats = fetch_stats(run.server.url) if run.server.alive() else None
+            stats = self.stats_of(run) if run.server.alive() else None
             if stats and not stats.get("running") and not stats.get("waiting"):
                 return
             time.sleep(0.2)
+
+    def stats_of(self, run: EngineRun) -> dict | None:
+        return run.server.stats() if run.engine in self.targets else fetch_stats(run.server.url)
+
+    def watch(self, run: EngineRun) -> None:
+        """A target that stops answering is down from then until it answers again; the run goes on."""
+        now = time.time() - run.t0
+        if now - run.checked_s < 2.0:
+            return
+        run.checked_s = now
+        up = run.server.alive()
+        if not up and run.down_since is None:
+            run.down_since = now
+            self.event(run, "crash", now, detail="the target stopped answering /v1/models (fragbench never "
+                                                 "restarts a target)")
+        elif up and run.down_since is not None:
+            self.event(run, "restart", now, detail=f"the target answers again, down {now - run.down_since:.1f} s")
+            run.down.append((run.down_since, now))
+            run.down_since = None
+            (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
+            (self.dir / "engines" / run.engine / "down.json").write_text(json.dumps(run.down))
 
     @staticmethod
     def figures(run: EngineRun, sampler: Sampler | None) -> str:
@@ -354,14 +395,17 @@ class Bench:
         try:
             while loadgen.poll() is None:
                 elapsed = time.time() - run.t0
-                if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s:
+                if self.cfg.kill_after_s is not None and not killed and elapsed >= self.cfg.kill_after_s \
+                        and run.server.proc is not None:
                     run.server.proc.kill()  # fault injection: the engine dies mid-run, as a GPU fault would
                     run.server.proc.wait()
                     killed = True
                 show(f"{run.engine:<6} churn ({run.crashes} crashes)", max(0.0, elapsed - start_s))
                 if sampler is not None:
                     self.collect_ooms(run, sampler.last)
-                if not run.server.alive():
+                if run.engine in self.targets:
+                    self.watch(run)
+                elif not run.server.alive():
                     self.restart(run, sampler)
                 time.sleep(0.3)
         finally:
@@ -417,47 +461,3 @@ class Bench:
         for value in (stats or {}).get("abort_release_s") or []:
             self.event(run, "cancel_release", detail=f"{value:.6f}", requested_bytes=None,
                        cause=None, release_s=value)
-
-    # -- the debugging pass
-    def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
-        stats = stats or fetch_stats(run.server.url)
-        if stats is None:
-            return
-        cap = stats.get("kv_capacity_bytes") or 1
-        try:
-            rss = psutil.Process(run.server.proc.pid).memory_info().rss
-        except psutil.Error:
-            rss = None
-        self.debug.write({
-            "engine": run.engine, "phase": phase, "kv_allocated_bytes": stats.get("allocated_bytes"),
-            "token_states_bytes": stats.get("token_states_bytes"), "kv_usage": stats.get("allocated_bytes", 0) / cap,
-            "running": stats.get("running"), "live_tokens": stats.get("live_tokens"),
-            "largest_free_bytes": stats.get("largest_free_bytes"), "free_bytes": stats.get("free_bytes"),
-            "torch_allocated_bytes": stats.get("torch_allocated_bytes"),
-            "torch_reserved_bytes": stats.get("torch_reserved_bytes"),
-            "device_used_bytes": stats.get("device_used_bytes"), "process_rss_bytes": rss,
-        })
-
-    def request_alone(self, run: EngineRun, phase: str, prompt_tokens: int, max_tokens: int) -> None:
-        """One request with nothing else running; memory at its peak."""
-        body = json.dumps({"prompt": [3 + (i * 7) % 4000 for i in range(prompt_tokens)], "max_tokens": max_tokens,
-                           "temperature": 0, "ignore_eos": True}).encode()
-        done = threading.Event()
-
-        def send() -> None:
-            req = urllib.request.Request(f"{run.server.url}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-            try:
-                urllib.request.urlopen(req, timeout=300).read()
-            except OSError:
-                pass
-            done.set()
-
-        threading.Thread(target=send, daemon=True).start()
-        peak: dict | None = None
-        while not done.is_set():
-            stats = fetch_stats(run.server.url)
-            if stats and (peak is None or stats.get("allocated_bytes", 0) > peak.get("allocated_bytes", 0)):
-                peak = stats
-            time.sleep(0.02)
-        self.debug_pass(run, phase, peak)

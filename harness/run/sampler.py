@@ -7,6 +7,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -19,7 +20,7 @@ FIELDS = (
     *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s")),
     *(c for c in CATEGORY_COLUMNS.values() if c not in SAMPLE_COLUMNS), "live_tokens",
     "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count", "steps", "waiting_for_memory",
-    "kv_bytes_per_token",
+    "kv_bytes_per_token", "kv_cache_usage_perc",
 )
 
 
@@ -43,11 +44,14 @@ def waste(stats: dict) -> int:
 
 
 class Sampler:
-    def __init__(self, engine: str, url: str, pid: int, journal: Journal, t0: float, map_path: Path,
-                 interval_s: float = 0.1):
+    def __init__(self, engine: str, url: str, pid: int | None, journal: Journal, t0: float, map_path: Path,
+                 interval_s: float = 0.1, fetch: Callable[[], dict | None] | None = None):
+        """`fetch`: where a row's figures come from (a target's metrics); the server's /stats by default.
+        `pid` None: a process that is not ours (no RSS)."""
         self.engine, self.url, self.journal, self.t0 = engine, url, journal, t0
         self.interval_s, self.map_path = interval_s, map_path
-        self.process = psutil.Process(pid)
+        self.fetch = fetch or (lambda: fetch_stats(url))
+        self.process = psutil.Process(pid) if pid is not None else None
         self.last: dict | None = None
         self.worst = -1
         self.oom_maps_saved = 0
@@ -80,7 +84,7 @@ class Sampler:
             self._stop.wait(max(0.0, next_t - time.time()))
 
     def sample(self) -> dict | None:
-        stats = fetch_stats(self.url)
+        stats = self.fetch()
         if stats is None:
             return None
         self.last = stats
@@ -88,7 +92,7 @@ class Sampler:
         row = {"engine": self.engine, "t_s": round(now - self.t0, 4), "t_wall": now}
         row.update({k: stats.get(k) for k in FIELDS})
         try:
-            row["process_rss_bytes"] = self.process.memory_info().rss
+            row["process_rss_bytes"] = self.process.memory_info().rss if self.process else None
         except psutil.Error:
             row["process_rss_bytes"] = None
         self.journal.write(row)

@@ -255,8 +255,8 @@ def write_twin(run_dir: Path, n_jobs: int | None = None) -> dict:
     """The twin of a finished run into its summary.json (a sweep's runs only: the twin replays points)."""
     run_dir = Path(run_dir)
     meta, summary = load_meta(run_dir), json.loads((run_dir / "summary.json").read_text())
-    if not (meta.get("sweep") or {}).get("points"):
-        return summary
+    if not (meta.get("sweep") or {}).get("points") or not meta.get("engine_config"):
+        return summary  # no sweep, or no engine fragbench schedules (targets alone)
     summary["twin"] = run_twin(meta, run_steps(run_dir), summary, n_jobs)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

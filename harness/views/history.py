@@ -39,8 +39,11 @@ def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
             cfg = meta.get("config", {})
             run = Run(meta.get("run_id", folder.name), meta["started"], meta.get("git_sha"),
                       f"{cfg.get('workload')} at {cfg.get('kv_budget')}")
+            targets = meta.get("targets") or {}
             for engine in summary["engines"]:
-                run.engines[engine] = {m: figures(summary, engine).get(m) for m in METRICS}
+                # a target is its own series per model: a server it did not start changes outside fragbench
+                label = f"{engine} (target, {targets[engine]['model']})" if engine in targets else engine
+                run.engines[label] = {m: figures(summary, engine).get(m) for m in METRICS}
         except FileNotFoundError as e:
             skipped.append((folder.name, f"no {Path(e.filename).name}"))
             continue

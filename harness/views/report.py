@@ -340,6 +340,18 @@ def budget_bytes(meta: dict) -> int | None:
         return None
 
 
+def targets_note(meta: dict) -> str:
+    """One line per target: a server fragbench did not start, and what its metrics could and could not show."""
+    lines = []
+    for name, t in (meta.get("targets") or {}).items():
+        read = (f"read from its {t['family']} metrics ({t['metrics_url']}): {', '.join(t['sees']) or 'nothing'}"
+                if t.get("family") else "no metrics read")
+        lines.append(f"<li><b>{ESC(name)}</b> is a server fragbench did not start ({ESC(t['url'])}, model "
+                     f"{ESC(t['model'])}); {ESC(read)}; it cannot show {ESC(', '.join(t['cannot_see']))}, which "
+                     "its rows leave unknown (n/a), never 0.</li>")
+    return f"<ul class='verdict'>{''.join(lines)}</ul>" if lines else ""
+
+
 def render(run_dir: Path, out: Path) -> Path:
     meta = load_meta(run_dir)
     frames = load_frames(run_dir)
@@ -351,7 +363,7 @@ def render(run_dir: Path, out: Path) -> Path:
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
-        verdict(summary, meta, frames["events"]), capacity_section(summary, budget_bytes(meta)),
+        verdict(summary, meta, frames["events"]), targets_note(meta), capacity_section(summary, budget_bytes(meta)),
         twin_section(summary, budget_bytes(meta)),
         memory_breakdown(frames["samples"]), figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),

@@ -25,8 +25,16 @@ def pair(m, t, unit: str = "") -> str:
     return f"{fmt(m, unit)} / {fmt(t, unit)}"
 
 
-def disagreement(engine: str, err: dict) -> str:
-    """Where the twin is furthest from the measurement, in one sentence."""
+def disagreement(engine: str, err: dict, twin_rps: float, ci: list[float] | None) -> str:
+    """Where the twin is furthest from the measurement, and whether the measurement can tell, in a sentence."""
+    inside = ""
+    if ci and ci[0] <= twin_rps <= ci[1]:
+        inside = (f" Its sustained rate, {twin_rps:.2f} req/s, lies inside the measured 90 % interval "
+                  f"[{ci[0]:.2f}, {ci[1]:.2f}]: no measurable difference from the measurement.")
+    return first_disagreement(engine, err) + inside
+
+
+def first_disagreement(engine: str, err: dict) -> str:
     scored = [(abs(v) if k != "token_states_share" else abs(v) * 3, k, v) for k, v in err.items()
               if k in WORDS and v is not None]
     if not scored:
@@ -131,7 +139,9 @@ def twin_section(summary: dict, budget: int | None) -> str:
                      signed(e["ttft_p50_s"]), signed(e["tpot_p50_s"]), signed(e["token_states_share"], True)])
     head = table(["engine", "step model", "measured sustained req/s [90 %]", "twin", "error", "mean running",
                   "TTFT p50", "TPOT p50", "token share"], rows)
-    words = "".join(f"<li>{disagreement(engine, t['error'])}</li>" for engine, t in twin.items())
+    words = "".join(
+        f"<li>{disagreement(e, t['error'], t['sustained_rps'], measured.get(e, {}).get('sustained_rps_ci'))}</li>"
+        for e, t in twin.items())
     ratio = "".join(f"<li>{line}</li>" for line in directions(twin, measured))
     points = table(["engine", "offered req/s", "SLO attainment", "mean running", "TTFT p50", "TPOT p50",
                     "OOMs (fragmentation)", "preemptions", "token share", "reservation", "internal frag."],

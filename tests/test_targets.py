@@ -1,0 +1,127 @@
+"""Servers fragbench did not start, benched as one more engine: their metrics, their refusals, their rows."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from engines.peers.vllm import vllm_python
+from engines.procs import free_port
+from engines.procs import metric_values as parse
+from harness.run.servers import start_server
+from harness.run.telemetry import FAMILIES, detect
+from harness.views.history import read_runs
+from tests.conftest import run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("vllm", {"kv_cache_usage_perc", "running", "waiting", "preempted_total", "prefix_cache_hit_tokens"}),
+    ("sglang", {"kv_cache_usage_perc", "running", "waiting"}),
+    ("tgi", {"running", "waiting"}),
+])
+def test_each_family_reads_its_own_names_and_leaves_the_rest_unknown(name, expected):
+    metrics = parse((FIXTURES / f"{name}.txt").read_text())
+    family = detect(metrics)
+    assert family is not None and family.name == name
+    row = family.row(metrics)
+    assert {k for k, v in row.items() if v is not None} >= expected
+    assert row.get("token_states_bytes") is None  # no family but fragbench's exports live-token bytes
+    if name == "sglang":
+        assert row["kv_cache_usage_perc"] == pytest.approx(0.28) and row["running"] == 12
+    if name == "tgi":
+        assert "kv_cache_usage_perc" not in row and row["waiting"] == 2
+
+
+def test_an_unknown_page_has_no_family():
+    assert detect(parse("# TYPE foo gauge\nfoo 1\n")) is None
+    assert {f.name for f in FAMILIES} == {"fragbench", "vllm", "sglang", "tgi"}
+
+
+class Fake(BaseHTTPRequestHandler):
+    """An HTTP server that is not an OpenAI server: /v1/models is HTML, /metrics knows no family."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = b"<html>hello</html>" if self.path != "/metrics" else b"# TYPE foo gauge\nfoo 1\n"
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def bench(*args: str, timeout: float = 600):
+    return run_cli("bench", "--engines", "", *args, "--out", "/nonexistent-never-written", timeout=timeout)
+
+
+def test_bad_targets_exit_2_with_one_line_before_any_load(tiny_model, fake_url, tmp_path):
+    closed = f"http://127.0.0.1:{free_port()}"
+    with start_server("paged", str(tiny_model), "16MiB", tmp_path / "s.log") as srv:
+        cases = {
+            "does not answer": ("--target", f"t={closed}"),
+            "not an OpenAI": ("--target", f"t={fake_url}"),
+            "none of the metric families": ("--target", f"t={srv.url}", "--metrics-url", f"t={fake_url}/metrics"),
+            "two targets named": ("--target", f"t={srv.url}", "--target", f"t={srv.url}"),
+            "loopback only": ("--target", "t=http://10.1.2.3:8000"),
+            "NAME=URL": ("--target", "no-url"),
+        }
+        for words, args in cases.items():
+            r = bench(*args)
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (words, r.stderr)
+            assert words in r.stderr, (words, r.stderr)
+        r = run_cli("bench", "--engines", "paged", "--target", f"paged={srv.url}", "--model", str(tiny_model))
+        assert r.returncode == 2 and "one of --engines" in r.stderr
+    assert not Path("/nonexistent-never-written").exists()
+
+
+def test_a_target_is_one_more_engine_of_the_run(tiny_model, tmp_path):
+    """The contract: a separately started static-oracle beside the in-house paged, one report with both."""
+    with start_server("static-oracle", str(tiny_model), "16MiB", tmp_path / "s.log") as srv:
+        r = run_cli("bench", "--engines", "paged", "--target", f"mine={srv.url}", "--model", str(tiny_model),
+                    "--kv-budget", "16MiB", "--workload", "mixed-churn", "--sweep", "--rates", "1,3",
+                    "--point-duration", "6", "--grace", "3", "--out", str(tmp_path), "--reports", str(tmp_path),
+                    "--run-id", "t", timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert srv.proc.poll() is None  # fragbench never stops a target
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    mine = summary["engines"]["mine"]
+    assert mine["source"] == "target" and summary["engines"]["paged"]["source"] == "fragbench"
+    assert mine["requests_ok"] > 0 and len(summary["capacity"]["mine"]["points"]) == 2
+    # fragbench's own metrics export live-token bytes and capacity, not the reservation split: unknown
+    assert mine["token_states_share"] is not None and mine["reservation_share"] is None
+    assert mine["allocated_share"] is not None and mine["oom_total"] is None
+    meta = json.loads((tmp_path / "t" / "run.json").read_text())
+    assert meta["targets"]["mine"]["family"] == "fragbench"
+    assert "paged" in summary["twin"] and "mine" not in summary["twin"]  # a twin needs the engine's own steps
+    html = (tmp_path / "t.html").read_text()
+    assert "a server fragbench did not start" in html and "mine" in html
+    runs, _ = read_runs(tmp_path)
+    assert set(runs[0].engines) == {"paged", f"mine (target, {meta['targets']['mine']['model']})"}
+
+
+@pytest.mark.skipif(vllm_python() is None, reason="vLLM is not installed (make vllm)")
+def test_a_vllm_target_reads_vllms_metrics(tiny_model, tmp_path):
+    with start_server("vllm", str(tiny_model), "64MiB", tmp_path / "v.log", timeout_s=900) as srv:
+        r = run_cli("bench", "--engines", "", "--target", f"v={srv.url}", "--model", str(tiny_model),
+                    "--workload", "mixed-churn", "--sweep", "--rates", "1", "--point-duration", "6", "--grace", "3",
+                    "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "v", timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "v" / "summary.json").read_text())
+    v = summary["engines"]["v"]
+    assert json.loads((tmp_path / "v" / "run.json").read_text())["targets"]["v"]["family"] == "vllm"
+    assert v["allocated_share"] is not None and v["preemptions"] is not None
+    assert v["token_states_share"] is None and v["reservation_share"] is None

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from engines.nvml import nvml
+from engines.nvml import fullest_gpu
 from engines.procs import metric_samples
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.telemetry import detect, family_named, scrape
@@ -300,20 +300,15 @@ def headroom(cfg: CheckConfig, load: dict) -> Answer:
     host = urlparse(cfg.target).hostname or ""
     if host not in ("127.0.0.1", "localhost", "::1"):
         return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
-    try:
-        lib = nvml()
-        mems = [lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(i)) for i in range(lib.nvmlDeviceGetCount())]
-    except Exception as e:  # no driver, no GPU
-        return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"NVML unavailable on this machine ({type(e).__name__})")
-    if not mems:
-        return Answer(5, QUESTIONS[5], "UNKNOWN", None, "NVML sees no GPU on this machine")
-    # which GPU the server runs on is its own business: the one with the least free memory is where it binds
-    index, mem = min(enumerate(mems), key=lambda m: m[1].total - m[1].used)
+    fullest = fullest_gpu()  # which GPU the server runs on is its own business: the fullest is where it binds
+    if fullest is None:
+        return Answer(5, QUESTIONS[5], "UNKNOWN", None, "NVML unavailable on this machine, or it sees no GPU")
+    index, mem = fullest
     free = mem.total - mem.used
     status = "PASS" if free >= 0.05 * mem.total else "WARN"
     return Answer(5, QUESTIONS[5], status, int(free),
-                  f"NVML after the churn, the fullest of {len(mems)} GPU(s) (NVML index {index}): {mem.used:,} B used "
-                  f"of {mem.total:,} B; {free:,} B free for temporaries")
+                  f"NVML after the churn, the fullest GPU (NVML index {index}): {mem.used:,} B used of "
+                  f"{mem.total:,} B; {free:,} B free for temporaries")
 
 
 def release(load: dict, metrics: Metrics) -> Answer:

@@ -99,7 +99,6 @@ def test_6_the_snapshot_reads_the_engines_gpu_by_its_uuid(fake_cuda, monkeypatch
     # check, which cannot know the server's GPU, reads the fullest one rather than NVML's index 0
     import harness.check as check
 
-    monkeypatch.setattr(check, "nvml", lambda: lib)
     answer = check.headroom(SimpleNamespace(target="http://127.0.0.1:1"), {})
     assert answer.answer == 1000 - 222 and "NVML index 1" in answer.evidence
 

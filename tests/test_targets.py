@@ -125,3 +125,23 @@ def test_a_vllm_target_reads_vllms_metrics(tiny_model, tmp_path):
     assert json.loads((tmp_path / "v" / "run.json").read_text())["targets"]["v"]["family"] == "vllm"
     assert v["allocated_share"] is not None and v["preemptions"] is not None
     assert v["token_states_share"] is None and v["reservation_share"] is None
+
+
+def test_a_target_that_stops_answering_is_down_until_it_answers_again(tmp_path):
+    """Recorded with its times, never restarted: the run goes on."""
+    import time
+
+    from harness.run.bench import Bench, BenchConfig, EngineRun
+
+    bench = Bench(BenchConfig(engines=[], model="m", kv_budget="16MiB", out_dir=tmp_path, workload="mixed-churn",
+                              duration_s=1, run_id="w"))
+    answers = iter([True, False, False, True])
+    server = type("Gone", (), {"alive": lambda self: next(answers), "proc": None})()
+    run = EngineRun("mine", time.time(), 0, server=server)
+    for _ in range(4):
+        run.checked_s = -1e9  # ask at once rather than every 2 s
+        bench.watch(run)
+    events = [json.loads(x) for x in (tmp_path / "w" / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["crash", "restart"]
+    assert "never restarts" in events[0]["detail"] and "answers again" in events[1]["detail"]
+    assert json.loads((tmp_path / "w" / "engines" / "mine" / "down.json").read_text())[0][1] >= events[0]["t_s"]

@@ -11,6 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from engines.nvml import fullest_gpu
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -49,7 +50,10 @@ class Target:
             return False
 
     def stats(self) -> dict | None:
-        return self.telemetry.stats() if self.telemetry else {"source": "no metrics"}
+        stats = self.telemetry.stats() if self.telemetry else {"source": "no metrics"}
+        if stats is not None and urlparse(self.url).hostname in LOOPBACK and (gpu := fullest_gpu()) is not None:
+            stats["device_used_bytes"] = gpu[1].used  # on this machine: NVML sees its GPU, the fullest one
+        return stats
 
     def stop(self) -> None:
         """Nothing: the target outlives the bench."""

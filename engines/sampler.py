@@ -21,10 +21,12 @@ def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator
     return g
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from one row of fp32 logits."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+           greedy: int | None = None) -> int:
+    """One token from one row of fp32 logits. `greedy`: the row's argmax, already read with the whole batch's
+    (one device sync a step rather than one a row)."""
     if params.temperature < GREEDY_BELOW:
-        return int(logits.argmax())
+        return greedy if greedy is not None else int(logits.argmax())
     probs = torch.softmax(logits.cpu() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)

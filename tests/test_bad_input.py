@@ -113,10 +113,10 @@ def poisoned_server(tiny_model, monkeypatch):
 
     real = engines.scheduled.engine.sample
 
-    def sample(logits, params, generator):
+    def sample(logits, params, generator, greedy=None):
         if params.seed == 666:
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(logits, params, generator)
+        return real(logits, params, generator, greedy)
 
     monkeypatch.setattr(engines.scheduled.engine, "sample", sample)
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * 2**20, max_seq_len=256))

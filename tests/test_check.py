@@ -74,7 +74,7 @@ def test_check_speaks_chat_to_a_server(tiny_model, tmp_path):
 
 def test_the_ninth_question_is_the_sustained_rate_with_its_interval(tiny_model, tmp_path):
     with start_server("paged", str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
-        _, result = check(srv.url, str(tiny_model), "--capacity-time", "24")
+        _, result = check(srv.url, str(tiny_model), "--capacity-time", "12")
     q = by_id(result)[9]
     assert q["status"] == "PASS", q["evidence"]
     lo, hi = q["answer"]["sustained_rps_ci"]

@@ -93,7 +93,7 @@ def test_a_target_is_one_more_engine_of_the_run(tiny_model, tmp_path):
     with start_server("static-oracle", str(tiny_model), "16MiB", tmp_path / "s.log") as srv:
         r = run_cli("bench", "--engines", "paged", "--target", f"mine={srv.url}", "--model", str(tiny_model),
                     "--kv-budget", "16MiB", "--workload", "mixed-churn", "--sweep", "--rates", "1,3",
-                    "--point-duration", "6", "--grace", "3", "--out", str(tmp_path), "--reports", str(tmp_path),
+                    "--point-duration", "4", "--grace", "3", "--out", str(tmp_path), "--reports", str(tmp_path),
                     "--run-id", "t", timeout=900)
         assert r.returncode == 0, r.stderr[-2000:]
         assert srv.proc.poll() is None  # fragbench never stops a target

@@ -10,7 +10,7 @@ import torch
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
 from engines.memory import DeviceMemory, OutOfMemory
-from engines.sampler import GREEDY_BELOW, make_generator, sample
+from engines.sampler import make_generator, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
@@ -81,8 +81,7 @@ class ScheduledEngine(Engine):
             try:
                 if seq.seq_id in self.pending_forks:
                     self._fork(seq, row)
-                self._append(seq, best if seq.params.temperature < GREEDY_BELOW
-                             else sample(row, seq.params, self.generators[seq.seq_id]))
+                self._append(seq, sample(row, seq.params, self.generators[seq.seq_id], greedy=best))
             except Exception as err:  # one sequence's failure is its request's alone
                 self.fail_request(seq.request_id, err)
         if self.step_recorder is not None:

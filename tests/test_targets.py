@@ -44,10 +44,16 @@ def test_an_unknown_page_has_no_family():
 
 
 class Fake(BaseHTTPRequestHandler):
-    """An HTTP server that is not an OpenAI server: /v1/models is HTML, /metrics knows no family."""
+    """/v1/models is HTML (not an OpenAI server); under /ok it is a model list, and every /metrics page there
+    knows no family."""
 
     def do_GET(self):  # noqa: N802 (http.server's name)
-        body = b"<html>hello</html>" if self.path != "/metrics" else b"# TYPE foo gauge\nfoo 1\n"
+        if self.path.endswith("/metrics"):
+            body = b"# TYPE foo gauge\nfoo 1\n"
+        elif self.path == "/ok/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+        else:
+            body = b"<html>hello</html>"
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)
@@ -68,23 +74,22 @@ def bench(*args: str, timeout: float = 600):
     return run_cli("bench", "--engines", "", *args, "--out", "/nonexistent-never-written", timeout=timeout)
 
 
-def test_bad_targets_exit_2_with_one_line_before_any_load(tiny_model, fake_url, tmp_path):
+def test_bad_targets_exit_2_with_one_line_before_any_load(tiny_model, fake_url):
     closed = f"http://127.0.0.1:{free_port()}"
-    with start_server("paged", str(tiny_model), "16MiB", tmp_path / "s.log") as srv:
-        cases = {
-            "does not answer": ("--target", f"t={closed}"),
-            "not an OpenAI": ("--target", f"t={fake_url}"),
-            "none of the metric families": ("--target", f"t={srv.url}", "--metrics-url", f"t={fake_url}/metrics"),
-            "two targets named": ("--target", f"t={srv.url}", "--target", f"t={srv.url}"),
-            "loopback only": ("--target", "t=http://10.1.2.3:8000"),
-            "NAME=URL": ("--target", "no-url"),
-        }
-        for words, args in cases.items():
-            r = bench(*args)
-            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (words, r.stderr)
-            assert words in r.stderr, (words, r.stderr)
-        r = run_cli("bench", "--engines", "paged", "--target", f"paged={srv.url}", "--model", str(tiny_model))
-        assert r.returncode == 2 and "one of --engines" in r.stderr
+    cases = {
+        "does not answer": ("--target", f"t={closed}"),
+        "not an OpenAI": ("--target", f"t={fake_url}"),
+        "none of the metric families": ("--target", f"t={fake_url}/ok"),
+        "two targets named": ("--target", f"t={fake_url}/ok", "--target", f"t={fake_url}/ok"),
+        "loopback only": ("--target", "t=http://10.1.2.3:8000"),
+        "NAME=URL": ("--target", "no-url"),
+    }
+    for words, args in cases.items():
+        r = bench(*args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (words, r.stderr)
+        assert words in r.stderr, (words, r.stderr)
+    r = run_cli("bench", "--engines", "paged", "--target", f"paged={fake_url}/ok", "--model", str(tiny_model))
+    assert r.returncode == 2 and "one of --engines" in r.stderr
     assert not Path("/nonexistent-never-written").exists()
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.analysis.summary import load_meta, load_steps
+
 # coefficient -> the step row's column it multiplies (None: the constant)
 TERMS = {"fixed_s": None, "per_decode_s": "decodes", "per_prefill_s": "prefills", "per_token_s": "tokens",
          "per_context_token_s": "context_tokens"}
@@ -84,12 +86,14 @@ def checked(model: FittedStepModel) -> FittedStepModel:
 
 
 def run_steps(run_dir: Path) -> pd.DataFrame:
-    """A run's step rows: steps.parquet, or the servers' logs of a run that was stopped before its end."""
+    """A run's step rows: steps.parquet, or the servers' logs of a run that was stopped before its end (read
+    as finalize reads them)."""
     if (run_dir / "steps.parquet").is_file():
         return pd.read_parquet(run_dir / "steps.parquet")
-    logs = sorted(run_dir.glob("engines/*/steps-*.csv"))
-    frames = [pd.read_csv(p).assign(engine=p.parent.name) for p in logs]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    try:
+        return load_steps(run_dir, load_meta(run_dir))
+    except FileNotFoundError:  # not a run directory: no rows
+        return pd.DataFrame()
 
 
 def load(source: str, engine: str | None = None) -> FittedStepModel:

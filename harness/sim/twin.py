@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engines.kv.base import CATEGORIES
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
-from harness.analysis.summary import load_meta, point_warmup_s, slo_of
+from harness.analysis.summary import SHARE_COLUMNS, load_meta, point_warmup_s, slo_of
 from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
 from harness.units import parse_size
@@ -41,9 +40,7 @@ from workloads.spec import load_spec
 BUDGET_MULTIPLES = (0.25, 0.35, 0.5, 0.71, 1.0, 1.41, 2.0, 2.83, 4.0)
 CURVE_REQUESTS = 300  # arrivals of each simulated curve point (a measured point has a few dozen)
 CURVE_TOLERANCE = 0.03  # the curves' knee searches stop at a bracket this narrow
-SHARES = tuple(f"{c}_share" for c in CATEGORIES)
-PER_POINT = ("slo_attainment", "mean_running", "ttft_p50_s", "tpot_p50_s", "preemptions", "oom_total",
-             "oom_fragmentation", *SHARES)
+SHARES = tuple(SHARE_COLUMNS)  # the Figure-2 shares, as the summary names them
 RELATIVE = ("mean_running", "ttft_p50_s", "tpot_p50_s")  # the errors reported as twin / measured - 1
 
 

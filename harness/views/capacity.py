@@ -109,18 +109,22 @@ def curves(cap: dict) -> go.Figure:
     return fig
 
 
+def measured_budgets(pts: list[tuple[int, dict]], **style) -> go.Scatter:
+    """(KV budget, capacity block) pairs as one trace: each sustained rate with its 90 % interval as error bars."""
+    y = [c["sustained_rps"] for _, c in pts]
+    lo = [y_ - (c.get("sustained_rps_ci") or [y_])[0] for y_, (_, c) in zip(y, pts, strict=True)]
+    hi = [(c.get("sustained_rps_ci") or [y_, y_])[1] - y_ for y_, (_, c) in zip(y, pts, strict=True)]
+    return go.Scatter(x=[b / MiB for b, _ in pts], y=y, error_y=dict(type="data", symmetric=False, array=hi,
+                                                                     arrayminus=lo), **style)
+
+
 def budget_curve(by_budget: dict) -> str:
     """Sustained rate against KV budget per engine: what memory each needs for a given rate."""
     fig = go.Figure()
     engines = list(dict.fromkeys(e for blocks in by_budget.values() for e in blocks))
     for i, engine in enumerate(engines):
         pts = sorted((int(b), blocks[engine]) for b, blocks in by_budget.items() if engine in blocks)
-        y = [c["sustained_rps"] for _, c in pts]
-        lo = [y_ - (c.get("sustained_rps_ci") or [y_])[0] for y_, (_, c) in zip(y, pts, strict=True)]
-        hi = [(c.get("sustained_rps_ci") or [y_, y_])[1] - y_ for y_, (_, c) in zip(y, pts, strict=True)]
-        fig.add_trace(go.Scatter(x=[b / MiB for b, _ in pts], y=y, mode="lines+markers", name=engine,
-                                 line_color=PALETTE[i % len(PALETTE)],
-                                 error_y=dict(type="data", symmetric=False, array=hi, arrayminus=lo)))
+        fig.add_trace(measured_budgets(pts, mode="lines+markers", name=engine, line_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(height=380, xaxis_title="KV budget (MiB)", yaxis_title="sustained req/s at the SLO")
     return "<h3>Sustained rate against KV budget</h3>" + fig_html(fig)
 

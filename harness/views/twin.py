@@ -8,9 +8,9 @@ import itertools
 import plotly.graph_objects as go
 
 from harness.analysis.knee import ratio_interval
+from harness.views.capacity import MiB, measured_budgets
 from harness.views.html import PALETTE, fig_html, fmt, section, table
 
-MiB = 2**20
 WORDS = {"sustained_rps": "sustained rate", "mean_running": "mean running", "ttft_p50_s": "TTFT p50",
          "tpot_p50_s": "TPOT p50", "token_states_share": "token-state share"}
 
@@ -76,13 +76,8 @@ def curves(twin: dict, measured: dict, by_budget: dict | None, budget: int) -> s
                                  mode="lines", line=dict(color=color, dash="dash"), name=f"{engine} (simulated)"))
         others = [(int(b), blocks.get(engine)) for b, blocks in (by_budget or {}).items() if int(b) != budget]
         seen = [(budget, measured.get(engine)), *others]
-        seen = [(b, c) for b, c in seen if c]
-        y = [c["sustained_rps"] for _, c in seen]
-        lo = [y_ - (c.get("sustained_rps_ci") or [y_])[0] for y_, (_, c) in zip(y, seen, strict=True)]
-        hi = [(c.get("sustained_rps_ci") or [y_, y_])[1] - y_ for y_, (_, c) in zip(y, seen, strict=True)]
-        fig.add_trace(go.Scatter(x=[b / MiB for b, _ in seen], y=y, mode="markers", marker=dict(color=color, size=10),
-                                 name=f"{engine} (measured)",
-                                 error_y=dict(type="data", symmetric=False, array=hi, arrayminus=lo)))
+        fig.add_trace(measured_budgets([(b, c) for b, c in seen if c], mode="markers",
+                                       marker=dict(color=color, size=10), name=f"{engine} (measured)"))
     fig.update_layout(height=400, xaxis_title="KV budget (MiB, log)", xaxis_type="log",
                       yaxis_title="sustained req/s at the SLO")
     return "<h3>Sustained rate against KV budget: simulated (dashed), measured (markers, 90 % interval)</h3>" \

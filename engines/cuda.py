@@ -12,6 +12,7 @@ from engines.nvml import memory_info, nvml
 # What a forward takes from the same per-process cap as the KV: cuBLAS's workspace (":4096:8", eight 4 MiB
 # chunks, the default on sm90; less on older GPUs) beside the activations the caller sizes.
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+SEGMENT_SLACK_BYTES = 20 * 2**20  # the caching allocator's large segment: what rounding may add past the budget
 
 
 def cuda_device(device: str | torch.device) -> torch.device:
@@ -23,8 +24,15 @@ def cuda_device(device: str | torch.device) -> torch.device:
 
 
 class CudaMemory(DeviceMemory):
-    """The real PyTorch CUDA caching allocator, capped at the KV budget, plus the headroom a forward needs,
-    above what is already in use. The cap is process-wide: `close` restores the one it replaced."""
+    """The real PyTorch CUDA caching allocator holding the KV: every allocation a tensor of its own, inside a
+    process-wide cap of what is already in use + the KV budget + the headroom a forward needs (so that the
+    activations never fail first), restored by `close`.
+
+    The budget itself is a KV cap, counted here (as the arena counts it): an allocation whose rounded size
+    would take the KV past `capacity_bytes` fails with cause `capacity`, whatever the process cap would still
+    allow; one the allocator refuses under its cap while the KV is within budget is `fragmentation` (the free
+    bytes under the cap exist, but in no block that fits). Only the KV tensors count: cuBLAS's workspace, the
+    weights and what a forward keeps are the cap's, not the budget's."""
 
     def __init__(self, capacity_bytes: int, device: str | torch.device = "cuda", headroom_bytes: int = 0):
         if not torch.cuda.is_available():
@@ -35,10 +43,12 @@ class CudaMemory(DeviceMemory):
         total = torch.cuda.get_device_properties(self.device).total_memory
         in_use = torch.cuda.memory_reserved(self.device)
         self._previous_fraction = torch.cuda.get_per_process_memory_fraction(self.device)
-        cap = min(1.0, (in_use + capacity_bytes + self.headroom_bytes) / total)
+        # the allocator carves large blocks from 2 MiB granules and 20 MiB segments: the cap leaves a segment's
+        # slack above the budget, so that a KV within budget is refused only by the cache's own holes
+        cap = min(1.0, (in_use + capacity_bytes + SEGMENT_SLACK_BYTES + self.headroom_bytes) / total)
         torch.cuda.set_per_process_memory_fraction(cap, self.device)
-        self._baseline = torch.cuda.memory_allocated(self.device)
         self._live: dict[int, Allocation] = {}
+        self._allocated = 0  # the KV's bytes as the allocator rounds them
         self._requested = 0
         self.first_oom_snapshot: list[dict] | None = None  # the allocator's segments at the first OOM
 
@@ -50,60 +60,56 @@ class CudaMemory(DeviceMemory):
         return round_size(nbytes)
 
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
+        size = round_size(nbytes)
+        if self._allocated + size > self.capacity_bytes:
+            self._refused(size, owner)
         try:
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError:
-            if self.first_oom_snapshot is None:
-                self.first_oom_snapshot = cuda_segments(self.device)
-            s = self.stats()
-            raise OutOfMemory(
-                OOMEvent.classify(round_size(nbytes), s.free_bytes, s.largest_free_bytes, owner)
-            ) from None
-        alloc = Allocation(0, round_size(nbytes), nbytes, owner, tensor)
+            self._refused(size, owner)
+        alloc = Allocation(0, size, nbytes, owner, tensor)
         self._live[id(alloc)] = alloc
+        self._allocated += size
         self._requested += nbytes
         return alloc
+
+    def _refused(self, size: int, owner: str):
+        if self.first_oom_snapshot is None:
+            self.first_oom_snapshot = cuda_segments(self.device)
+        s = self.stats()
+        raise OutOfMemory(OOMEvent.classify(size, s.free_bytes, s.largest_free_bytes, owner)) from None
 
     def free(self, alloc: Allocation) -> None:
         if self._live.pop(id(alloc), None) is None:
             raise ValueError("double free or foreign allocation")
+        self._allocated -= alloc.size
         self._requested -= alloc.requested
         alloc.tensor = None
 
     def stats(self) -> MemoryStats:
-        s = torch.cuda.memory_stats(self.device)
-        allocated = s.get("allocated_bytes.all.current", 0) - self._baseline
-        reserved = s.get("reserved_bytes.all.current", 0)
-        free = max(0, self.capacity_bytes - allocated)
+        free = max(0, self.capacity_bytes - self._allocated)
         return MemoryStats(
             capacity_bytes=self.capacity_bytes,
-            allocated_bytes=allocated,
+            allocated_bytes=self._allocated,
             requested_bytes=self._requested,
             free_bytes=free,
-            largest_free_bytes=min(free, self._largest_free_block(reserved)),
+            largest_free_bytes=min(free, self._largest_free_block()),
             num_allocations=len(self._live),
-            reserved_bytes=reserved,
+            reserved_bytes=torch.cuda.memory_reserved(self.device),
         )
 
-    def _largest_free_block(self, reserved: int) -> int:
-        """The largest inactive block in the cache, or the never-reserved rest of the cap if larger."""
-        inactive = [
-            b["size"]
-            for seg in torch.cuda.memory_snapshot()
-            for b in seg["blocks"]
-            if b["state"] == "inactive"
-        ]
-        unreserved = max(0, self._baseline + self.capacity_bytes - reserved)
-        return max([unreserved, *inactive])
+    def _largest_free_block(self) -> int:
+        """The largest inactive block in this device's cache, or the never-reserved rest of the cap if larger."""
+        segments = cuda_segments(self.device)
+        inactive = [b["size"] for seg in segments for b in seg["blocks"] if b["state"] == "inactive"]
+        reserved = sum(seg["total_size"] for seg in segments)
+        cap = torch.cuda.get_per_process_memory_fraction(self.device) * \
+            torch.cuda.get_device_properties(self.device).total_memory
+        return max([int(max(0.0, cap - reserved)), *inactive])
 
     def extents(self) -> list[tuple[int, int, str | None]]:
-        out: list[tuple[int, int, str | None]] = []
-        for seg in torch.cuda.memory_snapshot():
-            addr = seg["address"]
-            for b in seg["blocks"]:
-                out.append((addr, b["size"], "allocated" if b["state"] == "active_allocated" else None))
-                addr += b["size"]
-        return sorted(out)
+        """The KV's own tensors, by address: what the cache holds for anything else is not the budget's."""
+        return sorted((a.tensor.data_ptr(), a.size, a.owner) for a in self._live.values() if a.tensor is not None)
 
     def view(self, alloc: Allocation) -> torch.Tensor:
         assert alloc.tensor is not None
@@ -117,7 +123,7 @@ class CudaMemory(DeviceMemory):
 
 def cuda_segments(device: torch.device | None = None) -> list[dict]:
     """torch.cuda.memory_snapshot() cut to what the report draws: each segment's blocks, in address order."""
-    index = None if device is None else torch.device(device).index
+    index = None if device is None else cuda_device(device).index
     return [{"address": seg["address"], "total_size": seg["total_size"], "device": seg.get("device"),
              "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
             for seg in torch.cuda.memory_snapshot() if index is None or seg.get("device") in (None, index)]
@@ -177,14 +183,15 @@ def nvml_index(torch_index: int) -> int:
     raise LookupError(f"NVML has no GPU with the UUID of torch's cuda:{torch_index}")
 
 
-def device_note() -> str:
-    """One clear line on what device memory the run can see."""
-    if not torch.cuda.is_available():
-        return "no CUDA device: KV memory is the arena's; PyTorch allocator and NVML figures are absent"
+def device_note(device: str = "cuda") -> str:
+    """One clear line on what device memory the run can see: the device it runs on, by its own index."""
+    if not torch.cuda.is_available() or not str(device).startswith("cuda"):
+        why = "no CUDA device" if not torch.cuda.is_available() else f"the run is on {device}"
+        return f"{why}: KV memory is the arena's; PyTorch allocator and NVML figures are absent"
+    dev = cuda_device(device)
+    name = torch.cuda.get_device_name(dev)
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return f"CUDA device {torch.cuda.get_device_name()}; NVML driver {pynvml.nvmlSystemGetDriverVersion()}"
+        driver = nvml().nvmlSystemGetDriverVersion()
+        return f"CUDA device {dev} ({name}); NVML driver {driver}"
     except Exception as e:
-        return f"CUDA device {torch.cuda.get_device_name()}; NVML unavailable ({type(e).__name__})"
+        return f"CUDA device {dev} ({name}); NVML unavailable ({type(e).__name__})"

@@ -98,6 +98,17 @@ class Request:
         )
 
 
+def eos_token_ids(hf_model) -> frozenset[int]:
+    """Every id that ends a turn: the config's eos (an id or a list) and the generation config's, as vLLM
+    stops on them (Llama-3.1-Instruct's config lists 128001 first; its chat turns end with 128009)."""
+    ids: set[int] = set()
+    for eos in (hf_model.config.eos_token_id, getattr(getattr(hf_model, "generation_config", None),
+                                                          "eos_token_id", None)):
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return frozenset(ids)
+
+
 class Engine(ABC):
     """What the server needs of every engine."""
 
@@ -108,8 +119,7 @@ class Engine(ABC):
         self.max_seq_len = max_seq_len
         self.device = str(next(hf_model.parameters()).device)  # where the model runs: its samples read that GPU
         self.vocab_size: int = hf_model.config.vocab_size
-        eos = hf_model.config.eos_token_id
-        self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
+        self.eos_token_ids = eos_token_ids(hf_model)
         self.sink: Sink = lambda event: None
         self.poll: Callable[[], None] = lambda: None  # the server's hook: called between steps and inside long ones
         self.oom_events: list[tuple[float, OOMEvent, dict]] = []  # when, what, the engine's state then
@@ -166,7 +176,7 @@ class Engine(ABC):
 
     def _stop_reason(self, seq: Sequence) -> FinishReason | None:
         """Why seq ends after its newest token, if it does: EOS, max_tokens or the context."""
-        if not seq.params.ignore_eos and seq.token_ids[-1] == self.eos_token_id:
+        if not seq.params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
             return FinishReason.STOP
         if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             return FinishReason.LENGTH

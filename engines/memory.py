@@ -106,14 +106,20 @@ class DeviceMemory(ABC):
     def rounded(self, nbytes: int) -> int:
         """What an allocation of nbytes takes, as this allocator rounds it."""
 
-    def max_units(self, unit_bytes: int) -> int:
-        """The most whole units of unit_bytes one allocation can take now, rounding included: a pool sized
-        so never asks for more than the budget. Rounding is monotonic, so a binary search finds it."""
+    def row_aligned(self, row_bytes: int) -> bool:
+        """Whether every allocation of whole rows starts on a whole row (True where nothing is indexed by
+        rows of one store: a CUDA tensor of its own)."""
+        return True
+
+    def max_units(self, unit_bytes: int, extra_bytes: int = 0) -> int:
+        """The most whole units of unit_bytes one allocation (of `extra_bytes` more) can take now, rounding
+        included: a pool sized so never asks for more than the budget. Rounding is monotonic, so a binary
+        search finds it."""
         limit = self.stats().largest_free_bytes
         lo, hi = 0, limit // unit_bytes
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.rounded(mid * unit_bytes) <= limit else (lo, mid - 1)
+            lo, hi = (mid, hi) if self.rounded(mid * unit_bytes + extra_bytes) <= limit else (lo, mid - 1)
         return lo
 
 
@@ -158,6 +164,15 @@ class Arena(DeviceMemory):
 
     def rounded(self, nbytes: int) -> int:
         return self._heap.round(nbytes)
+
+    def row_aligned(self, row_bytes: int) -> bool:
+        """Offsets are sums of rounded sizes: whole rows when every granule (512 B, 2 MiB pages; a buddy's
+        powers of two) is a multiple or a divisor of the row. Bookkeeping alone (the simulator) indexes no
+        rows: nothing to align."""
+        if self.backing is None:
+            return True
+        power_of_two = row_bytes & (row_bytes - 1) == 0
+        return power_of_two if self.placement == "buddy" else power_of_two and LARGE_PAGE_BYTES % row_bytes == 0
 
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
         size = self._heap.round(nbytes)

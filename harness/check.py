@@ -399,20 +399,22 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
     except NoTelemetry:
         telemetry = None  # the rate needs no memory figures; the bound then says what it could not see
     target = Target("target", cfg.target, telemetry, model_name or "", None)
-    point_s = min(8.0, cfg.capacity_s / 3)
+    calibrate_s = min(8.0, cfg.capacity_s / 3)
     bench = BenchConfig(engines=[], targets={"target": target.describe()}, workload=cfg.workload, model=cfg.model,
                         kv_budget="own", duration_s=cfg.capacity_s, out_dir=Path(tempfile.mkdtemp(prefix="fragbench-")),
-                        seed=cfg.seed, max_seq_len=cfg.max_seq_len, grace_s=5.0, sweep=True, point_s=point_s,
-                        point_requests=24, search_s=cfg.capacity_s, calibrate_s=point_s, knee_tolerance=0.3,
-                        api=cfg.api, run_id="check-capacity")
+                        seed=cfg.seed, max_seq_len=cfg.max_seq_len, grace_s=5.0, sweep=True,
+                        # --capacity-time is the search's arrivals: the bench's time adds its calibration windows
+                        time_s=cfg.capacity_s + 4 * calibrate_s + 5.0, calibrate_s=calibrate_s, api=cfg.api,
+                        run_id="check-capacity")
     run_dir = Bench(bench).run()
     cap = json.loads((run_dir / "summary.json").read_text()).get("capacity", {}).get("target")
     if not cap:
         return Answer(9, QUESTIONS[9], "UNKNOWN", None, f"the knee search measured no point (rows in {run_dir})")
     ci, rates = cap.get("sustained_rps_ci"), [p["offered_rps"] for p in cap["points"]]
     slo = cap["slo"]
+    judged = ", ".join(f"{p['judged']}" for p in cap["points"])
     evidence = (f"knee search on {cfg.workload}: {len(rates)} offered rates ({', '.join(f'{r:g}' for r in rates)} "
-                f"req/s, {point_s:g} s or 24 arrivals each, {cfg.capacity_s:g} s in all); SLO TTFT <= "
+                f"req/s, judged at steady state on {judged} requests, {cfg.capacity_s:g} s in all); SLO TTFT <= "
                 f"{slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for {slo['attainment']:.0%} of requests; "
                 f"sustained {cap['sustained_rps']:.3g} req/s ({cap['sustained_where']} the measured rates)"
                 + (f", 90 % interval [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")

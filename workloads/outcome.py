@@ -22,3 +22,4 @@ class Outcome:
     finish_reason: str | None = None
     http_status: int | None = None
     error: str = ""
+    tags: dict = field(default_factory=dict)  # what the rows carry beside the request: its point, rate, stream

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from locust import User, task
 
 from workloads.generate import TraceRequest
 from workloads.outcome import UNFINISHED, Outcome
+from workloads.schedule import ScheduleReader
 from workloads.sse import arrivals, events
 
 
@@ -36,6 +38,8 @@ class ReplayPlan:
     grace_s: float = 30.0  # how long requests still in flight at the deadline may finish
     api_key: str | None = None
     api: str = "completions"  # or "chat": /v1/chat/completions, the prompt as one user message
+    schedule: ScheduleReader | None = None  # segments decided while it runs (bench): `requests` is then unused
+    on_first_token: Callable[[Outcome], None] | None = None  # told when a stream's first token arrives
 
 
 # Chat content is text: a prompt's ids become one common English word each, a token each in Llama-family
@@ -47,9 +51,15 @@ def prompt_text(ids: list[int]) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in ids)
 
 
+def request_seed(request_id: str) -> int:
+    """A request's sampling seed: its number in a trace (r000123), else a stable hash of its id (a stream's)."""
+    digits = request_id[1:]
+    return int(digits) if request_id.startswith("r") and digits.isdigit() else zlib.crc32(request_id.encode())
+
+
 def request_body(plan: ReplayPlan, req: TraceRequest) -> dict:
     body = {"max_tokens": req.max_tokens, "n": req.n, "stream": req.stream, "temperature": req.temperature,
-            "ignore_eos": True, "seed": int(req.request_id[1:])}
+            "ignore_eos": True, "seed": request_seed(req.request_id)}
     if plan.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt_text(req.prompt_ids)}]
     else:
@@ -84,6 +94,8 @@ class ReplayUser(User):
     @task
     def replay(self) -> None:
         plan: ReplayPlan = self.environment.replay_plan
+        if plan.schedule is not None:
+            return self.replay_schedule(plan)
         runner = self.environment.runner
         index, count = getattr(runner, "worker_index", 0), getattr(self.environment, "replay_workers", 1)
         mine = [r for i, r in enumerate(plan.requests) if i % count == index]
@@ -103,10 +115,22 @@ class ReplayUser(User):
         self.environment.replay_done = True
         self.stop(force=True)
 
-    def send(self, plan: ReplayPlan, req: TraceRequest) -> None:
+    def replay_schedule(self, plan: ReplayPlan) -> None:
+        """The segments as the schedule gives them, each request tagged with its point, rate and stream place;
+        once the schedule stops, what is in flight has the grace period to finish."""
+        pool = Pool()
+        for req, seg, index in plan.schedule.dispatch(lambda: now(plan)):
+            pool.spawn(self.send, plan, req, {"point": seg.point, "offered_rps": seg.rate_rps, "stream_key": seg.key,
+                                              "stream_index": index})
+        pool.join(timeout=plan.grace_s)
+        pool.kill()
+        self.environment.replay_done = True
+        self.stop(force=True)
+
+    def send(self, plan: ReplayPlan, req: TraceRequest, tags: dict | None = None) -> None:
         sent = now(plan)
         late = 0.0 if plan.closed_concurrency else max(0.0, sent - req.arrival_s)
-        out = Outcome(req, sent, late)
+        out = Outcome(req, sent, late, tags=tags or {})
         body = request_body(plan, req)
         path = f"{self.base_path}/v1/{'chat/completions' if plan.api == 'chat' else 'completions'}"
         headers = {"Content-Type": "application/json"}
@@ -155,6 +179,9 @@ class ReplayUser(User):
                 continue
             tokens = chunk_tokens(choice[0])
             if tokens:
+                if out.first_token_s is None and plan.on_first_token is not None:
+                    out.first_token_s = t
+                    plan.on_first_token(out)
                 out.first_token_s = out.first_token_s if out.first_token_s is not None else t
                 out.token_times_s.append(t)
                 out.output_tokens += tokens

@@ -16,7 +16,7 @@ class Choice:
     stop_token_ids: frozenset[int] = frozenset()
     include_stop_str: bool = False
     min_tokens: int = 0
-    eos_token_id: int | None = None  # set when the server, not the engine, stops on EOS (min_tokens > 0)
+    eos_token_ids: frozenset[int] = frozenset()  # set when the server, not the engine, stops on EOS (min_tokens)
     prefix: str = ""  # echo: the prompt's text, sent before the first token
     tokens: list[int] = field(default_factory=list)
     text: str = ""
@@ -44,7 +44,7 @@ class Choice:
     def _token_stop(self, token_id: int) -> None:
         if len(self.tokens) < self.min_tokens:
             return
-        if token_id in self.stop_token_ids or token_id == self.eos_token_id:
+        if token_id in self.stop_token_ids or token_id in self.eos_token_ids:
             self.finish_reason = "stop"
 
     def _string_stop(self) -> None:

@@ -121,7 +121,8 @@ class OpenAIRoutes:
         return Choice(index, lambda ids: tok.decode(ids, skip_special_tokens=req.skip_special_tokens),
                       stop=req.stop, stop_token_ids=frozenset(req.stop_token_ids),
                       include_stop_str=req.include_stop_str_in_output, min_tokens=req.min_tokens,
-                      eos_token_id=self.server.engine.eos_token_id if req.min_tokens and not req.ignore_eos else None,
+                      eos_token_ids=(self.server.engine.eos_token_ids if req.min_tokens and not req.ignore_eos
+                                     else frozenset()),
                       prefix=tok.decode(prompt, skip_special_tokens=req.skip_special_tokens) if req.echo else "")
 
     def _abort(self, rid: str, req: CompletionRequest, prompts: range | None = None) -> None:

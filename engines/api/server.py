@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,8 +53,9 @@ class Stream:
 
 class EngineThread:
     def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
-                 fail_at_step: int | None = None):
+                 fail_at_step: int | None = None, oom_snapshot: Path | None = None):
         self.engine = engine
+        self.oom_snapshot = oom_snapshot  # where the CUDA allocator's segments at the first OOM go, once
         self.on_crash = on_crash
         self.on_fatal = on_fatal
         self.fail_at_step = fail_at_step
@@ -83,12 +85,14 @@ class EngineThread:
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id, time.monotonic(), self.engine.steps))
 
-    async def snapshot(self, releases: bool = False) -> dict:
+    async def snapshot(self, releases: bool = False, maps: bool = False) -> dict:
+        """The engine's stats, taken between steps on its thread; the memory maps only when asked (`maps`):
+        a real model's pool has tens of thousands of blocks, and the samplers ask ten times a second."""
         if self.failure is not None:  # nobody is left to answer: the last snapshot, marked
             return {**self.last_stats, "engine_error": self.failure}
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self.commands.put(("snapshot", loop, fut, releases))
+        self.commands.put(("snapshot", loop, fut, releases, maps))
         return await asyncio.wait_for(fut, timeout=30)
 
     # -- the engine thread
@@ -98,6 +102,7 @@ class EngineThread:
                 self.poll()
                 if self.engine.has_work():
                     self.engine.step()
+                    self.save_oom_snapshot()
                     if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
                         raise InjectedFault(f"injected engine error at step {self.engine.steps}")
                 else:
@@ -113,6 +118,16 @@ class EngineThread:
         finally:
             if not self.stopping and self.failure is None:
                 self._fail("the engine thread ended")
+
+    def save_oom_snapshot(self) -> None:
+        """The cuda memory's snapshot at its first OOM, to its file (serve --oom-snapshot), written once:
+        an engine that crashes on that OOM (--on-oom crash) writes it before it goes down."""
+        segments = getattr(self.engine.memory, "first_oom_snapshot", None)
+        if self.oom_snapshot is None or segments is None or self.oom_snapshot.exists():
+            return
+        self.oom_snapshot.parent.mkdir(parents=True, exist_ok=True)
+        self.oom_snapshot.write_text(json.dumps({"t_s": round(time.monotonic() - self.started_s, 3),
+                                                 "segments": segments}))
 
     def _fail(self, message: str) -> None:
         self.failure = message[:500]
@@ -138,15 +153,23 @@ class EngineThread:
             if request_id in self.streams:
                 self.engine.abort(request_id, requested_at=at, steps_at=steps_at)
         elif kind == "snapshot":
-            _, loop, fut, releases = cmd
+            _, loop, fut, releases, maps = cmd
             data = self._snapshot()
             if releases:
-                data["abort_release_s"] = list(self.engine.abort_release_s)
+                data = {**data, "abort_release_s": list(self.engine.abort_release_s)}
+            if maps:
+                data = {**data, **self._maps()}
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
 
     def _snapshot(self) -> dict:
         self.last_stats = self._stats()
         return self.last_stats
+
+    def _maps(self) -> dict:
+        """The memory map now (runs of blocks, or extents) and the maps taken at fragmentation OOMs."""
+        return {"memory_map": self.engine.memory_map(),
+                "fragmentation_oom_maps": [{"t_s": t - self.started_s, "event": e.__dict__, "memory_map": mm}
+                                           for t, e, mm in self.engine.fragmentation_maps]}
 
     def _stats(self) -> dict:
         stats = self.engine.stats().to_json()
@@ -166,9 +189,7 @@ class EngineThread:
             threads=threading.active_count(),
             engine_errors=0,
             engine_config=getattr(self.engine, "config", dict)(),
-            memory_map=self.engine.memory_map(),
-            fragmentation_oom_maps=[{"t_s": t - self.started_s, "event": e.__dict__, "memory_map": mm}
-                                    for t, e, mm in self.engine.fragmentation_maps],
+            fragmentation_oom_maps_count=len(self.engine.fragmentation_maps),
         )
         return stats
 
@@ -232,7 +253,7 @@ class MetricsCollector:
 
 class CompletionServer:
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
-                 fail_at_step: int | None = None, model_root: str | None = None):
+                 fail_at_step: int | None = None, model_root: str | None = None, oom_snapshot: Path | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -240,7 +261,7 @@ class CompletionServer:
         self.created = int(time.time())
         self.routes = OpenAIRoutes(self)
         self.api_key = api_key
-        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step)
+        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
         self.metrics = MetricsCollector(self.routes.ignored)
@@ -270,6 +291,7 @@ class CompletionServer:
     def _crashed(self, crash: EngineCrash) -> None:
         """A naive server dies on OOM: say why on one line, then go down hard."""
         _, _, context = self.engine.oom_events[-1] if self.engine.oom_events else (0, None, {})
+        self.thread.save_oom_snapshot()
         print("fragbench-crash " + json.dumps({**crash.event.__dict__, **context}), file=sys.stderr, flush=True)
         os._exit(CRASH_EXIT_CODE)
 
@@ -322,7 +344,9 @@ class CompletionServer:
             "root": self.model_root, "parent": None, "max_model_len": self.engine.max_seq_len, "permission": []}]})
 
     async def stats(self, request: web.Request) -> web.Response:
-        snap = await self.thread.snapshot(releases="releases" in request.query)
+        """GET /stats: the engine's state; `?map=1` adds its memory map and the maps of its fragmentation
+        OOMs, `?releases=1` every cancel's release time."""
+        snap = await self.thread.snapshot(releases="releases" in request.query, maps="map" in request.query)
         snap["asyncio_tasks"] = len(asyncio.all_tasks())
         snap["oom_snapshot"] = self._oom_snapshot() is not None
         return web.json_response(snap)

@@ -9,10 +9,16 @@ from engines.memory import Allocation, Arena, DeviceMemory
 
 
 class ContiguousKV(KVPolicy):
+    """Rows of one store: a sequence's buffer starts at a whole row. Where the allocator's granules are not
+    whole rows (a 57,344 B row against 2 MiB pages), an offset can land inside a row: each buffer then asks
+    for one row less a byte more (`pad_bytes`), and its rows start at the first whole row inside it (the pad
+    is allocator rounding: internal fragmentation)."""
+
     def __init__(self, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int):
         self.memory = memory
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_seq_len = max_seq_len
+        self.pad_bytes = 0 if memory.row_aligned(kv_bytes_per_token) else kv_bytes_per_token - 1
         self.allocs: dict[str, Allocation] = {}
         self.totals = HeldTotals()
         self._all_rows: torch.Tensor | None = None  # built on the first rows(): the simulator never asks
@@ -25,7 +31,7 @@ class ContiguousKV(KVPolicy):
         return alloc.requested // self.kv_bytes_per_token if alloc else 0
 
     def longest_sequence_tokens(self) -> int:
-        return self.memory.max_units(self.kv_bytes_per_token)
+        return self.memory.max_units(self.kv_bytes_per_token, self.pad_bytes)
 
     def slack_tokens(self, seq: SeqLike) -> int:
         return self.capacity_tokens(seq) - seq.num_tokens
@@ -43,12 +49,18 @@ class ContiguousKV(KVPolicy):
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
         """Contiguous buffers cannot share: the child gets its own copy of the parent's tokens."""
         self.allocate(child, parent.num_tokens)
-        self.copy_rows(self._base_row(parent), self._base_row(child), parent.num_tokens)
+        if self.memory.backed:
+            self.copy_rows(self._base_row(parent), self._base_row(child), parent.num_tokens)
 
     def _base_row(self, seq: SeqLike) -> int:
-        offset = self.allocs[seq.seq_id].offset
-        assert offset % self.kv_bytes_per_token == 0, "allocation not aligned to whole token rows"
-        return offset // self.kv_bytes_per_token
+        return self._first_row(self.allocs[seq.seq_id])
+
+    def _first_row(self, alloc: Allocation) -> int:
+        """The first whole row inside an allocation (its start, where the granules are whole rows)."""
+        row = -(-alloc.offset // self.kv_bytes_per_token)
+        assert (row + alloc.requested // self.kv_bytes_per_token) * self.kv_bytes_per_token \
+            <= alloc.offset + alloc.size, "a buffer's rows run past its allocation"
+        return row
 
     def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
         """A view of every row index of the store: nothing is built per step."""
@@ -106,12 +118,13 @@ class ContiguousKV(KVPolicy):
 
     def _replace(self, seq: SeqLike, tokens: int) -> None:
         """Allocate the new buffer before freeing the old, as torch.cat does: both live at the peak."""
-        new = self.memory.allocate(tokens * self.kv_bytes_per_token, owner=seq.seq_id)
+        new = self.memory.allocate(tokens * self.kv_bytes_per_token + self.pad_bytes, owner=seq.seq_id)
         old = self.allocs.get(seq.seq_id)
         self.allocs[seq.seq_id] = new
         self._account(seq, new, 1)
         if old is not None:
             kvb = self.kv_bytes_per_token
-            self.copy_rows(old.offset // kvb, new.offset // kvb, old.requested // kvb)
+            if self.memory.backed:  # bookkeeping alone (the simulator) has no rows to copy
+                self.copy_rows(self._first_row(old), self._first_row(new), old.requested // kvb)
             self._account(seq, old, -1)
             self.memory.free(old)

@@ -32,6 +32,26 @@ class BlockPool:
         # LRU order: the head is evicted first. Cached blocks stay here, reusable, until evicted.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        # blocks by ref count (held ones only): /stats reads sharing in O(1), not block by block
+        self.by_refs: dict[int, int] = {}
+
+    def _counted(self, block: Block, delta: int) -> None:
+        if block.ref_count:
+            self.by_refs[block.ref_count] -= 1
+            if not self.by_refs[block.ref_count]:
+                del self.by_refs[block.ref_count]
+        block.ref_count += delta
+        if block.ref_count:
+            self.by_refs[block.ref_count] = self.by_refs.get(block.ref_count, 0) + 1
+
+    @property
+    def shared(self) -> int:
+        """Blocks more than one table holds."""
+        return sum(n for refs, n in self.by_refs.items() if refs > 1)
+
+    @property
+    def max_refs(self) -> int:
+        return max(self.by_refs, default=0)
 
     @property
     def num_free(self) -> int:
@@ -44,20 +64,20 @@ class BlockPool:
             if block.block_hash is not None:  # evict its cached content
                 del self.cached[block.block_hash]
                 block.block_hash = None
-            block.ref_count = 1
+            self._counted(block, 1)
         return out
 
     def touch(self, block: Block) -> None:
         """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
         if block.ref_count == 0:
             del self.free_queue[block.block_id]
-        block.ref_count += 1
+        self._counted(block, 1)
 
     def release(self, blocks: list[Block]) -> None:
         """One owner fewer for each, in order: the ones nobody holds join the free queue's tail."""
         for block in blocks:
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block.block_id} released more often than held"
+            assert block.ref_count > 0, f"block {block.block_id} released more often than held"
+            self._counted(block, -1)
             if block.ref_count == 0:
                 self.free_queue[block.block_id] = None
 
@@ -240,19 +260,22 @@ class PagedKV(KVPolicy):
         )
 
     def memory_map(self) -> list[dict]:
+        """The pool as runs of consecutive blocks alike (the same owners, ref count and caching): a real
+        model's pool holds tens of thousands of blocks, its sequences' runs far fewer."""
         owners: dict[int, list[str]] = {}
         for seq_id, rec in self.seqs.items():
             for block in rec.table:
                 owners.setdefault(block.block_id, []).append(seq_id)
-        return [
-            {
-                "block": b.block_id,
-                "owners": owners.get(b.block_id, []),
-                "ref_count": b.ref_count,
-                "cached": b.block_hash is not None,
-            }
-            for b in self.pool.blocks
-        ]
+        runs: list[dict] = []
+        for b in self.pool.blocks:
+            who, cached = owners.get(b.block_id, []), b.block_hash is not None
+            last = runs[-1] if runs else None
+            if last and last["owners"] == who and last["ref_count"] == b.ref_count and last["cached"] == cached:
+                last["blocks"] += 1
+            else:
+                runs.append({"block": b.block_id, "blocks": 1, "owners": who, "ref_count": b.ref_count,
+                             "cached": cached})
+        return runs
 
     # -- internals
     def _blocks_needed(self, seq: SeqLike, num_tokens: int) -> int:

@@ -128,8 +128,8 @@ class ScheduledEngine(Engine):
         live = self.scheduler.live()
         blocks = None
         if isinstance(self.kv, PagedKV):
-            refs = [b.ref_count for b in self.kv.pool.blocks]
-            blocks = BlockPoolStats(self.kv.block_size, len(refs), sum(1 for r in refs if r > 1), max(refs),
+            pool = self.kv.pool
+            blocks = BlockPoolStats(self.kv.block_size, len(pool.blocks), pool.shared, pool.max_refs,
                                     self.kv.prefix_hits_tokens, self.kv.prefix_queries_tokens)
         waiting = len(self.scheduler.waiting)
         return self._stats(self.kv.name, self.kv.stats(), self.kv.breakdown(live), live, waiting,
@@ -147,7 +147,7 @@ class ScheduledEngine(Engine):
                 "prefix_caching": getattr(self.kv, "prefix_caching", False), "max_num_seqs": cfg.max_num_seqs,
                 "max_num_batched_tokens": cfg.max_num_batched_tokens, "on_oom": cfg.on_oom,
                 "kv_budget_bytes": self.memory.capacity_bytes, "kv_bytes_per_token": self.kv.kv_bytes_per_token,
-                "max_seq_len": self.max_seq_len}
+                "max_seq_len": self.max_seq_len, "row_pad_bytes": getattr(self.kv, "pad_bytes", 0)}
 
     @property
     def memory(self) -> DeviceMemory:

@@ -62,26 +62,33 @@ def cut_off_verdicts(cut: pd.DataFrame, slo: SLO) -> pd.Series:
     return _stream_within(cut, slo).astype(object).where(_numeric(cut.ttft_s).notna(), by_wait)
 
 
+def judged_verdicts(req: pd.DataFrame, slo: SLO) -> pd.Series:
+    """Of the requests a point judges, each one's verdict (True met the SLO), in the rows' order: cancellations
+    left out, a request cut off by the window judged on what it showed (too young to tell: left out), every
+    other failure a miss."""
+    judged = req[req.status != "cancelled"]
+    verdict = pd.Series(False, index=judged.index, dtype=object)
+    if "error" in judged:
+        cut = (judged.status == "error") & (judged.error == UNFINISHED)
+        verdict[cut] = cut_off_verdicts(judged[cut], slo)
+    ok = judged.status == "ok"
+    verdict[ok] = meets_slo(judged[ok], slo)
+    return verdict[verdict.notna()].astype(bool)
+
+
 def request_metrics(req: pd.DataFrame, window_s: float, slo: SLO) -> dict:
     """The client-side figures of one point: `req` has status, ttft_s, tpot_s, e2e_s, output_tokens (and,
     from the load generator, error, stream and output_tokens_target for requests cut off by its window)."""
-    judged = req[req.status != "cancelled"]
-    if "error" in judged:
-        cut = (judged.status == "error") & (judged.error == UNFINISHED)
-        verdicts = cut_off_verdicts(judged[cut], slo)
-        judged = judged.drop(verdicts[verdicts.isna()].index)
-        cut_met = int((verdicts == True).sum())  # noqa: E712 (an object column of True, False and NA)
-    else:
-        cut_met = 0
-    ok = judged[judged.status == "ok"]
+    verdict = judged_verdicts(req, slo)
+    ok = req[req.status == "ok"]
     met = meets_slo(ok, slo)
     per_token = pd.to_numeric(ok.e2e_s, errors="coerce") / pd.to_numeric(ok.output_tokens, errors="coerce")
     per_token = per_token[np.isfinite(per_token)]
     return {
-        "requests": int(len(judged)),
+        "requests": int(len(verdict)),
         "achieved_rps": len(ok) / window_s,
         "goodput_rps": float(met.sum()) / window_s,
-        "slo_attainment": float(met.sum() + cut_met) / len(judged) if len(judged) else None,
+        "slo_attainment": float(verdict.sum()) / len(verdict) if len(verdict) else None,
         "ttft_p50_s": percentile(ok.ttft_s, 0.5), "ttft_p99_s": percentile(ok.ttft_s, 0.99),
         "tpot_p50_s": percentile(ok.tpot_s, 0.5), "tpot_p99_s": percentile(ok.tpot_s, 0.99),
         "normalized_latency_s_per_token": float(per_token.mean()) if len(per_token) else None,
@@ -125,19 +132,20 @@ class SweepRefused(ValueError):
 
 def check_sweep(slo_ttft_s: float, slo_tpot_s: float, attainment: float, point_s: float | None,
                 calibrate_s: float | None, warmup_s: float | None, sweeping: bool, closed_loop: bool,
-                workload: str, search_s: float | None = None, tolerance: float | None = None) -> None:
+                workload: str, search_s: float | None = None, tolerance: float | None = None,
+                time_s: float | None = None, precision: float | None = None) -> None:
     for flag, value in (("slo-ttft", slo_ttft_s), ("slo-tpot", slo_tpot_s), ("point-duration", point_s),
-                        ("calibrate-duration", calibrate_s)):
+                        ("calibrate-duration", calibrate_s), ("time", time_s), ("search-time", search_s)):
         if value is not None and not 0 < value < float("inf"):
             raise SweepRefused(f"--{flag} must be a positive number of seconds, not {value}")
+    if precision is not None and not 1 < precision < float("inf"):
+        raise SweepRefused(f"--precision is the ratio interval's hi / lo asked: a number above 1, not {precision}")
     if not 0 < attainment <= 1:
         raise SweepRefused(f"--slo-attainment must be in (0, 1], not {attainment}")
     if not sweeping:
         return
-    if point_s is not None:
-        warmup = warmup_s if warmup_s is not None else 0.1 * point_s
-        if point_s <= warmup:
-            raise SweepRefused(f"--point-duration {point_s} s is not longer than the warm-up of {warmup} s")
+    if point_s is not None and warmup_s is not None and point_s <= warmup_s:
+        raise SweepRefused(f"--point-duration {point_s} s is not longer than the warm-up of {warmup_s} s")
     if closed_loop:
         raise SweepRefused(f"--sweep: workload {workload} is closed-loop; it has no arrival rate to sweep")
     if search_s is not None and point_s is not None and not point_s <= search_s < float("inf"):

@@ -1,13 +1,35 @@
 """The knee search: for one engine, offered rates placed so that the rate it sustains at the SLO lies between
-two measured points, a confidence interval for that rate, and the constraint that bound it there.
+two measured points; intervals for that rate and for the ratio of two engines' rates; the constraint that
+bound an engine there.
 
 The vLLM paper reads each system's knee off a latency-against-rate sweep; a fixed grid shared by every
 engine resolves it only for the engines whose knee happens to fall inside. Here each engine gets its own
-rates: a bracket first (from its calibrated saturation rate, stepping by `step`, then its square, its cube...
-until one rate meets the SLO and a higher one misses it), then bisection (geometric) until the bracket is
-narrower than `tolerance`, at most `max_points` points. Noise can make a higher rate pass after a lower one
+rates, on the grid of workloads/streams.py (so that two engines offered one rate judge the same requests):
+a bracket first (from its calibrated saturation rate, stepping by `step`, then its square, its cube... until
+one rate meets the SLO and a higher one misses it), then bisection (geometric, on the grid) until the bracket
+is narrower than `tolerance`, at most `max_points` points. Noise can make a higher rate pass after a lower one
 failed; the bracket is always the lowest failing rate and the highest passing rate below it, which is what
 `capacity.sustained_rate` reads.
+
+Intervals (`Judged`, `replicate_knees`): a point's judged requests are not independent draws: requests that
+arrive in one episode of queueing (a burst of long prompts fills the memory, the queue behind it misses its
+TTFT) share a fate. Each engine's design effect (`design_effect`) is the long-run variance of its met/missed
+series over the binomial one: 1 + 2 x the sum of its autocorrelations (every point's series centred on its
+own attainment, in arrival order) up to the lag after which `QUIET_LAGS` in a row are insignificant (under
+2 sqrt(log10 n / n), the Politis-White rule), at least 1; a point of n judged requests then weighs as n / d
+independent ones. Each replicate draws every point's attainment from its Jeffreys posterior at that size,
+Beta(met / d + 1/2, missed / d + 1/2); points of two engines that judged the same stream (the same offered
+rate, the same requests) draw with one uniform (paired, by quantile). A point cannot show a correlation
+longer than itself: on a bursty workload the design effect is a lower bound.
+
+Each replicate's attainments are made non-increasing in the rate (pool adjacent violators, weighted by judged
+requests: attainment cannot rise with the load, so a dip under a higher rate is noise), then every engine's
+bracket re-read (its highest rate meeting the target below the lowest that misses it) and the knee drawn
+log-uniformly inside it: attainment falls with the rate, so the knee lies in the bracket, and nothing
+measured says where (interpolation, which gives the point estimate, assumes a straight line between two
+points far apart). An engine's interval is the central 90 % of its replicates, a ratio's the central 90 % of
+the replicates' ratios (the joint distribution, not two intervals combined at their ends). A replicate in
+which every rate met the SLO puts the knee within one search step (x step) past the highest rate measured.
 """
 
 from __future__ import annotations
@@ -16,16 +38,21 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
-from harness.analysis.capacity import SLO, sustained_rate
+from harness.analysis.capacity import SLO
+from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
 
 CONFIDENCE = 0.9
 REPLICATES = 2000
+QUIET_LAGS = 5  # autocorrelations in a row under the significance bound that end the sum (Politis-White)
+MAX_LAG = 200
 
 
 @dataclass
 class KneeSearch:
-    """The next rate to measure, given what was measured; None when the knee is resolved or the points spent."""
+    """The next rate to measure, given what was measured; None when the knee is resolved or the points spent.
+    Rates are grid rates (workloads/streams.py)."""
 
     start_rps: float
     target: float  # the SLO attainment a rate must reach to count as sustained
@@ -46,38 +73,25 @@ class KneeSearch:
 
     def resolved(self) -> bool:
         lo, hi = self.bracket()
-        return lo is not None and hi is not None and hi <= lo * (1 + self.tolerance)
+        if lo is None or hi is None:
+            return False
+        return hi <= lo * (1 + self.tolerance) + 1e-9 or grid_index(hi) - grid_index(lo) <= 1
 
     def next_rate(self) -> float | None:
         if not self.measured:
-            return round(self.start_rps, 4)
+            return grid_rate(grid_index(self.start_rps))
         if len(self.measured) >= self.max_points or self.resolved():
             return None
         lo, hi = self.bracket()
         # each step out of a one-sided bracket is larger than the last (step, step^2, ...): a calibration far
         # off (a naive engine that crashed while being calibrated) is still bracketed within a few points
-        steps = self.step ** len(self.measured)
+        steps = max(1, round(STEPS_PER_OCTAVE * math.log2(self.step) * len(self.measured)))
         if hi is None:
-            return round(lo * steps, 4)
+            return grid_rate(grid_index(lo) + steps)
         if lo is None:
-            rate = hi / steps
-            return round(rate, 4) if rate >= self.min_rps else None
-        return round(math.sqrt(lo * hi), 4)
-
-
-def bootstrap_rates(points: list[dict], slo: SLO, replicates: int = REPLICATES, seed: int = 0) -> np.ndarray:
-    """The sustained rate re-read from resampled points: each point's requests drawn again with replacement
-    (its attainment then Binomial(n, met/n) / n), the crossing interpolated again per replicate."""
-    rng = np.random.default_rng(seed)
-    n = np.array([max(int(p.get("requests") or 0), 0) for p in points])
-    att = np.array([p["slo_attainment"] or 0.0 for p in points])
-    draws = rng.binomial(n, att, size=(replicates, len(points))) / np.maximum(n, 1)
-    draws[:, n == 0] = 0.0
-    out = np.empty(replicates)
-    for i, row in enumerate(draws):
-        out[i] = sustained_rate([{"offered_rps": p["offered_rps"], "slo_attainment": a}
-                                 for p, a in zip(points, row, strict=True)], slo)[0]
-    return out
+            rate = grid_rate(grid_index(hi) - steps)
+            return rate if rate >= self.min_rps else None
+        return grid_rate((grid_index(lo) + grid_index(hi)) // 2)
 
 
 def bracket_of(points: list[dict], slo: SLO) -> tuple[float | None, float | None]:
@@ -87,46 +101,119 @@ def bracket_of(points: list[dict], slo: SLO) -> tuple[float | None, float | None
     return search.bracket()
 
 
-Z = {0.9: 1.645, 0.95: 1.96}
+@dataclass(frozen=True)
+class Judged:
+    """One point's judged requests, as the intervals resample them: each one's verdict (1 met the SLO, 0
+    missed it) and its index in the point's stream, in arrival order."""
+
+    offered_rps: float
+    key: str  # the stream (workloads/streams.key_of): points of two engines with one key judged the same requests
+    met: np.ndarray
+    index: np.ndarray
+
+    @property
+    def attainment(self) -> float:
+        return float(self.met.mean()) if len(self.met) else 0.0
 
 
-def inconclusive(point: dict, target: float, confidence: float = CONFIDENCE) -> bool:
-    """Whether the point's attainment cannot be told from the target: its Wilson interval holds it."""
-    n = int(point.get("requests") or 0)
-    if n == 0:
-        return True
-    p, z = point["slo_attainment"] or 0.0, Z[confidence]
-    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n) <= target <= (centre + half) / (1 + z * z / n)
+def design_effect(points: list[Judged]) -> float:
+    """How many judged requests weigh as one independent one, for one engine: 1 + 2 x the autocorrelations of
+    its centred met/missed series summed up to where they stop being significant (at least 1)."""
+    series = [p.met - p.met.mean() for p in points if len(p.met) > 1]
+    n = sum(len(x) for x in series)
+    var = sum(float((x * x).sum()) for x in series) / max(n, 1)
+    if n < 20 or var <= 0:
+        return 1.0
+    bound = 2 * math.sqrt(math.log10(n) / n)
+    rho = []
+    for k in range(1, min(MAX_LAG, n // 4)):
+        pairs = [(x[:-k] * x[k:]).sum() for x in series if len(x) > k]
+        count = sum(len(x) - k for x in series if len(x) > k)
+        if count < 10:
+            break
+        rho.append(float(sum(pairs)) / count / var)
+    quiet = next((k for k in range(len(rho)) if all(abs(r) < bound for r in rho[k:k + QUIET_LAGS])), len(rho))
+    return max(1.0, 1.0 + 2.0 * sum(rho[:quiet]))
 
 
-def sustained_interval(points: list[dict], slo: SLO, tolerance: float | None = None,
-                       confidence: float = CONFIDENCE) -> list[float]:
-    """[lo, hi]: the bootstrap's central `confidence` interval, widened to the bracket the search measured
-    (the knee lies between the highest passing and the lowest failing rate; interpolation between them is
-    an assumption the interval does not make). A bracket end whose attainment cannot be told from the
-    target bounds nothing: the interval then reaches the next measured rate past it, or one search step
-    (1 + tolerance) past it where none was measured (interpolation cannot reach beyond the measured rates,
-    so the bootstrap alone would stop at that end)."""
-    reps = bootstrap_rates(points, slo)
-    lo, hi = np.quantile(reps, [(1 - confidence) / 2, (1 + confidence) / 2])
-    b_lo, b_hi = bracket_of(points, slo)
-    rates = sorted(p["offered_rps"] for p in points)
-    step = 1 + (tolerance or 0.0)
-    at = {p["offered_rps"]: p for p in points}
-    if b_lo is not None:
-        if inconclusive(at[b_lo], slo.attainment, confidence):
-            b_lo = max((r for r in rates if r < b_lo), default=b_lo / step)
-        lo = min(lo, b_lo)
-    if b_hi is not None:
-        if inconclusive(at[b_hi], slo.attainment, confidence):
-            b_hi = min((r for r in rates if r > b_hi), default=b_hi * step)
-        hi = max(hi, b_hi)
+def replicate_attainments(points: dict[str, list[Judged]], replicates: int = REPLICATES,
+                          seed: int = 0) -> dict[str, np.ndarray]:
+    """Per engine, a (replicates x points) array of attainments drawn from each point's posterior at its
+    effective size; one uniform per stream, shared by every engine that judged it."""
+    rng = np.random.default_rng(seed)
+    keys = sorted({p.key for pts in points.values() for p in pts})
+    uniforms = {key: rng.random(replicates) for key in keys}
+    out = {}
+    for engine, pts in points.items():
+        d = design_effect(pts)
+        cols = [stats.beta.ppf(uniforms[p.key], p.met.sum() / d + 0.5, (len(p.met) - p.met.sum()) / d + 0.5)
+                if len(p.met) else np.zeros(replicates) for p in pts]
+        out[engine] = np.column_stack(cols) if cols else np.zeros((replicates, 0))
+    return out
+
+
+def decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-increasing fit of one row (pool adjacent violators): attainment cannot
+    rise with the offered rate, so a lower rate that dips under a higher one is noise, pooled with it."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values.tolist(), weights.tolist(), strict=True):
+        blocks.append([v, max(w, 1e-9), 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            (m1, w1, c1), (m2, w2, c2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+
+
+def monotone(att: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Every row of `att` (rates ascending) made non-increasing; rows already so are left as they are."""
+    out = att.copy()
+    rising = (np.diff(att, axis=1) > 0).any(axis=1) if att.shape[1] > 1 else np.zeros(len(att), dtype=bool)
+    for i in np.flatnonzero(rising):
+        out[i] = decreasing(att[i], weights)
+    return out
+
+
+def crossings(rates: np.ndarray, att: np.ndarray, target: float, step: float,
+              rng: np.random.Generator) -> np.ndarray:
+    """The knee in every row of `att` (rates ascending): between the row's highest rate meeting the target
+    below its first failing one and that failing rate, drawn log-uniformly (monotone attainment puts the knee
+    in that bracket, and nothing measured says where inside it). A row in which every rate met the target
+    puts it within one search step (x step) past the highest; one in which none did, between the lowest
+    rate and where a line from an ideal server (every request met at rate 0) would cross the target."""
+    fails = att < target
+    first = np.where(fails.any(axis=1), fails.argmax(axis=1), -1)
+    below = rates[0] * (1 - target) / np.maximum(1 - att[:, 0], 1e-9)
+    lo = np.where(first > 0, rates[np.maximum(first - 1, 0)], np.where(first == 0, below, rates[-1]))
+    hi = np.where(first >= 0, rates[np.maximum(first, 0)], rates[-1] * step)
+    return lo * (hi / lo) ** rng.random(len(att))
+
+
+def replicate_knees(points: dict[str, list[Judged]], slo: SLO, step: float,
+                    replicates: int = REPLICATES, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per engine, its knee in each joint replicate (engines without points are left out)."""
+    reps = replicate_attainments({e: p for e, p in points.items() if p}, replicates, seed)
+    rng = np.random.default_rng(seed + 1)
+    out = {}
+    for engine, att in reps.items():
+        order = np.argsort([p.offered_rps for p in points[engine]], kind="stable")
+        rates = np.array([points[engine][i].offered_rps for i in order])
+        weights = np.array([len(points[engine][i].met) for i in order], dtype=float)
+        out[engine] = crossings(rates, monotone(att[:, order], weights), slo.attainment, step, rng)
+    return out
+
+
+def central(values: np.ndarray, confidence: float = CONFIDENCE) -> list[float]:
+    lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     return [round(float(lo), 4), round(float(hi), 4)]
 
 
+def ratio_replicates(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a / np.maximum(b, 1e-12)
+
+
 def ratio_interval(a: list[float], b: list[float]) -> list[float] | None:
-    """Bounds on a / b from the two intervals (every value of one against every value of the other)."""
+    """Bounds on a / b from two intervals at their ends: for figures that have no joint replicates (the
+    twin's); the measured ratios use `ratio_replicates`."""
     if b[0] <= 0:
         return None
     return [round(a[0] / b[1], 3), round(a[1] / b[0], 3)]
@@ -164,13 +251,14 @@ def knee_point(points: list[dict], slo: SLO) -> dict:
     return next((p for p in points if p["offered_rps"] == hi), max(points, key=lambda p: p["offered_rps"]))
 
 
-def knee_block(block: dict, slo: SLO, tolerance: float | None = None) -> dict:
-    """A capacity block with the sustained rate's interval and the constraint that bound it at the knee."""
+def knee_block(block: dict, slo: SLO, interval: list[float] | None) -> dict:
+    """A capacity block with the sustained rate's interval (from `replicate_knees`) and the constraint that
+    bound it at the knee."""
     points = block["points"]
     at = knee_point(points, slo)
     knee = {"kv_usage": at.get("kv_usage"), "waiting_for_memory_share": at.get("waiting_for_memory_share"),
             "running": at.get("mean_running"), "step_s": at.get("step_s"), "oom_total": at.get("oom_total", 0),
             "preemptions": at.get("preemptions", 0), "offered_rps": at["offered_rps"], "crashes": at.get("crashes", 0)}
     bound, evidence = binding_constraint(knee, at.get("failed", 0), at.get("missed", 0))
-    return {**block, "sustained_rps_ci": sustained_interval(points, slo, tolerance), "bound": bound,
+    return {**block, "sustained_rps_ci": interval, "bound": bound,
             "bound_evidence": evidence, "knee": knee}

@@ -4,6 +4,7 @@ Works on a partial run as well: whatever rows were written are what it summarize
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,10 @@ import pandas as pd
 
 from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
-from harness.analysis.capacity import SLO, capacity_block, meets_slo, request_metrics
-from harness.analysis.knee import knee_block
+from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.headline import headline
+from harness.analysis.knee import Judged, central, design_effect, knee_block, ratio_replicates, replicate_knees
+from harness.analysis.steady import halves
 from harness.results import read_journals
 from harness.units import parse_size
 from workloads.outcome import UNFINISHED
@@ -84,8 +87,11 @@ def load_steps(run_dir: Path, meta: dict) -> pd.DataFrame:
         df["offered_rps"] = np.nan
         grace = meta.get("config", {}).get("grace_s", 0.0)
         for i, w in enumerate((meta.get("sweep") or {}).get("points", {}).get(engine, [])):
-            inside = (df.t_s >= w["start_s"]) & (df.t_s <= w["end_s"] + grace) & (w.get("kv_budget", budget) == budget)
-            df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w["offered_rps"]
+            if w.get("kv_budget", budget) != budget:
+                continue
+            for lo, hi in spans(w, grace):
+                inside = (df.t_s >= lo) & (df.t_s <= hi)
+                df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w["offered_rps"]
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -102,33 +108,63 @@ def slo_of(cfg: dict) -> SLO:
 
 
 def point_warmup_s(meta: dict) -> float:
+    """A point's warm-up where run.json does not record one per point (runs made before it did)."""
     cfg = meta.get("config", {})
-    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * meta["sweep"]["point_s"]
+    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * (meta["sweep"].get("point_s") or 0)
+
+
+def segments(point: dict, meta: dict | None = None) -> list[dict]:
+    """A point's segments (workloads/streams.Segment, with its warm-up and judged end); a run that recorded
+    windows alone gives one, judged from its warm-up to its end."""
+    if point.get("segments"):
+        return point["segments"]
+    warm = point_warmup_s(meta) if meta else 0.0
+    return [{"start_s": point["start_s"], "end_s": point["end_s"], "warmup_s": warm, "judged_end_s": point["end_s"]}]
+
+
+def judged_spans(point: dict, meta: dict | None = None) -> list[tuple[float, float]]:
+    """Where a point's judged requests arrived: each segment past its warm-up, up to its judged end."""
+    return [(s["start_s"] + s["warmup_s"], s["judged_end_s"]) for s in segments(point, meta)]
+
+
+def spans(point: dict, grace: float = 0.0) -> list[tuple[float, float]]:
+    """Where a point's load ran: each segment from its start to its end (plus `grace` after the last, for a
+    run whose points were separate windows)."""
+    segs = segments(point)
+    return [(s["start_s"], s["end_s"] + (0.0 if point.get("segments") else grace)) for s in segs]
 
 
 def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
     """Samples of the steady part of the time requests arrive: not the warm-up ramp from empty memory, not
-    the drain after the last arrival (in a sweep: of every point's window)."""
+    the drain after the last arrival (in a sweep: of every point's judged windows)."""
     cfg = meta.get("config", {})
     windows = (meta.get("sweep") or {}).get("points", {}).get(engine)
     if not windows:
         return smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= cfg.get("duration_s", np.inf))]
-    warm = point_warmup_s(meta)
     inside = np.zeros(len(smp), dtype=bool)
     for w in windows:
-        inside |= in_point(smp, w, warm).to_numpy()
+        inside |= in_point(smp, w, meta).to_numpy()
     return smp[inside]
 
 
-def arrived_in(req: pd.DataFrame, window: dict) -> pd.DataFrame:
-    """The requests of one sweep point: those whose arrival falls in its window (rates can repeat across budgets)."""
+def arrived_in(req: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.DataFrame:
+    """The requests one sweep point judged: its own (tagged with it, where the rows say) arriving in its judged
+    spans."""
     arrival = pd.to_numeric(req.arrival_s, errors="coerce")
-    return req[(arrival >= window["start_s"] - 1e-6) & (arrival <= window["end_s"] + 1e-6)]
+    mine = (pd.to_numeric(req["point"], errors="coerce") == window["point"]) \
+        if "point" in req and "point" in window and window.get("segments") else pd.Series(True, index=req.index)
+    inside = pd.Series(False, index=req.index)
+    for lo, hi in judged_spans(window, meta):
+        inside |= (arrival >= lo - 1e-6) & (arrival < hi + (1e-6 if not window.get("segments") else 0))
+    return req[mine & inside]
 
 
-def in_point(smp: pd.DataFrame, window: dict, warm_s: float) -> pd.Series:
-    """Samples of one sweep point's window, past its warm-up."""
-    return (smp.t_s >= window["start_s"] + warm_s) & (smp.t_s <= window["end_s"])
+def in_point(smp: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.Series:
+    """Samples of one sweep point's judged spans."""
+    inside = pd.Series(False, index=smp.index)
+    for lo, hi in judged_spans(window, meta):
+        inside |= (smp.t_s >= lo) & (smp.t_s <= hi)
+    return inside
 
 
 def known(churn: pd.DataFrame, column: str) -> bool:
@@ -193,21 +229,38 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
 
 
 def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: dict, slo: SLO,
-                  warm_s: float) -> dict:
-    """One sweep point: the client's figures, and the engine's state over the window (what bound it)."""
-    in_window = smp[in_point(smp, window, warm_s)]
+                  meta: dict | None = None) -> tuple[dict, Judged]:
+    """One sweep point: the client's figures over its judged requests, the engine's state over its judged
+    spans (what bound it), whether its two halves agree (steady), and its verdicts for the intervals."""
+    in_window = smp[in_point(smp, window, meta)]
     ooms = ev[ev.kind == "oom"]
     mem = memory_figures(in_window)
-    metrics = request_metrics(rows, window["end_s"] - window["start_s"], slo)
+    judged_s = sum(hi - lo for lo, hi in judged_spans(window, meta))
+    metrics = request_metrics(rows, max(judged_s, 1e-9), slo)
     unfinished = (rows.status == "error") & (rows.error == UNFINISHED)
-    return {"offered_rps": window["offered_rps"], **metrics,
-            "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
-            "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
-            "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
-            "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
-            "crashes": int((ev.kind == "crash").sum()),
-            "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
-            "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0)))}
+    verdict = judged_verdicts(rows, slo)
+    kept = rows.loc[verdict.index]
+    order = np.argsort(pd.to_numeric(kept.arrival_s, errors="coerce").to_numpy(), kind="stable")
+    met = verdict.to_numpy(dtype=float)[order]
+    index = pd.to_numeric(kept.get("stream_index", pd.Series(range(len(kept)), index=kept.index)),
+                          errors="coerce").fillna(-1).to_numpy(dtype=int)[order]
+    index = np.where(index >= 0, index, np.arange(len(index)))
+    arrivals = pd.to_numeric(kept.arrival_s, errors="coerce").to_numpy()[order]
+    split = arrivals[len(arrivals) // 2] if len(arrivals) else 0.0
+    running = pd.to_numeric(in_window.running, errors="coerce")
+    first, second = running[in_window.t_s < split].dropna(), running[in_window.t_s >= split].dropna()
+    halves_of = halves(met, first.to_numpy(), second.to_numpy()).to_json()
+    segs = segments(window, meta)
+    point = {"offered_rps": window["offered_rps"], "key": window.get("key"), **metrics, "judged": metrics["requests"],
+             "warmup_s": segs[0]["warmup_s"], **halves_of,
+             "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
+             "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
+             "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
+             "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
+             "crashes": int((ev.kind == "crash").sum()),
+             "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
+             "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0)))}
+    return point, Judged(window["offered_rps"], window.get("key") or f"{window['offered_rps']:g}", met, index)
 
 
 def waiting_for_memory(smp: pd.DataFrame) -> float | None:
@@ -232,51 +285,113 @@ def counter_rise(smp: pd.DataFrame, column: str) -> int:
 
 
 def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict,
-             budget: str | None = None) -> dict | None:
-    """The sweep's points for one engine at one KV budget (the run's own by default), each from its own
-    window, the rate it sustains with its interval, and what bound it at the knee."""
+             budget: str | None = None) -> tuple[dict, list[Judged]] | None:
+    """The sweep's points for one engine at one KV budget (the run's own by default), each over its judged
+    requests, and what the intervals resample; the sustained rate's interval comes from `intervals`."""
     cfg = meta.get("config", {})
     budget = budget or cfg.get("kv_budget")
     windows = [w for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])
-               if w.get("kv_budget", budget) == budget]
+               if w.get("kv_budget", budget) == budget and (w.get("segments") or "segments" not in w)]
     if not windows or "offered_rps" not in req:
         return None
-    slo, warm, grace = slo_of(cfg), point_warmup_s(meta), cfg.get("grace_s", 0.0)
-    points = []
+    slo, grace = slo_of(cfg), cfg.get("grace_s", 0.0)
+    points, judged, ids = [], [], []
     for w in windows:
-        rows = arrived_in(req, w)
-        events = ev[(ev.t_s >= w["start_s"]) & (ev.t_s <= w["end_s"] + grace)]
-        points.append(point_figures(rows, smp, events, w, slo, warm))
+        rows = arrived_in(req, w, meta)
+        inside = pd.Series(False, index=ev.index)
+        for lo, hi in spans(w, grace):
+            inside |= (ev.t_s >= lo) & (ev.t_s <= hi)
+        point, j = point_figures(rows, smp, ev[inside], w, slo, meta)
+        points.append(point)
+        judged.append(j)
+        ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
+    block = capacity_block(points, slo)
+    block["judged_total"] = int(sum(p["judged"] for p in points))
+    block["distinct_requests"] = len(set(ids))
+    block["steady_points"] = int(sum(bool(p["steady"]) for p in points))
+    order = np.argsort([p.offered_rps for p in judged], kind="stable")
+    return block, [judged[i] for i in order]
+
+
+def step_of(meta: dict) -> float:
     search = (meta.get("sweep") or {}).get("search") or {}
-    return knee_block(capacity_block(points, slo), slo, search.get("tolerance"))
+    return 1 + float(search.get("tolerance") or 0.3)
 
 
-def capacity_by_budget(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
-    """Every KV budget's capacity block for one engine, by budget as the run was given it."""
-    own = meta.get("config", {}).get("kv_budget")
-    windows = (meta.get("sweep") or {}).get("points", {}).get(engine, [])
-    budgets = dict.fromkeys(w.get("kv_budget", own) for w in windows)
-    blocks = {b: capacity(engine, req, smp, ev, meta, b) for b in budgets}
-    return {b: block for b, block in blocks.items() if block is not None}
+def with_estimate(ci: list[float], estimate: float) -> list[float]:
+    """The interval reaches the estimate: one that lies past every rate measured (every one met the SLO) is a
+    lower bound, where the replicates' knees all lie above it."""
+    return [math.floor(min(ci[0], estimate) * 1e4) / 1e4, math.ceil(max(ci[1], estimate) * 1e4) / 1e4]
+
+
+def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[dict, dict]:
+    """Every engine's capacity block with its interval and bound, from one joint bootstrap over the engines
+    (paired where they judged the same requests); and every pair's ratio with its interval."""
+    slo = slo_of(meta.get("config", {}))
+    pts = {e: j for e, (_, j) in blocks.items()}
+    knees = replicate_knees(pts, slo, step_of(meta)) if pts else {}
+    out = {e: knee_block(b, slo, with_estimate(central(knees[e]), b["sustained_rps"]) if e in knees else None)
+           for e, (b, _) in blocks.items()}
+    for e, (b, j) in blocks.items():
+        d = design_effect(j)
+        out[e]["design_effect"] = round(d, 2)
+        out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
+    ratios = {}
+    for a in knees:
+        for b in knees:
+            if a != b and out[b]["sustained_rps"] > 0:
+                ratios[f"{a}/{b}"] = {"ratio": round(out[a]["sustained_rps"] / out[b]["sustained_rps"], 4),
+                                      "ratio_ci": [round(x, 3) for x in central(ratio_replicates(knees[a], knees[b]))]}
+    return out, ratios
+
+
+def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dict | None:
+    """summary.json's headline: the paged engine against the best contiguous one, decided or not, what it
+    rests on and (when undecided) how much longer a run would need."""
+    from harness.analysis.headline import bracket_ends, resolvable, time_to_resolve
+
+    cfg, search = meta.get("config", {}), (meta.get("sweep") or {}).get("search") or {}
+    precision = float(search.get("precision") or cfg.get("precision") or 1.5)
+    slo, pts = slo_of(cfg), {e: j for e, (_, j) in blocks.items()}
+    h = headline(pts, slo, step_of(meta), precision)
+    if h is None:
+        return None
+    more_s = time_to_resolve(h, pts, slo, precision)
+    ends = {e: [{"offered_rps": p.offered_rps, "judged": len(p.met)} for p in bracket_ends(pts[e], slo)]
+            for e in (h.engine, h.against)}
+    spent = float(meta.get("bench_s") or cfg.get("time_s") or 0.0)
+    factor_20min = 1 + 1200.0 / max(spent, 1.0)
+    return {**h.to_json(), "precision": precision, "bracket_ends": ends, "time_s": search.get("time_s"),
+            "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
+            "resolvable_ratio": round(resolvable(h, 1.0), 3),
+            "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}
 
 
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
     meta = load_meta(run_dir)
     frames = frames or load_frames(run_dir)
     req, smp, ev = frames["requests"], frames["samples"], frames["events"]
-    engines = list(dict.fromkeys([*meta.get("config", {}).get("engines", []), *req.engine.dropna().unique()]))
+    cfg = meta.get("config", {})
+    engines = list(dict.fromkeys([*cfg.get("engines", []), *req.engine.dropna().unique()]))
     summary = {"run_id": meta.get("run_id", run_dir.name), "status": meta.get("status", "partial"),
-               "max_seq_len": meta.get("config", {}).get("max_seq_len"), "engines": {}}
+               "max_seq_len": cfg.get("max_seq_len"), "engines": {}}
+    by_budget: dict[str, dict] = {}
     for engine in engines:
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
-            blocks = capacity_by_budget(engine, r, s, e, meta)
-            if meta.get("config", {}).get("kv_budget") in blocks:
-                summary.setdefault("capacity", {})[engine] = blocks[meta["config"]["kv_budget"]]
-            if len(meta.get("config", {}).get("kv_budgets") or []) > 1:
-                for budget, block in blocks.items():
-                    summary.setdefault("capacity_by_budget", {}).setdefault(str(parse_size(budget)), {})[engine] = block
+            for budget in dict.fromkeys(w.get("kv_budget", cfg.get("kv_budget"))
+                                        for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])):
+                block = capacity(engine, r, s, e, meta, budget)
+                if block is not None:
+                    by_budget.setdefault(budget, {})[engine] = block
+    own = cfg.get("kv_budget")
+    if own in by_budget:
+        summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta)
+        summary["headline"] = headline_of(by_budget[own], meta)
+    if len(cfg.get("kv_budgets") or []) > 1:
+        for budget, blocks in by_budget.items():
+            summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]
     return summary
 
 

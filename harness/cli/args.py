@@ -157,7 +157,8 @@ def check_sweep_args(args: argparse.Namespace, workload) -> None:
     with usage_errors(SweepRefused):
         check_sweep(args.slo_ttft, args.slo_tpot, args.slo_attainment, args.point_duration, args.calibrate_duration,
                     args.warmup, args.sweep or bool(args.rates), workload.closed_concurrency, args.workload,
-                    getattr(args, "search_time", None), getattr(args, "knee_tolerance", None))
+                    getattr(args, "search_time", None), getattr(args, "knee_tolerance", None),
+                    getattr(args, "time", None), getattr(args, "precision", None))
 
 
 def add_api_flag(parser: argparse.ArgumentParser) -> None:

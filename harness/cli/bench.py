@@ -50,15 +50,27 @@ def register(sub) -> None:
     bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
-    sweep = sweep_group(bench, "engine", points=6)
-    sweep.add_argument("--point-duration", type=float, default=20.0, help="seconds of arrivals per rate, at least")
-    sweep.add_argument("--point-requests", type=positive_int, default=40,
-                       help="arrivals per rate, at least (a slow engine's points last longer)")
-    sweep.add_argument("--search-time", type=float, default=240.0,
-                       help="seconds of arrivals each engine's knee search may spend (per budget)")
-    sweep.add_argument("--knee-tolerance", type=float, default=0.2,
-                       help="the search stops once the lowest failing rate is within 1 + this of the passing one")
-    sweep.add_argument("--calibrate-duration", type=float, default=12.0, help="seconds per calibration window")
+    sweep = sweep_group(bench, "engine", points=8)
+    sweep.add_argument("--time", type=float, default=900.0, metavar="SECONDS",
+                       help="the whole bench's time budget in seconds (default 900): every engine's set-up and knee "
+                            "search, then the decision phase; the design's rules share it out (report: Capacity)")
+    sweep.add_argument("--precision", type=float, default=1.5,
+                       help="the headline ratio's 90 %% interval asked, as hi / lo (default 1.5): the decision phase "
+                            "measures until the interval excludes 1.0 and is this narrow, or the time is spent")
+    sweep.add_argument("--point-duration", type=float, default=None,
+                       help="seconds of judged arrivals per point, at least (default: none in a search; 20 s a rate "
+                            "with --rates)")
+    sweep.add_argument("--point-requests", type=positive_int, default=None,
+                       help="judged requests per point, at least (default: the fewest that tell a point from the "
+                            "attainment target, 25 at 90 %%; 1 with --rates)")
+    sweep.add_argument("--search-time", type=float, default=None,
+                       help="seconds one engine's knee search may spend per budget, at most (default: its share of "
+                            "--time)")
+    sweep.add_argument("--knee-tolerance", type=float, default=None,
+                       help="bisect until the lowest failing rate is within 1 + this of the passing one (default: "
+                            "precision^(1/(2 sqrt 2)) - 1, 0.154 at 1.5)")
+    sweep.add_argument("--calibrate-duration", type=float, default=12.0,
+                       help="seconds per calibration window (default 12)")
     bench.set_defaults(func=run)
 
 
@@ -132,6 +144,7 @@ def config(args: argparse.Namespace):
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
                        point_requests=args.point_requests, search_s=args.search_time,
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
+                       time_s=args.time, precision=args.precision,
                        memory=args.memory, api=args.api, api_key=args.api_key,
                        targets={name: t.describe() for name, t in targets.items()})
 

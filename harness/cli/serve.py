@@ -25,6 +25,9 @@ def register(sub) -> None:
     srv.add_argument("--step-log", metavar="FILE",
                      help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
                           "the rows `simulate --step-model` fits")
+    srv.add_argument("--oom-snapshot", metavar="FILE",
+                     help="--memory cuda: write the CUDA allocator's segments at the engine's first OOM to FILE "
+                          "(JSON), before a crashing engine goes down (default: none; GET /memory_snapshot has it)")
     srv.set_defaults(func=run)
 
 
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
         engine.step_recorder = StepRecorder(Path(args.step_log))
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
-                              args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()))
+                              args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()),
+                              oom_snapshot=Path(args.oom_snapshot) if args.oom_snapshot else None)
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)

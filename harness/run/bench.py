@@ -21,22 +21,25 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from engines import SCHEDULED
 from engines.cuda import device_info, device_note
 from engines.procs import free_port
-from harness.analysis.capacity import SLO, request_metrics
-from harness.analysis.knee import KneeSearch
-from harness.analysis.summary import arrived_in
+from harness.analysis.capacity import SLO
+from harness.analysis.design import Design
+from harness.analysis.headline import reference_of
 from harness.results import Journal, read_journals, token_times
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
+from harness.run.search import SEARCH_START, KneeSearching
 from harness.run.servers import ServerFailed, ServerProcess, start_server
 from harness.run.targets import Target
+from harness.run.visits import EngineRun, Visits
 from harness.sim.twin import write_twin
+from workloads.spec import load_spec
+from workloads.streams import Streams
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
 LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
-SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
 
 
 @dataclass(kw_only=True)
@@ -57,11 +60,13 @@ class BenchConfig(Traffic):
     # capacity sweep: the workload offered at several rates, one server per engine (and budget) for all of them
     sweep: bool = False
     rates: list[float] | None = None  # the same given rates for every engine; else each engine's knee search
-    points: int = 6  # the knee search's most points per engine and budget
-    point_s: float = 20.0  # seconds of arrivals per point, at least
-    point_requests: int = 40  # arrivals per point, at least: a slow engine's points last longer
-    search_s: float = 240.0  # seconds of arrivals one engine's knee search may spend (per budget)
-    knee_tolerance: float = 0.2  # the search stops once its failing rate is within 1 + this of its passing one
+    points: int = 8  # the knee search's most points per engine and budget
+    point_s: float | None = None  # seconds of judged arrivals per point, at least (--rates: per point)
+    point_requests: int | None = None  # judged requests per point, at least (default: the design's rule)
+    search_s: float | None = None  # seconds one engine's knee search may spend (per budget), at most
+    knee_tolerance: float | None = None  # bisect until hi <= lo x (1 + this) (default: the design's rule)
+    time_s: float = 900.0  # the whole bench's time: set-up, every search and the decision
+    precision: float = 1.5  # the headline ratio's interval asked: hi / lo at most this
     calibrate_s: float = 12.0  # seconds of one saturating calibration window
     kv_budgets: list[str] = field(default_factory=list)  # more budgets, each searched like kv_budget
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
@@ -69,20 +74,6 @@ class BenchConfig(Traffic):
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
     targets: dict[str, dict] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
     api_key: str | None = None  # the targets'; never written to run.json
-
-
-@dataclass
-class EngineRun:
-    engine: str
-    t0: float  # wall clock: the origin of this engine's samples, events and request times
-    port: int
-    server: ServerProcess | None = None
-    crashes: int = 0
-    down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
-    budget: str = ""  # the KV budget its server runs at now
-    oom_seen: int = 0
-    checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
-    down_since: float | None = None  # a target that stopped answering: since when
 
 
 def git_sha() -> str | None:
@@ -107,13 +98,21 @@ def versions() -> dict:
 
 def hardware(device: str) -> dict:
     return {"machine": platform.machine(), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-            "device": device_note(), **{f"device_{k}": v for k, v in device_info(device).items()}}
+            "device": device_note(device), **{f"device_{k}": v for k, v in device_info(device).items()}}
 
 
-class Bench:
+class Bench(KneeSearching, Visits):
+    """One bench run: its engines one after another (harness/run/visits.py: how a point is measured on one;
+    harness/run/search.py: which points)."""
+
     def __init__(self, cfg: BenchConfig, console: Console | None = None):
         self.cfg = cfg
+        self.started = time.time()
         self.console = console or Console(stderr=True)
+        self.design = Design.of(cfg.time_s, cfg.precision, cfg.slo_attainment, cfg.point_requests, cfg.point_s,
+                                cfg.knee_tolerance, cfg.points)
+        self.streams = Streams(load_spec(cfg.workload), cfg.seed, cfg.max_seq_len) if cfg.sweep else None
+        self.runs: dict[str, EngineRun] = {}
         cfg.run_id = cfg.run_id or datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
         self.dir = cfg.out_dir / cfg.run_id
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -141,25 +140,41 @@ class Bench:
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=self.console) as progress:
             def shower(engine: str, total: float):
-                task = progress.add_task(f"{engine:<6} starting", total=total)
+                task = progress.add_task(f"{engine:<6} starting", total=max(total, 1.0))
                 return lambda text, done: progress.update(task, description=text, completed=min(done, total))
 
             if self.cfg.sweep:
                 self.run_meta["sweep"] = {"rates": self.cfg.rates, "point_s": self.cfg.point_s, "points": {},
+                                          "design": self.design.to_json(),
                                           "search": None if self.cfg.rates else self.search_settings()}
                 self.write_meta()
-            for engine in [*self.cfg.engines, *self.targets]:
-                self.run_engine(engine, shower)
+            runs = {}
+            for engine in self.order():
+                runs[engine] = self.run_engine(engine, shower)
                 self.run_meta["engines_done"].append(engine)
                 self.write_meta()
+            if self.cfg.sweep and not self.cfg.rates:
+                self.decide(runs, shower)
         self.run_meta["status"] = "complete"
         self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
+        self.run_meta["bench_s"] = round(time.time() - self.started, 1)
         self.write_meta()
         finalize(self.dir)
         if self.cfg.sweep:
             self.plain("simulating the run's twin")
             write_twin(self.dir)
         return self.dir
+
+    def order(self) -> list[str]:
+        """The engines in the order they are measured: in a knee search the paged reference first (every other
+        engine's search may stop once its ratio to it is decided), then the rest as given, targets last."""
+        engines = [*self.cfg.engines, *self.targets]
+        ref = reference_of(self.cfg.engines) if self.cfg.sweep and not self.cfg.rates else None
+        return [ref, *(e for e in engines if e != ref)] if ref else engines
+
+    @property
+    def left_s(self) -> float:
+        return self.started + self.cfg.time_s - time.time()
 
     # -- one engine
     def server_args(self, engine: str, port: int) -> list[str]:
@@ -172,6 +187,9 @@ class Bench:
         extra = self.server_args(run.engine, run.port)
         if run.engine in SCHEDULED:  # the rows the twin's step model is fitted on (harness/sim/twin.py)
             extra += ["--step-log", str(self.dir / "engines" / run.engine / f"steps-{run.budget}.csv")]
+        if self.cfg.memory == "cuda" and run.engine != "vllm":  # the allocator's segments at the first OOM
+            name = f"cuda_snapshot-{run.engine}" + ("" if run.budget == self.cfg.kv_budget else f"-{run.budget}")
+            extra += ["--oom-snapshot", str(self.dir / f"{name}.json")]
         server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads)
         config = (fetch_stats(server.url) or {}).get("engine_config")
         if config:
@@ -222,25 +240,27 @@ class Bench:
         return SLO(self.cfg.slo_ttft_s, self.cfg.slo_tpot_s, self.cfg.slo_attainment)
 
     def search_settings(self) -> dict:
-        c = self.cfg
-        return {"max_points": c.points, "tolerance": c.knee_tolerance, "step": KneeSearch.step,
-                "start_share_of_calibration": SEARCH_START, "point_s": c.point_s, "point_requests": c.point_requests,
-                "search_s": c.search_s, "target": c.slo_attainment}
+        d = self.design
+        return {"max_points": d.max_points, "tolerance": d.tolerance, "step": d.step,
+                "start_share_of_calibration": SEARCH_START, "min_judged": d.min_judged, "max_judged": d.max_judged,
+                "search_s": self.cfg.search_s, "time_s": d.time_s, "precision": d.precision, "target": d.target}
 
-    def run_engine(self, engine: str, shower) -> None:
+    def run_engine(self, engine: str, shower) -> EngineRun:
         """Every budget of one engine on one clock: a server per budget, the debugging pass on the first."""
-        run = EngineRun(engine, time.time(), free_port())
-        total = (self.cfg.search_s if not self.cfg.rates else len(self.cfg.rates) * self.cfg.point_s) \
-            if self.cfg.sweep else self.cfg.duration_s
+        run = self.runs[engine] = EngineRun(engine, time.time(), free_port())
         # a target serves from its own memory: it is run once, its windows labelled with the run's budget
         for budget in self.budgets if engine not in self.targets else [self.cfg.kv_budget]:
             run.budget = budget
             label = engine if budget == self.cfg.kv_budget else f"{engine}@{budget}"
+            total = self.cfg.duration_s if not self.cfg.sweep else max(1.0, self.left_s)
             self.run_budget(run, shower(label, total))
+        run.budget = self.cfg.kv_budget
+        return run
 
     def run_budget(self, run: EngineRun, show) -> None:
         engine, first = run.engine, run.budget == self.cfg.kv_budget
         target = self.targets.get(engine)
+        began = time.time()
         try:
             run.server = target or self.start(run)
         except ServerFailed as e:
@@ -248,8 +268,9 @@ class Bench:
             show(f"{engine:<6} did not start", 0)
             return
         map_path = self.dir / (f"memory_map-{engine}.json" if first else f"memory_map-{engine}-{run.budget}.json")
-        sampler = Sampler(engine, run.server.url, run.server.proc.pid if run.server.proc else None, self.samples,
-                          run.t0, map_path, fetch=target.stats if target else None).start()
+        sampler = run.sampler = Sampler(engine, run.server.url, run.server.proc.pid if run.server.proc else None,
+                                        self.samples, run.t0, map_path,
+                                        fetch=target.stats if target else None).start()
         if target:
             self.run_meta.setdefault("targets", {})[engine] = target.describe()
             self.write_meta()
@@ -263,11 +284,17 @@ class Bench:
                 self.run_meta.setdefault("engine_t0", {})[engine] = run.t0
                 self.write_meta()
             sampler.t0 = run.t0
-            if calibrated is not None:
-                self.search(run, sampler, show, calibrated)
-            elif self.cfg.rates:
-                for rate in self.cfg.rates:
-                    self.point(run, sampler, show, rate, self.cfg.point_s)
+            run.setup_s += time.time() - began
+            self.run_meta.setdefault("setup_s", {})[engine] = round(run.setup_s, 1)
+            if self.cfg.sweep:
+                visit = self.open_visit(run)
+                try:
+                    if calibrated is not None:
+                        self.search(visit, show, calibrated)
+                    else:
+                        self.fixed_rates(visit, show)
+                finally:
+                    self.close_visit(visit)
             else:
                 self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
                 self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
@@ -300,53 +327,14 @@ class Bench:
         self.write_meta()
         return rate
 
-    def search(self, run: EngineRun, sampler: Sampler, show, calibrated_rps: float) -> None:
-        """The knee search (harness/analysis/knee.py) on the running server, within its time."""
-        search = KneeSearch(max(SEARCH_START * calibrated_rps, 0.05), self.cfg.slo_attainment,
-                            self.cfg.knee_tolerance, max_points=self.cfg.points)
-        spent = 0.0
-        while (rate := search.next_rate()) is not None:
-            window_s = self.window_s(rate)
-            if spent + window_s > self.cfg.search_s:
-                self.plain(f"{run.engine}: search stopped, {spent:.0f} of {self.cfg.search_s:g} s spent")
-                break
-            search.record(rate, self.point(run, sampler, show, rate, window_s, spent))
-            spent += window_s
-        lo, hi = search.bracket()
-        self.plain(f"{run.engine}: knee between {lo} and {hi} req/s after {len(search.measured)} points")
-
-    def window_s(self, rate: float) -> float:
-        """--point-requests arrivals, but never so long that the search time holds fewer than three points (a
-        slow engine's points then have fewer requests, and its interval says so)."""
-        return round(max(self.cfg.point_s, min(self.cfg.point_requests / rate, self.cfg.search_s / 3)), 3)
-
     def load_args(self, run: EngineRun, **changes) -> LoadArgs:
         target = self.targets.get(run.engine)
         mine = {"model": target.model, "api_key": target.api_key} if target else {}
         return replace(LoadArgs.of(self.cfg, target=run.server.url, out=self.dir / "engines" / run.engine, t0=run.t0,
                                    engine=run.engine, **mine), **changes)
 
-    def point(self, run: EngineRun, sampler: Sampler, show, rate: float, window_s: float,
-              done_before: float = 0.0) -> float | None:
-        """One offered rate on the running server, its window recorded before it starts; its SLO attainment."""
-        start = round(time.time() - run.t0 + LOADGEN_STARTUP_S, 3)
-        window = {"offered_rps": rate, "start_s": start, "end_s": round(start + window_s, 3),
-                  "kv_budget": run.budget}
-        self.run_meta["sweep"]["points"].setdefault(run.engine, []).append(window)
-        self.write_meta()
-        self.churn(run, sampler, lambda text, done: show(f"{run.engine:<6} {rate:g} req/s ({run.crashes} crashes)",
-                                                         done_before + done),
-                   self.load_args(run, duration_s=window_s, rate=rate, start_at_s=start), start)
-        self.drain(run)
-        rows = read_journals([self.dir / "engines" / run.engine / "requests.jsonl"], "requests")
-        attainment = request_metrics(arrived_in(rows, window), window_s, self.slo)["slo_attainment"]
-        met = "n/a" if attainment is None else f"{100 * attainment:.0f} %"
-        self.plain(f"{run.engine}: point {rate:g} req/s done at {time.time() - run.t0:.0f} s, SLO attainment {met}; "
-                   + self.figures(run, sampler))
-        return attainment
-
     def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
-        """Points are independent: the next starts on an idle engine."""
+        """A calibration window's requests finish before the next begins."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             stats = self.stats_of(run) if run.server.alive() else None

@@ -44,6 +44,7 @@ class LoadArgs(Traffic):
     start_at_s: float = 0.0  # seconds after t0 when its first arrival falls
     master_bind: str | None = None  # HOST:PORT: a master waiting for `workers` workers from other machines
     connect_timeout_s: float = 30.0  # how long a master waits for its workers
+    schedule: Path | None = None  # segments the caller appends while it runs (workloads/schedule.py)
 
     @classmethod
     def of(cls, traffic: Traffic, **rest) -> LoadArgs:
@@ -57,7 +58,7 @@ class LoadArgs(Traffic):
                "--workers", str(self.workers), "--start-at", str(self.start_at_s),
                "--connect-timeout", str(self.connect_timeout_s), "--api", self.api]
         for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key),
-                            ("--rate", self.rate)):
+                            ("--rate", self.rate), ("--schedule", self.schedule)):
             if value is not None:
                 out += [flag, str(value)]
         if self.master_bind:

@@ -32,7 +32,9 @@ from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
 from harness.results import Journal, read_journals, request_row, to_parquet  # noqa: E402
 from workloads.generate import at_rate, trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
+from workloads.schedule import ScheduleReader  # noqa: E402
 from workloads.spec import SpecError, load_spec  # noqa: E402
+from workloads.streams import Streams  # noqa: E402
 from workloads.traces import TraceError  # noqa: E402
 
 
@@ -63,6 +65,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--master-host", default="127.0.0.1:5557", help="HOST[:PORT] of the master")
     ap.add_argument("--connect-timeout", type=float, default=30.0,
                     help="seconds a worker waits for its master, or a master for its workers")
+    ap.add_argument("--schedule", help="a JSONL file of segments the caller appends while the generator runs "
+                                       "(workloads/schedule.py); --duration then bounds the whole run")
     return ap.parse_args(argv)
 
 
@@ -93,17 +97,30 @@ def environment(args: argparse.Namespace, on_row) -> Environment:
 
 
 def configure(env: Environment, args: argparse.Namespace, on_row, workers: int = 1) -> Environment:
-    """The plan a replay user reads from its environment: the trace, its clock, where its rows go."""
-    requests, closed = trace_requests(args)
+    """The plan a replay user reads from its environment: the trace (or the schedule), its clock, where its
+    rows go."""
+    schedule = getattr(args, "schedule", None)
+    requests, closed = ([], None) if schedule else trace_requests(args)
+    reader = ScheduleReader(Path(schedule), Streams(load_spec(args.workload), args.seed, args.max_seq_len,
+                                                    args.vocab_size), gevent.sleep) if schedule else None
     env.host = args.target.rstrip("/")
     env.replay_plan = ReplayPlan(
         requests=requests, t0=args.t0, duration_s=args.start_at + args.duration,
-        on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate}),
+        on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate, **o.tags}),
         closed_concurrency=closed, grace_s=args.grace, api_key=args.api_key, model=args.model, api=args.api,
+        schedule=reader, on_first_token=first_tokens(args) if schedule else None,
     )
     env.replay_workers = workers
     env.replay_done = False
     return env
+
+
+def first_tokens(args: argparse.Namespace):
+    """A schedule's caller learns of each stream's first token as it comes (DIR/progress.jsonl): a point's
+    missed TTFTs are known long before those requests end."""
+    journal = Journal(Path(args.out) / "progress.jsonl")
+    return lambda o: journal.write({"request_id": o.request.request_id, "first_token_s": o.first_token_s,
+                                    "sent_s": o.sent_s})
 
 
 def deadline(args: argparse.Namespace) -> float:
@@ -223,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [f"--{k}" for k in ("target", "workload", "out") if not getattr(args, k)]
         if missing:
             raise Unconnected(f"{', '.join(missing)} required (but for --worker)")
+        if args.schedule and (args.master or args.workers > 1):
+            raise Unconnected("--schedule runs in one process: it takes neither --master nor --workers")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if args.master:

@@ -50,12 +50,13 @@ class Sampler:
         `pid` None: a process that is not ours (no RSS)."""
         self.engine, self.url, self.journal, self.t0 = engine, url, journal, t0
         self.interval_s, self.map_path = interval_s, map_path
+        self.own = fetch is None  # a fragbench server: its memory maps are asked for when worth saving
         self.fetch = fetch or (lambda: fetch_stats(url))
         self.process = psutil.Process(pid) if pid is not None else None
         self.last: dict | None = None
         self.worst = -1
-        self.oom_maps_saved = 0
-        self.cuda_snapshot_saved = False
+        self.oom_maps_saved = 0  # of this server's fragmentation maps
+        self.oom_maps_base = 0  # maps an earlier server of the same engine saved (their files come first)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
 
@@ -63,18 +64,35 @@ class Sampler:
         self._thread.start()
         return self
 
+    def resumed(self, url: str, pid: int | None) -> Sampler:
+        """A sampler for the same engine's next server (a revisit), keeping what this one saved."""
+        nxt = Sampler(self.engine, url, pid, self.journal, self.t0, self.map_path, self.interval_s)
+        nxt.worst = self.worst
+        nxt.oom_maps_base = self.oom_maps_base + self.oom_maps_saved
+        return nxt
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def save_cuda_snapshot(self, t_s: float) -> bool:
-        """The allocator's segments at the engine's first CUDA OOM, beside the memory maps."""
-        body = fetch_json(f"{self.url}/memory_snapshot", timeout_s=10)
-        if not body or "segments" not in body:
-            return False
-        path = self.map_path.with_name(f"cuda_snapshot-{self.engine}.json")
-        path.write_text(json.dumps({"t_s": t_s, "segments": body["segments"]}))
-        return True
+    def save_maps(self, row: dict, stats: dict) -> None:
+        """The server's memory map when it shows more waste than any saved so far (the worst moment), and
+        the maps it took at fragmentation OOMs: asked for only then (/stats?map=1), never ten times a second."""
+        full = fetch_json(f"{self.url}/stats?map=1", timeout_s=10)
+        if not full:
+            return
+        offset = row["t_s"] - full.get("t_s", stats.get("t_s", 0.0))  # server uptime -> this engine's clock
+        for i, snap in enumerate((full.get("fragmentation_oom_maps") or [])[self.oom_maps_saved:],
+                                 start=self.oom_maps_saved):
+            path = self.map_path.with_name(f"{self.map_path.stem}-oom-{self.oom_maps_base + i}.json")
+            path.write_text(json.dumps({**snap, "t_s": round(snap["t_s"] + offset, 4)}))
+            self.oom_maps_saved = i + 1
+        previous, self.worst = self.worst, max(self.worst, waste(stats))  # asked once per new worst, not again
+        if waste(full) > previous and full.get("memory_map"):
+            self.worst = max(self.worst, waste(full))
+            self.map_path.write_text(json.dumps({"t_s": round(full.get("t_s", 0.0) + offset, 4),
+                                                 "stats": {k: full.get(k) for k in FIELDS},
+                                                 "memory_map": full["memory_map"]}))
 
     def _run(self) -> None:
         next_t = time.time()
@@ -96,16 +114,7 @@ class Sampler:
         except psutil.Error:
             row["process_rss_bytes"] = None
         self.journal.write(row)
-        for i, snap in enumerate((stats.get("fragmentation_oom_maps") or [])[self.oom_maps_saved :],
-                                 start=self.oom_maps_saved):
-            path = self.map_path.with_name(f"{self.map_path.stem}-oom-{i}.json")
-            # server uptime -> this engine's clock
-            path.write_text(json.dumps({**snap, "t_s": round(snap["t_s"] + row["t_s"] - stats["t_s"], 4)}))
-            self.oom_maps_saved = i + 1
-        if stats.get("oom_snapshot") and not self.cuda_snapshot_saved:
-            self.cuda_snapshot_saved = self.save_cuda_snapshot(row["t_s"])
-        if waste(stats) > self.worst and stats.get("memory_map"):
-            self.worst = waste(stats)
-            self.map_path.write_text(json.dumps({"t_s": row["t_s"], "stats": {k: stats.get(k) for k in FIELDS},
-                                                 "memory_map": stats["memory_map"]}))
+        if self.own and (waste(stats) > self.worst
+                         or (stats.get("fragmentation_oom_maps_count") or 0) > self.oom_maps_saved):
+            self.save_maps(row, stats)
         return stats

@@ -131,6 +131,17 @@ class Accumulator:
     max_running: int = 0
     timeline: list[tuple] = field(default_factory=list)
     next_sample_s: float = 0.0
+    # the same integrals over each of these spans of simulated time (a twin's points' judged spans)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    span_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    span_bytes_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
+    span_running_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        n = len(self.spans)
+        self._lo = np.array([a for a, _ in self.spans], dtype=float)
+        self._hi = np.array([b for _, b in self.spans], dtype=float)
+        self.span_seconds, self.span_bytes_s, self.span_running_s = np.zeros(n), np.zeros((n, 5)), np.zeros(n)
 
     def idle(self, now: Breakdown, t: float, until: float, every_s: float) -> float:
         """Nothing runs from t until `until` (the next arrival): memory as it is, no sequence running."""
@@ -142,9 +153,15 @@ class Accumulator:
         end = np.array(after.astuple())
         lo, hi = self.window or (-np.inf, np.inf)
         inside = max(0.0, min(t, hi) - max(t - dt, lo))  # of the interval [t - dt, t]
-        self.bytes_s += (np.array(before.astuple()) + end) / 2 * inside
+        mean = (np.array(before.astuple()) + end) / 2
+        self.bytes_s += mean * inside
         self.seconds += inside
         self.running_s += running * inside
+        if len(self.spans):
+            part = np.clip(np.minimum(t, self._hi) - np.maximum(t - dt, self._lo), 0.0, None)
+            self.span_seconds += part
+            self.span_bytes_s += part[:, None] * mean[None, :]
+            self.span_running_s += running * part
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
             self.timeline.append((t, *(end / self.capacity).tolist(), running))
@@ -229,10 +246,12 @@ def sim_config(plan: Plan, max_num_seqs: int, preflight: bool) -> SchedulerConfi
 
 def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[TraceRequest], max_seq_len: int,
                     model: StepModel | FittedStepModel, prefix_caching: bool, sample_every_s: float,
-                    window: tuple[float, float] | None = None) -> tuple[dict, pd.DataFrame, list[tuple]]:
+                    window: tuple[float, float] | None = None, spans: list[tuple[float, float]] | None = None
+                    ) -> tuple[dict, pd.DataFrame, list[tuple]]:
     """The policy's result, every request's row (for a sweep's per-request SLO figures), and the breakdown
     sampled over simulated time (for the report). Each event costs its admissions, finishes and block
-    crossings, not the size of the running set: the sums come from the decode clock and the policy's totals."""
+    crossings, not the size of the running set: the sums come from the decode clock and the policy's totals.
+    With `spans`, the result's "spans" holds the shares and mean running count over each of them."""
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
     capacity = kv.stats().kv_capacity_bytes
@@ -241,7 +260,9 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
     finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
     admissions = itertools.count()
     tracks = Tracks()
-    acc = Accumulator(capacity, window)
+    acc = Accumulator(capacity, window, spans=list(spans or []))
+    failures: list[tuple[float, str]] = []
+    preempted: list[float] = []
     t, started = 0.0, time.perf_counter()
     pending = next(requests, None)
     while True:
@@ -255,7 +276,11 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
                 break
             t = acc.idle(kv.breakdown_of(0), t, pending.arrival_s, sample_every_s)
             continue
+        seen_ooms, seen_preempted = len(sched.oom_events), sched.preempted_total
         step = sched.schedule()
+        if spans:  # when each failure and preemption happened, on the simulated clock
+            failures += [(t, e.cause) for _, e, _ in sched.oom_events[seen_ooms:]]
+            preempted += [t] * (sched.preempted_total - seen_preempted)
         before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
         for seq in step.rejected:
             tracks.end(seq.track, t, "oom")
@@ -307,7 +332,24 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
                 tracks.end(entry[2].track, t, "ok")
     wall_s = time.perf_counter() - started
     frame = tracks.frame()
-    return result(kv.name, sched, frame, acc, t, wall_s, kv.memory.placement), frame, acc.timeline
+    res = result(kv.name, sched, frame, acc, t, wall_s, kv.memory.placement)
+    if spans:
+        res["spans"] = span_figures(acc, failures, preempted)
+    return res, frame, acc.timeline
+
+
+def span_figures(acc: Accumulator, failures: list[tuple[float, str]], preempted: list[float]) -> list[dict]:
+    """Each span's shares and mean running count (time averages), and the OOMs and preemptions inside it."""
+    seconds = np.maximum(acc.span_seconds, 1e-12)
+    shares = acc.span_bytes_s / seconds[:, None] / acc.capacity
+    out = []
+    for (lo, hi), row, r, sec in zip(acc.spans, shares, acc.span_running_s, seconds, strict=True):
+        ooms = [cause for t, cause in failures if lo <= t <= hi]
+        out.append({**{f"{c}_share": float(v) for c, v in zip(CATEGORIES, row, strict=True)},
+                    "mean_running": float(r / sec), "oom_total": len(ooms),
+                    "oom_fragmentation": sum(c == "fragmentation" for c in ooms),
+                    "preemptions": sum(lo <= t <= hi for t in preempted), "seconds": float(acc.span_seconds[len(out)])})
+    return out
 
 
 def stale(entry: tuple[int, int, SimSequence]) -> bool:

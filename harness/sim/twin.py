@@ -4,15 +4,19 @@ beside what bench measured; then the curves bench cannot afford to measure.
 - Each engine's step model is fitted on that engine's steps in the run (`stepfit.fit`); its policy and
   scheduler are configured as the engine reported itself (`engine_config` in run.json): the same code the
   engine ran, on a bookkeeping-only arena.
-- Each measured point is replayed as the load generator sent it: the same trace, seed and rate, the
-  arrivals of its window, a client that cancels after as many tokens, reads slowly, and stops waiting at the
-  window's end plus the grace (harness/run/loadgen.py). Its figures come from the same functions as the
-  measured ones (`capacity.request_metrics`, `capacity_block`); memory and running over the same window.
+- Each visit of the bench to an engine (one server, one load generator, its points one after another) is
+  replayed as the load generator sent it: every segment's requests (workloads/streams.py) at their arrival
+  times, warm-ups and guards included, a client that cancels after as many tokens, reads slowly, and stops
+  waiting at the visit's end plus the grace (harness/run/loadgen.py). Each point is judged on the requests
+  the measurement judged (those arriving in its judged spans, past the warm-up it recorded), by the same
+  functions as the measured ones (`capacity.request_metrics`, `capacity_block`); memory and running over
+  the same spans.
 - The errors are signed: twin / measured - 1, the median over the points for the per-point figures, and for
   Figure-2 shares the median difference of the shares (0.03 = 3 points).
-- The curves: sustained rate against KV budget (1/4x to 4x the run's), each point a knee search of its own
-  in simulation (`knee.KneeSearch`, to a tight tolerance: a simulation costs milliseconds), on more
-  requests than a measured point holds.
+- The curves: sustained rate against KV budget (1/4x to 4x the run's), each a knee search of its own in
+  simulation (`knee.KneeSearch`, bisected to one grid step: a simulation costs milliseconds), each rate
+  judged as a measured point is (its stream's requests, the same warm-up rule) on `CURVE_JUDGED` requests,
+  more than a measured point holds: at the run's own budget it reads the same knee as the replay.
 """
 
 from __future__ import annotations
@@ -29,17 +33,18 @@ import pandas as pd
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
-from harness.analysis.summary import SHARE_COLUMNS, load_meta, point_warmup_s, slo_of
+from harness.analysis.steady import warmup_s
+from harness.analysis.summary import SHARE_COLUMNS, judged_spans, load_meta, segments, slo_of
 from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
 from harness.units import parse_size
-from workloads.generate import TraceRequest, at_rate, has_shared_prefixes, trace
+from workloads.generate import TraceRequest, has_shared_prefixes
 from workloads.outcome import UNFINISHED
 from workloads.spec import load_spec
+from workloads.streams import Segment, Streams, key_of
 
 BUDGET_MULTIPLES = (0.25, 0.35, 0.5, 0.71, 1.0, 1.41, 2.0, 2.83, 4.0)
-CURVE_REQUESTS = 300  # arrivals of each simulated curve point (a measured point has a few dozen)
-CURVE_TOLERANCE = 0.03  # the curves' knee searches stop at a bracket this narrow
+CURVE_JUDGED = 400  # judged requests of each simulated curve point (a measured point has tens)
 SHARES = tuple(SHARE_COLUMNS)  # the Figure-2 shares, as the summary names them
 RELATIVE = ("mean_running", "ttft_p50_s", "tpot_p50_s")  # the errors reported as twin / measured - 1
 
@@ -67,30 +72,42 @@ class TwinEngine:
 
     def policy(self, budget_bytes: int):
         c = self.config
-        return make_sim_policy(c["policy"], budget_bytes, c["kv_bytes_per_token"], c["max_seq_len"],
-                               c.get("block_size") or 16, c.get("placement") or "best-fit", c.get("preflight", True))
+        kv = make_sim_policy(c["policy"], budget_bytes, c["kv_bytes_per_token"], c["max_seq_len"],
+                             c.get("block_size") or 16, c.get("placement") or "best-fit", c.get("preflight", True))
+        if hasattr(kv, "pad_bytes"):  # the engine's buffers start on whole rows of its arena: so do the twin's
+            kv.pad_bytes = c.get("row_pad_bytes", 0)
+        return kv
 
 
 @dataclass(frozen=True)
-class PointJob:
-    """One simulated rate. A measured point's twin holds the requests its window sent, already at its rate;
-    a curve point holds the trace's first requests and offers them at whatever rate its search asks."""
+class VisitJob:
+    """One visit of the bench to an engine, to replay: every request its load generator sent (engine clock),
+    which point each belongs to, and where each point's judged requests arrived."""
 
     twin: TwinEngine
-    rate_rps: float
     requests: tuple[TraceRequest, ...]
+    point_of: tuple[int, ...]  # per request, the point it belongs to
+    judged: tuple[tuple[int, tuple[tuple[float, float], ...]], ...]  # (point, its judged spans in this visit)
     slo: SLO
     budget_bytes: int
-    window_s: float = 0.0  # a measured point's: arrivals, warm-up and grace as the load generator had them
-    warmup_s: float = 0.0
-    grace_s: float = 0.0
-    curve: bool = False
+    cut_s: float  # the visit's last arrival window's end plus the grace: what is still running is cut off
 
 
-def offered(job: PointJob) -> list[TraceRequest]:
-    """The arrivals as the load generator sends them, a cancel after k tokens being a request of k tokens
-    that the client then leaves."""
-    reqs = at_rate(list(job.requests), job.rate_rps) if job.curve else list(job.requests)
+@dataclass(frozen=True)
+class CurveJob:
+    """The rate the twin sustains at one KV budget, searched as the bench searches, judged as it judges."""
+
+    twin: TwinEngine
+    start_rps: float
+    slo: SLO
+    budget_bytes: int
+    workload: str
+    seed: int
+    max_seq_len: int
+
+
+def cancel_as_sent(reqs: list[TraceRequest]) -> list[TraceRequest]:
+    """A cancel after k tokens is a request of k tokens that the client then leaves."""
     return [replace(r, max_tokens=min(r.max_tokens, r.cancel_after_tokens)) if r.cancel_after_tokens else r
             for r in reqs]
 
@@ -120,32 +137,75 @@ def client_rows(frame: pd.DataFrame, reqs: list[TraceRequest], cut_s: float) -> 
     return rows
 
 
-def simulate_point(job: PointJob) -> dict:
-    """One offered rate on the twin: the figures a measured point has, from the same functions."""
-    twin, reqs = job.twin, offered(job)
-    kv = twin.policy(job.budget_bytes)
-    # a measured point's memory and running count over its window past the warm-up, idle time included
-    window = (0.0, float("inf")) if job.curve else (job.warmup_s, job.window_s)
-    res, frame, _ = simulate_policy(kv, twin.scheduler_config(), iter(reqs), twin.config["max_seq_len"],
-                                    twin.model, twin.shared and twin.config.get("prefix_caching", False),
-                                    sample_every_s=1.0, window=window)
-    span = max((r.arrival_s for r in reqs), default=1.0) if job.curve else job.window_s
-    cut = float("inf") if job.curve else job.window_s + job.grace_s
-    metrics = request_metrics(client_rows(frame, reqs, cut), max(span, 1e-9), job.slo)
-    return {"offered_rps": job.rate_rps, **metrics, "mean_running": res["mean_running"],
-            **{s: res[s] for s in SHARES}, "preemptions": res["preemptions"], "oom_total": res["oom_total"],
-            "oom_fragmentation": res["oom_fragmentation"], "crashes": 0}
+def simulate_visit(job: VisitJob) -> dict[int, dict]:
+    """Each point's judged figures in one visit's replay: its client rows (judged ones) and the memory over
+    its judged spans, to be joined with the same point's other visits."""
+    twin, reqs = job.twin, list(job.requests)
+    spans = [span for _, point_spans in job.judged for span in point_spans]
+    res, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(), iter(cancel_as_sent(reqs)),
+                                    twin.config["max_seq_len"], twin.model,
+                                    twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0,
+                                    window=(min((a for a, _ in spans), default=0.0), job.cut_s), spans=spans)
+    rows = client_rows(frame, reqs, job.cut_s)
+    rows["point"] = list(job.point_of)
+    out, at = {}, 0
+    for point, point_spans in job.judged:
+        mine = rows[rows.point == point]
+        inside = np.zeros(len(mine), dtype=bool)
+        for lo, hi in point_spans:
+            inside |= (mine.arrival_s >= lo).to_numpy() & (mine.arrival_s < hi).to_numpy()
+        out[point] = {"rows": mine[inside], "spans": res["spans"][at: at + len(point_spans)],
+                      "judged_s": sum(hi - lo for lo, hi in point_spans)}
+        at += len(point_spans)
+    return out
 
 
-def curve_point(job: PointJob) -> dict:
-    """The rate the twin sustains at one budget: a knee search of its own, from the run's measured rate."""
+def point_of_parts(rate: float, parts: list[dict], slo: SLO) -> dict:
+    """A point's figures from its visits' parts: the client's over every judged row, memory and counts over
+    every judged span (time-weighted)."""
+    rows = pd.concat([p["rows"] for p in parts], ignore_index=True)
+    spans = [s for p in parts for s in p["spans"]]
+    seconds = sum(s["seconds"] for s in spans) or 1e-12
+    metrics = request_metrics(rows, max(sum(p["judged_s"] for p in parts), 1e-9), slo)
+    return {"offered_rps": rate, **metrics, "judged": metrics["requests"],
+            "mean_running": sum(s["mean_running"] * s["seconds"] for s in spans) / seconds,
+            **{k: sum(s[k] * s["seconds"] for s in spans) / seconds for k in SHARES},
+            **{k: int(sum(s[k] for s in spans)) for k in ("preemptions", "oom_total", "oom_fragmentation")},
+            "crashes": 0}
+
+
+def curve_rate(job: CurveJob, streams: Streams, rate: float) -> dict:
+    """One rate of a curve's search: its stream from the start, judged past the warm-up rule on
+    `CURVE_JUDGED` requests (each one run to its end)."""
+    twin = job.twin
+    n = CURVE_JUDGED
+    seg = Segment(0, key_of(rate), rate, 0.0, 0, float("inf"))
+    reqs = []
+    for r in streams.arrivals(seg):
+        reqs.append(r)
+        if len(reqs) >= 2 * n:
+            break
+    res, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(), iter(cancel_as_sent(reqs)),
+                                    twin.config["max_seq_len"], twin.model,
+                                    twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0)
+    rows = client_rows(frame, reqs, float("inf"))
+    warm = warmup_s(rows.loc[rows.status == "ok", "e2e_s"].tolist())
+    judged = rows[(rows.arrival_s >= warm)].iloc[:n]
+    span = float(judged.arrival_s.max() - warm) if len(judged) else 1.0
+    return {"offered_rps": rate, **request_metrics(judged, max(span, 1e-9), job.slo)}
+
+
+def curve_point(job: CurveJob) -> dict:
+    """The rate the twin sustains at one budget: a knee search of its own, from the run's measured rate,
+    bisected to one grid step."""
     if not job.twin.can_serve(job.budget_bytes):
         return {"kv_budget_bytes": job.budget_bytes, "sustained_rps": 0.0, "sustained_where": "cannot start",
                 "points": []}
-    search = KneeSearch(job.rate_rps, job.slo.attainment, CURVE_TOLERANCE, max_points=16)
+    streams = Streams(load_spec(job.workload), job.seed, job.max_seq_len, token_ids=job.twin.shared)
+    search = KneeSearch(job.start_rps, job.slo.attainment, 0.0, max_points=16)
     points = []
     while (rate := search.next_rate()) is not None:
-        point = simulate_point(replace(job, rate_rps=rate))
+        point = curve_rate(job, streams, rate)
         search.record(rate, point["slo_attainment"])
         points.append(point)
     block = capacity_block(points, job.slo)
@@ -203,37 +263,63 @@ def twins_of(meta: dict, steps: pd.DataFrame, shared: bool) -> dict[str, TwinEng
     return out
 
 
+def visit_jobs(twin: TwinEngine, meta: dict, streams: Streams, slo: SLO, budget: str) -> list[VisitJob]:
+    """Every visit of the bench to one engine at one budget, with the requests each of its segments sent."""
+    cfg = meta.get("config", {})
+    points = [p for p in (meta.get("sweep") or {}).get("points", {}).get(twin.engine, [])
+              if p.get("kv_budget") == budget and p.get("segments")]
+    visits: dict[int, list[tuple[dict, dict]]] = {}
+    for p in points:
+        for seg in segments(p):
+            visits.setdefault(seg.get("visit", 0), []).append((p, seg))
+    jobs = []
+    for _, parts in sorted(visits.items()):
+        parts.sort(key=lambda ps: ps[1]["start_s"])
+        reqs, owner, judged = [], [], {}
+        for p, seg in parts:
+            sent = streams.sent(Segment(p["point"], p["key"], p["offered_rps"], seg["start_s"], seg["first"],
+                                        seg["end_s"]))
+            reqs += sent
+            owner += [p["point"]] * len(sent)
+            judged.setdefault(p["point"], []).extend(judged_spans({"segments": [seg]}))
+        cut = max(seg["end_s"] for _, seg in parts) + float(cfg.get("grace_s", 0.0))
+        jobs.append(VisitJob(twin, tuple(reqs), tuple(owner), tuple((k, tuple(v)) for k, v in judged.items()), slo,
+                             parse_size(budget), cut))
+    return jobs
+
+
 def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None = None) -> dict:
     """summary.json's `twin`: per engine its step model, the measured points' twins, the sustained rate with
     its error against the measured one, and the KV-budget curve. `steps` are the rows each engine's model
     is fitted on: this run's, or another run's (a twin checked on a workload its fit never saw)."""
     cfg = meta.get("config", {})
-    slo, grace, warm = slo_of(cfg), float(cfg.get("grace_s", 0.0)), point_warmup_s(meta)
-    budget = parse_size(cfg["kv_budget"])
+    slo, budget = slo_of(cfg), cfg["kv_budget"]
     spec = load_spec(cfg["workload"])
-    full = trace(spec, cfg.get("seed", 0), cfg.get("max_seq_len", 2048)).requests
     twins = twins_of(meta, steps, has_shared_prefixes(spec))
+    streams = Streams(spec, cfg.get("seed", 0), cfg.get("max_seq_len", 2048))
     measured = summary.get("capacity", {})
     jobs, curve_jobs = {}, {}
     for engine, twin in twins.items():
-        windows = sorted((w for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])
-                          if w.get("kv_budget", cfg["kv_budget"]) == cfg["kv_budget"]), key=lambda w: w["offered_rps"])
-        if engine not in measured or not windows:
+        if engine not in measured:
             continue
-        jobs[engine] = []
-        for w in windows:
-            length = w["end_s"] - w["start_s"]
-            sent = tuple(r for r in at_rate(full, w["offered_rps"]) if r.arrival_s < length)
-            jobs[engine].append(PointJob(twin, w["offered_rps"], sent, slo, budget, length, warm, grace))
+        jobs[engine] = visit_jobs(twin, meta, streams, slo, budget)
+        if not jobs[engine]:
+            del jobs[engine]
+            continue
         start = max(measured[engine]["sustained_rps"], 0.05)
-        curve_jobs[engine] = [PointJob(twin, start, tuple(full[:CURVE_REQUESTS]), slo, int(budget * m), curve=True)
-                              for m in BUDGET_MULTIPLES]
+        curve_jobs[engine] = [CurveJob(twin, start, slo, int(parse_size(budget) * m), cfg["workload"],
+                                       cfg.get("seed", 0), cfg.get("max_seq_len", 2048)) for m in BUDGET_MULTIPLES]
     n = n_jobs or os.cpu_count() or 1
-    point_results = iter(pool_map(simulate_point, [j for js in jobs.values() for j in js], n))
+    visit_results = iter(pool_map(simulate_visit, [j for js in jobs.values() for j in js], n))
     curve_results = iter(pool_map(curve_point, [j for js in curve_jobs.values() for j in js], n))
     out = {}
     for engine, js in jobs.items():
-        block = capacity_block([next(point_results) for _ in js], slo)
+        parts: dict[int, list[dict]] = {}
+        for _ in js:
+            for point, part in next(visit_results).items():
+                parts.setdefault(point, []).append(part)
+        rates = {p["point"]: p["offered_rps"] for p in meta["sweep"]["points"][engine]}
+        block = capacity_block([point_of_parts(rates[k], v, slo) for k, v in parts.items()], slo)
         curve = [next(curve_results) for _ in curve_jobs[engine]]
         out[engine] = {"sustained_rps": block["sustained_rps"], "sustained_where": block["sustained_where"],
                        "points": block["points"],

@@ -1,15 +1,16 @@
-"""The capacity section: each engine's sustained rate at the SLO with its interval, the ratio of the paged
-engines to the best contiguous one, what bound each at its knee, and (with --kv-budgets) rate against budget."""
+"""The capacity section: each engine's sustained rate at the SLO with its interval and what it rests on, the
+headline (the paged engine against the best contiguous one) with its resolution, what bound each engine at
+its knee, and (with --kv-budgets) rate against budget."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY, ratio_interval
+from harness.analysis.headline import PAGED
+from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
 from harness.views.html import PALETTE, fig_html, fmt, section, table
 
-PAGED = ("paged", "hf-cb", "vllm")
 MiB = 2**20
 
 
@@ -28,39 +29,65 @@ def best_contiguous(capacity: dict) -> str | None:
     return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e]["sustained_rps"], default=None)
 
 
-def ratio_of(mine: dict, theirs: dict) -> tuple[str, bool]:
-    """The ratio of two sustained rates with its interval, and whether that interval holds 1.0 (no
-    measurable difference)."""
-    ratio = mine["sustained_rps"] / theirs["sustained_rps"]
-    ci = ratio_interval(mine["sustained_rps_ci"], theirs["sustained_rps_ci"]) \
-        if "sustained_rps_ci" in mine and "sustained_rps_ci" in theirs else None
-    if ci is None:
-        return f"{ratio:.2f}x", False
-    return f"{ratio:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]", ci[0] <= 1.0 <= ci[1]
+def ratio_words(summary: dict, mine: str, theirs: str) -> str:
+    """A ratio of two sustained rates with its joint interval; one that holds 1.0 is no measurable difference."""
+    r = (summary.get("capacity_ratios") or {}).get(f"{mine}/{theirs}")
+    if r is None:  # a simulation's sweep: one estimate per rate, no replicates
+        cap = summary["capacity"]
+        return f"{cap[mine]['sustained_rps'] / cap[theirs]['sustained_rps']:.2f}x" \
+            if cap[theirs]["sustained_rps"] > 0 else "n/a"
+    lo, hi = r["ratio_ci"]
+    return f"{r['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]" + (": no measurable difference" if lo <= 1.0 <= hi else "")
 
 
-def ratio_words(mine: dict, theirs: dict) -> str:
-    words, same = ratio_of(mine, theirs)
-    return words + (": no measurable difference" if same else "")
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def capacity_sentence(capacity: dict) -> str:
+def headline_sentence(summary: dict) -> str | None:
+    """The thesis in one sentence: decided or not, on how many judged requests, and what a longer run buys."""
+    h = summary.get("headline")
+    if not h:
+        return None
+    lo, hi = h["ratio_ci"]
+    judged = ", ".join(f"{e} on {n} judged requests" for e, n in h["judged"].items())
+    ends = "; ".join(f"{e}'s bracket ends " + " and ".join(f"{p['offered_rps']:g} req/s ({p['judged']} judged)"
+                                                          for p in pts) for e, pts in h["bracket_ends"].items())
+    line = f"Headline: {h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the rate of {h['against']}"
+    if h["decided"]:
+        line += (", the best contiguous engine, with the same memory: decided (the 90 % interval excludes 1.0"
+                 + ("" if h["precise"] else f", though wider than the {h['precision']:g}x asked") + ")")
+    else:
+        line += (", the best contiguous engine: an interval that holds 1.0: no measurable difference at this run's "
+                 "resolution")
+    line += f". The knees rest on {judged} ({ends})"
+    if not (h["decided"] and h["precise"]):
+        more, longer = h.get("more_arrival_s_to_precision"), h["resolvable_ratio_with_20_more_minutes"]
+        spent = f" ({h['time_s']:g} s of bench)" if h.get("time_s") else ""
+        line += (f". A low-resolution run{spent}: it can tell a difference of {h['resolvable_ratio']:.2f}x from "
+                 f"none; a run 20 minutes longer would resolve a {longer:.2f}x difference")
+        if more is not None:
+            line += (f", and about {minutes(more)} more of arrivals at the bracket ends would narrow the interval to "
+                     f"{h['precision']:g}x")
+    return line + "."
+
+
+def capacity_sentence(summary: dict) -> str:
+    capacity = summary["capacity"]
     slo = next(iter(capacity.values()))["slo"]
     order = sorted(capacity, key=lambda e: -capacity[e]["sustained_rps"])
-    has_ci = any("sustained_rps_ci" in c for c in capacity.values())
+    has_ci = any(c.get("sustained_rps_ci") for c in capacity.values())
     rates = ", ".join(f"{e} {rate_words(capacity[e])} req/s" for e in order)
     line = (f"Sustained request rate within the SLO (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for "
-            f"{100 * slo['attainment']:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}): {rates}")
+            f"{100 * slo['attainment']:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
+            f"steady state): {rates}")
     rival = best_contiguous(capacity)
-    if rival is not None:
+    if rival is not None and not summary.get("headline"):
         for e in (e for e in capacity if e in PAGED):
-            mine, theirs = capacity[e], capacity[rival]
-            if theirs["sustained_rps"] <= 0:
-                line += f"; no contiguous engine sustained any rate, {e} {mine['sustained_rps']:.2f} req/s"
+            if capacity[rival]["sustained_rps"] <= 0:
+                line += f"; no contiguous engine sustained any rate, {e} {capacity[e]['sustained_rps']:.2f} req/s"
                 continue
-            words, same = ratio_of(mine, theirs)
-            line += f"; {e} sustains {words} the rate of the best contiguous engine ({rival})" + (
-                ", an interval that holds 1.0: no measurable difference" if same else "")
+            line += f"; {e} sustains {ratio_words(summary, e, rival)} the rate of the best contiguous engine ({rival})"
     return line + "."
 
 
@@ -68,6 +95,20 @@ def bound_sentence(capacity: dict) -> str:
     parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee']['offered_rps']:.2f} req/s)"
              for e, c in sorted(capacity.items(), key=lambda kv: -kv[1]["sustained_rps"]) if "bound" in c]
     return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
+
+
+def steady_sentence(capacity: dict) -> str | None:
+    """The points whose halves disagree: not a steady state (the queue still moved through the window)."""
+    unsteady = [f"{e} at {p['offered_rps']:g} req/s ({fmt(p['halves'][0], '%')} then {fmt(p['halves'][1], '%')} "
+                f"met the SLO; mean running {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})"
+                for e, c in capacity.items() for p in c["points"] if p.get("steady") is False]
+    if not any("steady" in p for c in capacity.values() for p in c["points"]):
+        return None
+    total = sum(len(c["points"]) for c in capacity.values())
+    if not unsteady:
+        return f"Every one of the {total} judged points is steady: its two halves agree."
+    return (f"{len(unsteady)} of {total} judged points are not steady (their halves disagree: the load was still "
+            "moving when it was judged): " + "; ".join(unsteady) + ".")
 
 
 def knee_cells(c: dict) -> list[str]:
@@ -78,17 +119,22 @@ def knee_cells(c: dict) -> list[str]:
             fmt(k["step_s"], "ms"), str(k["oom_total"]), str(k["preemptions"])]
 
 
-def capacity_table(cap: dict) -> str:
+def point_words(p: dict) -> str:
+    mark = "" if p.get("steady", True) else " (not steady)"
+    return f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')} of {p.get('judged', p.get('requests', '?'))}{mark}"
+
+
+def capacity_table(summary: dict) -> str:
+    cap = summary["capacity"]
     rival = best_contiguous(cap)
     rows = []
     for e, c in sorted(cap.items(), key=lambda kv: -kv[1]["sustained_rps"]):
-        vs = "the best contiguous" if e == rival else ratio_words(c, cap[rival]) \
+        vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \
             if rival is not None and cap[rival]["sustained_rps"] > 0 else "n/a"
-        per_rate = " / ".join(f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')} of {p.get('requests', '?')}"
-                              for p in c["points"])
-        rows.append([e, rate_words(c), vs, *knee_cells(c), per_rate])
-    return table(["engine", "sustained req/s [90 % interval]", "vs best contiguous", "bound at the knee",
-                  "KV usage", "waiting for memory", "running", "step", "OOMs", "preemptions",
+        rests = f"{c.get('judged_total', '?')} ({c.get('distinct_requests', '?')} distinct)"
+        rows.append([e, rate_words(c), vs, rests, *knee_cells(c), " / ".join(point_words(p) for p in c["points"])])
+    return table(["engine", "sustained req/s [90 % interval]", "vs best contiguous [90 %]", "judged requests",
+                  "bound at the knee", "KV usage", "waiting for memory", "running", "step", "OOMs", "preemptions",
                   "SLO attainment per rate (of requests judged)"], rows)
 
 
@@ -142,37 +188,49 @@ def regime_words(summary: dict, budget_bytes: int | None) -> str:
             "the CPU can batch before a step misses the TPOT limit, so memory, not compute, is what binds it.")
 
 
-def capacity_section(summary: dict, budget_bytes: int | None = None) -> str:
+def method_words(summary: dict, design: dict | None) -> str:
+    slo = next(iter(summary["capacity"].values()))["slo"]
+    if "policies" in summary:  # fragbench simulate's sweep
+        return (f"Simulated: the workload's request mix offered at each rate (its arrival shape kept, its clock "
+                f"rescaled). A request meets the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= "
+                f"{slo['tpot_s']:g} s; sustained: the highest rate at which {100 * slo['attainment']:.0f} % meet "
+                "it, interpolated between the rates simulated.")
+    how = (f"A request meets the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s']:g} s; rejected, "
+           "OOM'd, crashed or failed requests miss it; client cancellations are left out; a request still in flight "
+           "when the run ended is judged on what it showed (within both limits so far: met; already past one: "
+           "missed; too young to tell: left out). Sustained: the highest rate at which "
+           f"{100 * slo['attainment']:.0f} % meet it, interpolated between the rates measured. Each point draws "
+           "fresh requests from the whole workload: every offered rate has its own stream of the workload's "
+           "requests (a generator seeded per rate, or a trace read on from its own place), and engines offered "
+           "one rate judge the same requests in the same order. One load generator per engine sends the points "
+           "one after another without a gap; each point's requests that arrive during its warm-up (one p90 E2E "
+           "latency of its own finished requests, at least 1 s: the engine's population has turned over) are "
+           "sent but not judged, and so are those of its tail guard (one median E2E, 1-10 s, so that the judged "
+           "ones finish under the load they arrived in). Steady: the judged requests' two halves (by arrival) "
+           "agree: their SLO attainments' Wilson 90 % intervals overlap, and so do their mean running counts' "
+           "batch-means 90 % intervals. ")
+    if design:
+        how += ("Each engine's rates come from its own knee search (from 0.75x its calibrated saturation rate, "
+                "steps of x1.6, x1.6^2, ... until one rate meets the SLO and a higher one misses it, then geometric "
+                "bisection on a grid of 2^(1/16)), under these rules: " + "; ".join(design["rules"]) + ". ")
+    if summary.get("headline"):
+        how += f"Intervals: {summary['headline']['method']}. "
+    how += ("Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
+            " requests half of the misses), else memory (OOMs, preemptions, KV usage >= "
+            f"{100 * KV_USAGE_NEAR_FULL:.0f} %, or requests waiting for memory alone in >= "
+            f"{100 * WAITING_FOR_MEMORY:.0f} % of samples), else compute (KV room left while steps slow).")
+    return how
+
+
+def capacity_section(summary: dict, budget_bytes: int | None = None, design: dict | None = None) -> str:
     cap = summary.get("capacity")
     if not cap:
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
-    slo = next(iter(cap.values()))["slo"]
-    searched = any("sustained_rps_ci" in c for c in cap.values())
-    how = (f"The workload's request mix offered at each rate (its arrival shape kept, its clock rescaled), one "
-           f"server per engine for all of them. A request meets the SLO with TTFT <= {slo['ttft_s']:g} s and "
-           f"TPOT <= {slo['tpot_s']:g} s; rejected, OOM'd, crashed or failed requests miss it; client cancellations "
-           "are left out; a request still in flight when a rate's window closed is judged on what it showed "
-           "(within both limits so far: met; already past one: missed; too young to tell: left out). Sustained: "
-           f"the highest rate at which {100 * slo['attainment']:.0f} % meet it, interpolated between the rates "
-           "measured.")
-    if searched:
-        how += (" Each engine's rates come from its own knee search: from 0.75x its calibrated saturation rate, steps"
-                " of x1.6, x1.6^2, ... until one rate meets the SLO and a higher one misses it, then geometric "
-                "bisection until the two are within the run's tolerance or its search time is spent. The 90 % "
-                "interval: the bootstrap (2,000 replicates, each point's requests resampled with replacement, the "
-                "crossing re-interpolated) widened to the measured bracket; a ratio's interval bounds it by the two "
-                "engines' intervals, and one that contains 1.0 is no measurable difference. Requests in one point are"
-                " not independent (they share a queue), so the bootstrap alone would be too narrow: the bracket is "
-                "the floor; and a bracket end whose attainment cannot be told from the target (its Wilson 90 % "
-                "interval holds it) bounds nothing: the interval reaches the next measured rate, or one search "
-                "step, past it. "
-                "Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
-                " requests half of the misses), else memory (OOMs, preemptions, KV usage >= "
-                f"{100 * KV_USAGE_NEAR_FULL:.0f} %, or requests waiting for memory alone in >= "
-                f"{100 * WAITING_FOR_MEMORY:.0f} % of samples), else compute (KV room left while steps slow).")
-    how += regime_words(summary, budget_bytes)
-    body = fig_html(curves(cap)) + capacity_table(cap)
+    how = method_words(summary, design) + regime_words(summary, budget_bytes)
+    lines = [x for x in (headline_sentence(summary), steady_sentence(cap)) if x]
+    words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
+    body = words + fig_html(curves(cap)) + capacity_table(summary)
     if summary.get("capacity_by_budget"):
         body += budget_curve(summary["capacity_by_budget"])
     return section("capacity", "Capacity at the SLO: what the memory buys", how, body)

@@ -170,6 +170,7 @@ def draw_map(mm: list[dict]) -> tuple[go.Figure, str]:
     """A block pool as a grid of blocks coloured by owner; an arena as extents along its addresses."""
     fig = go.Figure()
     if mm and "block" in mm[0]:
+        mm = [b for run in mm for b in [run] * run.get("blocks", 1)]  # runs of blocks alike, one cell a block
         width = 64
         owners = sorted({o for b in mm for o in b["owners"]})
         index = {o: i + 1 for i, o in enumerate(owners)}
@@ -363,7 +364,8 @@ def render(run_dir: Path, out: Path) -> Path:
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
-        verdict(summary, meta, frames["events"]), targets_note(meta), capacity_section(summary, budget_bytes(meta)),
+        verdict(summary, meta, frames["events"]), targets_note(meta),
+        capacity_section(summary, budget_bytes(meta), (meta.get("sweep") or {}).get("design")),
         twin_section(summary, budget_bytes(meta)),
         memory_breakdown(frames["samples"]), figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),

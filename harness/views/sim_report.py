@@ -63,7 +63,7 @@ def render_text(out: dict) -> str:
         if r["first_oom_running"] is not None:
             lines.append(f"  {name}: first OOM with {r['first_oom_running']} sequences running")
     if out.get("capacity"):
-        lines.append("  " + capacity_sentence(out["capacity"]))
+        lines.append("  " + capacity_sentence({"capacity": out["capacity"]}))
         for name, c in out["capacity"].items():
             lines.append(f"  {name:<14}" + "  ".join(f"{p['offered_rps']:g} req/s: {fmt(p['slo_attainment'], '%')}"
                                                      for p in c["points"]))

@@ -7,7 +7,7 @@ import itertools
 
 import plotly.graph_objects as go
 
-from harness.analysis.knee import ratio_interval
+from harness.sim.twin import CURVE_JUDGED
 from harness.views.capacity import MiB, measured_budgets
 from harness.views.html import PALETTE, fig_html, fmt, section, table
 
@@ -48,17 +48,16 @@ def first_disagreement(engine: str, err: dict) -> str:
     return f"{engine}: {lead}it disagrees most on {WORDS[key]}, which the twin {side}states by {how}."
 
 
-def directions(twin: dict, measured: dict) -> list[str]:
+def directions(twin: dict, measured: dict, ratios: dict) -> list[str]:
     """Every ratio between two engines' sustained rates, measured and twin: the same way up or not. Where
-    the measured ratio's interval holds 1.0 the measurement has no direction for the twin to share."""
+    the measured ratio's (joint) interval holds 1.0 the measurement has no direction for the twin to share."""
     out = []
     for a, b in itertools.combinations([e for e in twin if e in measured], 2):
         m = measured[a]["sustained_rps"] / measured[b]["sustained_rps"] if measured[b]["sustained_rps"] else None
         t = twin[a]["sustained_rps"] / twin[b]["sustained_rps"] if twin[b]["sustained_rps"] else None
         if m is None or t is None:
             continue
-        ci = [measured[e].get("sustained_rps_ci") for e in (a, b)]
-        bounds = ratio_interval(*ci) if all(ci) else None
+        bounds = (ratios.get(f"{a}/{b}") or {}).get("ratio_ci")
         if bounds and bounds[0] <= 1 <= bounds[1]:
             word = f"measured interval [{bounds[0]:.2f}, {bounds[1]:.2f}] holds 1.0: no measurable difference"
         else:
@@ -118,12 +117,15 @@ def twin_section(summary: dict, budget: int | None) -> str:
     how = ("Each scheduled engine simulated by fragbench's own simulator: the same KV policy and scheduler "
            "code, configured as the engine reported itself, its step time from a model fitted on that engine's "
            "own steps in this run's measured windows (fixed + per decode + per prefill chunk + per token + per "
-           "key read, least squares, no negative coefficient). Each measured point replayed as the load "
-           "generator sent it: same trace, seed, rate and window, cancels, slow readers, whole answers, the "
-           "grace cut-off. Errors: twin / measured - 1 (per-point figures: the median over the points); the "
-           "token-state share as the median difference in points. The curves are simulated, a knee search each "
-           "over the trace's first 300 requests (at the run's own budget the curve can differ from the twin's "
-           "row, which replays the few dozen a measured point sent).")
+           "key read, least squares, no negative coefficient). Each visit of the bench to an engine replayed as "
+           "its load generator sent it: every point's stream at its rate, one after another, warm-ups and tail "
+           "guards included, cancels, slow readers, whole answers, the grace cut-off; each point judged on the "
+           "requests the measurement judged (its judged spans, past its recorded warm-up). Errors: twin / "
+           "measured - 1 (per-point figures: the median over the points); the token-state share as the median "
+           f"difference in points. The curves are simulated, a knee search each bisected to one grid step, each "
+           f"rate judged as a measured point is (its stream's requests past the warm-up rule) on {CURVE_JUDGED} "
+           "requests: at the run's own budget the curve reads the twin's knee more precisely than its replay of "
+           "the measured points, which judges as many requests as they did.")
     rows = []
     for engine, t in twin.items():
         m, e, sm = measured.get(engine, {}), t["error"], t["step_model"]
@@ -137,7 +139,7 @@ def twin_section(summary: dict, budget: int | None) -> str:
     words = "".join(
         f"<li>{disagreement(e, t['error'], t['sustained_rps'], measured.get(e, {}).get('sustained_rps_ci'))}</li>"
         for e, t in twin.items())
-    ratio = "".join(f"<li>{line}</li>" for line in directions(twin, measured))
+    ratio = "".join(f"<li>{line}</li>" for line in directions(twin, measured, summary.get("capacity_ratios") or {}))
     points = table(["engine", "offered req/s", "SLO attainment", "mean running", "TTFT p50", "TPOT p50",
                     "OOMs (fragmentation)", "preemptions", "token share", "reservation", "internal frag."],
                    [r for engine, t in twin.items() for r in point_rows(engine, t["points"],

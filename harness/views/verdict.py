@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.analysis.summary import SHARE_COLUMNS, point_warmup_s, warmup_s
-from harness.views.capacity import PAGED, bound_sentence, capacity_sentence
+from harness.analysis.headline import PAGED
+from harness.analysis.summary import SHARE_COLUMNS, warmup_s
+from harness.views.capacity import bound_sentence, capacity_sentence, headline_sentence
 from harness.views.html import fmt, link, mib, section, table
 
 RUNBOOK = {
@@ -54,7 +55,9 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
     budget = meta.get("config", {}).get("kv_budget", "the same budget")
     out = []
     if summary.get("capacity"):
-        out.append(link("capacity", capacity_sentence(summary["capacity"])))
+        if summary.get("headline"):
+            out.append(link("capacity", headline_sentence(summary)))
+        out.append(link("capacity", capacity_sentence(summary)))
         if any("bound" in c for c in summary["capacity"].values()):
             out.append(link("capacity", bound_sentence(summary["capacity"])))
     else:  # one offered rate: goodput at it is the measure of what memory bought
@@ -113,9 +116,9 @@ def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> st
     header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
               "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
               "token / reserv. / internal / external / free", "requests"]
-    window = (f"every sweep point's window, after a warm-up of {point_warmup_s(meta):.1f} s into each"
+    window = ("every sweep point's judged requests and judged spans (past each point's own warm-up)"
               if meta.get("sweep") else f"its churn window, after a warm-up of {warmup_s(cfg):.1f} s")
-    how = (f"Per engine over {window} (from empty memory); goodput counts requests with TTFT <= "
+    how = (f"Per engine over {window}; goodput counts requests with TTFT <= "
            f"{cfg.get('slo_ttft_s', 2.0)} s and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time "
            "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
            "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "

@@ -1,0 +1,83 @@
+"""The measurement's design, derived from what the user asks (a precision for the headline ratio, a total
+time) by rules the report prints, not tuned so that a figure comes out: how many requests a point judges,
+when it stops, how narrow a bracket the search bisects to, how the time is shared.
+
+- A point judges at least `min_judged` requests: the fewest at which a point every one of whose requests
+  met the SLO can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9).
+- It goes on (more requests at the same rate, before the search moves past it) while its Wilson 90 %
+  interval, at the effective size (judged requests over the engine's design effect, harness/analysis/knee.py),
+  holds the target, up to `max_judged` (4 x min_judged) in the search and twice that in the decision; a point
+  whose interval lies wholly under the target stops as soon as it has `early_judged` judged requests (a clear
+  miss needs no more).
+- Each engine's bracket is bisected until hi / lo <= 1 + tolerance, with (1 + tolerance) =
+  precision^(1 / (2 sqrt 2)): two engines' brackets, in quadrature, take half of the ratio's log-width asked
+  (1.154 at precision 1.5), leaving the other half to sampling.
+- Time: the whole budget (`--time`) counts from the bench's start. Before each engine's search, what is left
+  (less the set-up the engines still to come will spend, as measured on those done) is shared equally
+  between that engine, the engines after it, and one share for the decision (`bench`: the headline's two
+  engines get more judged requests until the ratio's interval is decided and as narrow as asked, or the time
+  is spent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from harness.analysis.steady import Z90, fewest_to_pass
+
+EARLY_JUDGED = 10  # a point clearly under the target may stop with this many judged requests
+GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to this range
+
+
+@dataclass(frozen=True)
+class Design:
+    time_s: float
+    precision: float  # the headline ratio's interval asked: hi / lo at most this
+    target: float  # the SLO attainment
+    min_judged: int
+    max_judged: int
+    tolerance: float
+    min_judged_s: float = 0.0  # --point-duration: seconds of judged arrivals a point takes at least
+    step: float = 1.6  # the bracketing factor
+    max_points: int = 8
+    early_judged: int = EARLY_JUDGED
+
+    @classmethod
+    def of(cls, time_s: float, precision: float, target: float, point_requests: int | None = None,
+           point_s: float | None = None, tolerance: float | None = None, max_points: int = 8) -> Design:
+        n = point_requests or fewest_to_pass(target)
+        tol = tolerance if tolerance is not None else round(precision ** (1 / (2 * math.sqrt(2))) - 1, 4)
+        return cls(time_s, precision, target, n, 4 * n, tol, point_s or 0.0, max_points=max_points,
+                   early_judged=min(EARLY_JUDGED, n))
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rules": self.rules()}
+
+    def rules(self) -> list[str]:
+        z = Z90
+        return [
+            f"a point judges at least {self.min_judged} requests (the fewest at which a point that met the SLO for "
+            f"every request is told from the {100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z})"
+            + (f" and {self.min_judged_s:g} s of arrivals" if self.min_judged_s else ""),
+            f"it goes on at the same rate while its Wilson 90 % interval (at the effective size: judged requests over "
+            f"the engine's design effect) holds the target, up to {self.max_judged} judged requests ("
+            f"{2 * self.max_judged} in the decision); one whose interval lies under the target stops at "
+            f"{self.early_judged}",
+            f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (precision "
+            f"{self.precision:g} ^ (1 / (2 sqrt 2)): two brackets in quadrature take half the ratio's log-width)",
+            f"the {self.time_s:g} s budget is shared equally, before each engine's search, between it, the engines "
+            "after it and the decision; the decision gives the headline's two engines more judged requests at "
+            f"their bracket ends until the ratio's interval excludes 1.0 with hi / lo <= {self.precision:g}",
+        ]
+
+
+def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True) -> float:
+    """An engine's search time: what is left, less the set-up of the engines after it, over the engines
+    left (this one included) and one share for the decision (where there is a headline to decide)."""
+    return max(0.0, (left_s - setup_s * (engines_left - 1)) / (engines_left + int(decision)))
+
+
+def guard_s(e2e_median_s: float | None) -> float:
+    lo, hi = GUARD_S
+    return min(hi, max(lo, e2e_median_s or lo))

@@ -1,0 +1,101 @@
+"""The headline: the rate the paged engine sustains over the best contiguous engine's, with the interval of
+that ratio from the joint replicates (harness/analysis/knee.py), whether it is decided, what it rests on, and
+what the decision phase of a bench measures next when it is not.
+
+- `decided`: the ratio's 90 % interval excludes 1.0 (the direction is known); `precise`: its hi / lo is at
+  most the precision asked. The decision phase goes on until both hold or its time is spent.
+- `resolution`: how long a run would need: the interval's log-width falls as 1 / sqrt(judged requests at
+  the two engines' bracket ends), so reaching the precision asked takes (width / log precision)^2 times the
+  judged requests, each costing 1 / rate seconds of arrivals at its point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.analysis.capacity import SLO, sustained_rate
+from harness.analysis.knee import REPLICATES, Judged, bracket_of, central, ratio_replicates, replicate_knees
+
+PAGED = ("paged", "hf-cb", "vllm")  # engines that keep KV in blocks; every other one reserves contiguously
+
+METHOD = ("90 % percentile interval of {replicates} joint replicates: each point's attainment drawn from its "
+          "Jeffreys posterior at its effective size (judged requests over the engine's design effect: 1 + 2 x the "
+          "significant autocorrelations of its met/missed series, Politis-White cut-off), engines that judged the "
+          "same stream (one offered rate) drawing with one uniform (paired); in each replicate each engine's "
+          "attainments made non-increasing in the rate (pool adjacent violators), its bracket re-read (its "
+          "highest rate meeting the SLO target under the lowest that misses it) and its knee drawn log-uniformly "
+          "inside it, and the two knees' ratio taken")
+
+
+def reference_of(engines) -> str | None:
+    """The paged engine the headline is about: fragbench's own where it runs, else the first paged one."""
+    engines = list(engines)
+    return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
+
+
+def best_contiguous(knees: dict[str, float]) -> str | None:
+    return max((e for e in knees if e not in PAGED), key=lambda e: knees[e], default=None)
+
+
+def point_estimate(points: list[Judged], slo: SLO) -> float:
+    return sustained_rate([{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in points], slo)[0]
+
+
+def bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
+    lo, hi = bracket_of([{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in points], slo)
+    return [p for p in points if p.offered_rps in (lo, hi)]
+
+
+@dataclass(frozen=True)
+class Headline:
+    engine: str
+    against: str
+    ratio: float
+    ratio_ci: list[float]
+    decided: bool
+    precise: bool
+    judged: dict[str, int]
+    log_sd: dict[str, float]  # each engine's share of the uncertainty: sd of its log knee over the replicates
+    replicates: int
+
+    def to_json(self) -> dict:
+        return {"engine": self.engine, "against": self.against, "ratio": round(self.ratio, 4),
+                "ratio_ci": self.ratio_ci, "method": METHOD.format(replicates=f"{self.replicates:,}"),
+                "decided": self.decided, "precise": self.precise, "judged": self.judged}
+
+
+def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: float,
+             replicates: int = REPLICATES, knees: dict[str, np.ndarray] | None = None) -> Headline | None:
+    """The paged engine against the best contiguous one, or None when either is missing."""
+    ref = reference_of(e for e, p in points.items() if p)
+    estimates = {e: point_estimate(p, slo) for e, p in points.items() if p}
+    rival = best_contiguous(estimates)
+    if ref is None or rival is None or estimates[rival] <= 0:
+        return None
+    knees = knees or replicate_knees(points, slo, step, replicates)
+    ratios = ratio_replicates(knees[ref], knees[rival])
+    ci = central(ratios)
+    return Headline(ref, rival, estimates[ref] / estimates[rival], [round(ci[0], 3), round(ci[1], 3)],
+                    not ci[0] <= 1.0 <= ci[1], ci[1] <= ci[0] * precision,
+                    {e: int(sum(len(p.met) for p in points[e])) for e in (ref, rival)},
+                    {e: float(np.std(np.log(np.maximum(knees[e], 1e-9)))) for e in (ref, rival)}, len(ratios))
+
+
+def time_to_resolve(h: Headline, points: dict[str, list[Judged]], slo: SLO, precision: float) -> float | None:
+    """Seconds of arrivals more, at the bracket ends, for the ratio's interval to narrow to the precision."""
+    ends = [p for e in (h.engine, h.against) for p in bracket_ends(points[e], slo)]
+    if not ends or h.ratio_ci[0] <= 0:
+        return None
+    width = math.log(h.ratio_ci[1] / h.ratio_ci[0])
+    factor = (width / math.log(precision)) ** 2
+    return max(0.0, (factor - 1) * sum(len(p.met) / p.offered_rps for p in ends))
+
+
+def resolvable(h: Headline, factor: float) -> float:
+    """The smallest ratio an interval `factor` times as many judged requests would tell from 1.0: its
+    half-width in log, the present log-width shrunk by sqrt(factor)."""
+    width = math.log(h.ratio_ci[1] / h.ratio_ci[0]) if h.ratio_ci[0] > 0 else math.inf
+    return math.exp(width / math.sqrt(max(factor, 1e-9)) / 2)

@@ -1,0 +1,194 @@
+"""Visits: an engine's server under one load generator whose schedule the knee search writes as it goes
+(workloads/schedule.py), and one point measured on it (harness/run/points.py), its record in run.json as it is
+produced. What an engine holds across its visits (its searches, cursors, provisional verdicts) lives on its
+`EngineRun`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.analysis.knee import Judged, KneeSearch
+from harness.results import JournalTail
+from harness.run.loadargs import start_loadgen, stop_loadgen
+from harness.run.points import PointJob, PointResult, PointRunner
+from harness.run.sampler import Sampler
+from harness.run.servers import ServerFailed, ServerProcess
+from workloads.schedule import ScheduleWriter
+from workloads.streams import key_of
+
+
+@dataclass
+class EngineRun:
+    """One engine of the run: its clock, its server now, what happened to it, what its searches found."""
+
+    engine: str
+    t0: float  # wall clock: the origin of this engine's samples, events and request times
+    port: int
+    server: ServerProcess | None = None
+    crashes: int = 0
+    down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
+    budget: str = ""  # the KV budget its server runs at now
+    oom_seen: int = 0
+    checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
+    down_since: float | None = None  # a target that stopped answering: since when
+    searched: dict[str, Searched] = field(default_factory=dict)  # by KV budget
+    sampler: Sampler | None = None  # the latest one (a revisit resumes it)
+    setup_s: float = 0.0  # server start, debugging pass and calibration, as measured
+
+
+@dataclass
+class Searched:
+    """One engine's points at one KV budget: its knee search, run.json's point records (the same objects),
+    what each point judged so far (provisional verdicts, for the decision phase), and where it stands in each
+    stream (a point continued later goes on from there)."""
+
+    points: list[dict]
+    search: KneeSearch | None = None
+    judged: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # point -> (met, index)
+    cursors: dict[str, int] = field(default_factory=dict)
+    warmup_s: float = 3.0  # the last point's warm-up: the next one's plan
+
+    def of_rate(self, rate: float) -> int | None:
+        return next((i for i, p in enumerate(self.points) if p["offered_rps"] == rate), None)
+
+    def judged_points(self) -> list[Judged]:
+        return [Judged(p["offered_rps"], p["key"], *self.judged[i]) for i, p in enumerate(self.points)
+                if i in self.judged]
+
+
+@dataclass
+class Visit:
+    """An engine's server under one load generator: the points measured in one go."""
+
+    run: EngineRun
+    runner: PointRunner
+    writer: ScheduleWriter
+    loadgen: subprocess.Popen
+    number: int  # the engine's visits at this budget before it (its schedule file's number)
+    last_rate: float | None = None  # the rate its last point ended at: the next at that rate needs no warm-up
+    missed: bool = False  # its last point missed the SLO: its backlog drains before the next point begins
+
+
+class Visits:
+    """Servers and load generators for the search, on a Bench (its configuration, streams, journals)."""
+
+    def open_visit(self, run: EngineRun) -> Visit:
+        n = sum(1 for _ in (self.dir / "engines" / run.engine).glob(f"schedule-{run.budget}-*.jsonl")) \
+            if (self.dir / "engines" / run.engine).exists() else 0
+        path = self.dir / "engines" / run.engine / f"schedule-{run.budget}-{n}.jsonl"
+        writer = ScheduleWriter(path)
+        # the generator's own bound: the bench's time left, on the engine's clock
+        bound_s = time.time() - run.t0 + max(self.left_s, 0.0) + 120.0
+        load = self.load_args(run, duration_s=round(bound_s, 1), start_at_s=0.0, schedule=path)
+        out = load.out
+        with open(out / "loadgen.log", "ab") as log:
+            loadgen = start_loadgen(load, stdout=log, stderr=subprocess.STDOUT)
+        runner = PointRunner(writer, JournalTail(out / "requests.jsonl"),
+                             JournalTail(out / "progress.jsonl"), self.streams, self.slo,
+                             clock=lambda: time.time() - run.t0, supervise=lambda: self.supervise(run))
+        return Visit(run, runner, writer, loadgen, n)
+
+    def close_visit(self, visit: Visit) -> None:
+        """The schedule stops; what is in flight has the grace period; the load generator then ends."""
+        visit.writer.stop()
+        deadline = time.time() + self.cfg.grace_s + 15
+        while visit.loadgen.poll() is None and time.time() < deadline:
+            self.supervise(visit.run)
+            time.sleep(0.3)
+        stop_loadgen(visit.loadgen)
+
+    def supervise(self, run: EngineRun) -> None:
+        """Called between a point's looks: OOMs the server recorded, a crashed server restarted, a target's
+        down time."""
+        if run.sampler is not None:
+            self.collect_ooms(run, run.sampler.last)
+        if run.engine in self.targets:
+            self.watch(run)
+        elif not run.server.alive():
+            self.restart(run, run.sampler)
+
+    def searched(self, run: EngineRun) -> Searched:
+        if run.budget not in run.searched:
+            points = self.run_meta["sweep"]["points"].setdefault(run.engine, [])
+            run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == run.budget])
+        return run.searched[run.budget]
+
+    def measure(self, visit: Visit, rate: float, show, **rules) -> PointResult:
+        """One point (a new rate, or more of a rate already measured) on the visit's server, its record in
+        run.json as it is produced."""
+        run, st = visit.run, self.searched(visit.run)
+        at = st.of_rate(rate)
+        key = key_of(rate)
+        if at is None:
+            record = {"point": len(self.run_meta["sweep"]["points"].setdefault(run.engine, [])), "offered_rps": rate,
+                      "key": key, "kv_budget": run.budget, "segments": []}
+            self.run_meta["sweep"]["points"][run.engine].append(record)
+            st.points.append(record)
+            at = len(st.points) - 1
+        record = st.points[at]
+        if visit.missed and visit.last_rate != rate:
+            self.drain_visit(visit)
+        job = PointJob(record["point"], rate, key, st.cursors.get(key, 0), target=self.slo.attainment,
+                       warmup_guess_s=st.warmup_s, warm=visit.last_rate != rate,
+                       earlier=tuple(p for p in st.judged_points() if p.offered_rps != rate), **rules)
+        res = visit.runner.run(job, lambda text: show(f"{run.engine:<6} {text}", self.cfg.time_s - self.left_s))
+        visit.last_rate = rate
+        record["segments"] += [{**seg, "visit": visit.number} for seg in res.segments]
+        record["start_s"], record["end_s"] = record["segments"][0]["start_s"], record["segments"][-1]["end_s"]
+        record["warmup_s"] = record["segments"][0]["warmup_s"]
+        self.write_meta()
+        met, index = st.judged.get(at, (np.zeros(0), np.zeros(0, dtype=int)))
+        st.judged[at] = (np.concatenate([met, res.met]), np.concatenate([index, res.index]))
+        st.cursors[key] = res.next_index
+        st.warmup_s = max(res.warmup_s, 1.0)
+        att = float(st.judged[at][0].mean()) if len(st.judged[at][0]) else None
+        visit.missed = att is None or att < self.slo.attainment
+        self.plain(f"{run.engine}: {rate:g} req/s: {res.judged} judged after a {res.warmup_s:.1f} s warm-up, SLO "
+                   f"attainment {'n/a' if att is None else f'{100 * att:.0f} %'} ({len(st.judged[at][0])} in all); "
+                   + self.figures(run, run.sampler))
+        return res
+
+    def drain_visit(self, visit: Visit, timeout_s: float = 60.0) -> None:
+        """No arrivals until the engine holds no request (a missed point's backlog would be the next point's
+        warm-up, however long): the next point starts from an idle engine, as the first one did."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            self.supervise(visit.run)
+            stats = self.stats_of(visit.run) if visit.run.server.alive() else None
+            if stats and not stats.get("running") and not stats.get("waiting"):
+                break
+            time.sleep(0.3)
+        visit.last_rate = None
+
+    def attainment(self, run: EngineRun, rate: float) -> float | None:
+        st = self.searched(run)
+        met = st.judged[st.of_rate(rate)][0]
+        return float(met.mean()) if len(met) else None
+
+    def revisit(self, run: EngineRun) -> Visit | None:
+        """The engine's server again (a target is still running), a sampler and a load generator on it."""
+        if run.engine not in self.targets:
+            try:
+                run.server = self.start(run)
+            except ServerFailed as e:
+                self.event(run, "crash", detail=f"did not start again at {run.budget}: {e}")
+                return None
+        run.sampler = run.sampler.resumed(run.server.url, run.server.proc.pid if run.server.proc else None)
+        run.sampler.fetch = self.targets[run.engine].stats if run.engine in self.targets else run.sampler.fetch
+        run.sampler.start()
+        return self.open_visit(run)
+
+    def end_visit(self, visit: Visit) -> None:
+        run = visit.run
+        try:
+            self.close_visit(visit)
+        finally:
+            run.sampler.stop()
+            self.collect_ooms(run, run.sampler.last)
+            if run.engine not in self.targets:
+                run.server.stop()
+

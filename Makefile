@@ -30,6 +30,7 @@ else
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 endif
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -m engines.scheduled.kernels
 	rm -f $(VENV)/.fragbench-installed*
 	touch $(STAMP)
 

@@ -49,7 +49,7 @@ def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
 
 
 def make_engine(spec: EngineSpec):
-    from engines.scheduled.model import load_hf_model
+    from engines.scheduled.model import attention_temporaries_bytes, load_hf_model
 
     if spec.engine not in ENGINES:
         raise EngineConfigError(f"unknown engine {spec.engine!r}; engines: {', '.join(ENGINES)}")
@@ -88,8 +88,13 @@ def make_engine(spec: EngineSpec):
         raise EngineConfigError(f"{policy} keeps contiguous reservations in one arena: it runs with --memory arena "
                                 "(on the GPU too); --memory cuda serves paged and hf")
     batched = spec.max_num_batched_tokens or max(2048, max_seq_len)
-    memory = device_memory(spec, spec.kv_budget_bytes, cfg_shape(spec, hf_model).activation_bytes(
-        hf_model.dtype.itemsize, batched, spec.max_num_seqs))
+    shape = cfg_shape(spec, hf_model)
+    # what one forward allocates beside the KV: the activations, and the attention's gathered context and
+    # scores (engines/scheduled/model.py); under --memory cuda the cap leaves room for both
+    headroom = shape.activation_bytes(hf_model.dtype.itemsize, batched, spec.max_num_seqs) + \
+        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, hf_model.dtype.itemsize,
+                                    spec.kv_budget_bytes // kvb, max_seq_len, batched)
+    memory = device_memory(spec, spec.kv_budget_bytes, headroom)
     try:
         kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
     except ValueError as e:

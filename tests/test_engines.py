@@ -159,3 +159,23 @@ def test_a_mixed_length_batch_gives_each_sequence_its_tokens_alone(tiny_model, n
     for p, out in zip(mixed, together, strict=True):
         alone = generate(engine(tiny_model, name, max_seq_len=1300), [p], SamplingParams(12, ignore_eos=True))
         assert out[0].token_ids == alone[0][0].token_ids
+
+
+@pytest.mark.parametrize("name", ["paged", "static-oracle", "growth"])
+def test_greedy_tokens_equal_transformers_in_a_mixed_batch_through_every_attention_path(tiny_model, name):
+    """The runner's paths against transformers' generate in one batch: fresh prefills (their own K/V),
+    a prefill continuing a context (paged: a prefix-cache hit gathers the shared blocks), and decodes of
+    different lengths in different buckets."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    shared = [9 + (5 * i) % 4000 for i in range(48)]  # three full blocks of 16
+    prompts = [shared + [7, 8, 9], [3 + (11 * i) % 4000 for i in range(300)], [4, 5], shared + [1, 2, 3, 4, 5]]
+    want = [model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
+            for p in prompts]
+    e = engine(tiny_model, name)
+    first = generate(e, prompts[:1], SamplingParams(10))  # its blocks stay cached for the last prompt
+    rest = generate(e, prompts[1:], SamplingParams(10))
+    assert [o[0].token_ids for o in first + rest] == want
+    if name == "paged":
+        assert e.kv.prefix_hits_tokens >= 48

@@ -256,3 +256,45 @@ def test_34_8_every_eos_id_of_the_config_and_generation_config_ends_a_turn():
 def test_34_minor_the_device_note_names_the_runs_own_gpu(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: f"H200 #{torch.device(d).index}")
     assert "cuda:1 (H200 #1)" in cuda.device_note("cuda:1")
+
+
+def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_is_an_oom(tiny_model, fake_cuda,
+                                                                                          monkeypatch):
+    """A decode step gathers every running sequence's K and V (padded): for Llama-3-8B's shape 262 MiB at
+    1,000 tokens of context for 64 decodes, past the cap the activations alone left. The headroom counts
+    them; and an OutOfMemoryError from a forward is an OOM event, not a dead engine."""
+    from engines.offline import generate
+    from engines.scheduled.model import attention_temporaries_bytes
+    from engines.sequence import SamplingParams
+
+    seen = {}
+
+    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0):
+        seen["headroom"] = headroom_bytes
+        return Arena(capacity, backing_device="cpu")
+
+    monkeypatch.setattr("engines.factory.make_memory", fake_memory)
+    make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
+    pool_tokens = 16 * MiB // 4096
+    assert seen["headroom"] >= 1.5 * pool_tokens * 2 * 2 * 64 * 4  # every live token's K and V, padded
+    llama3 = attention_temporaries_bytes(32, 8, 128, 2, 64 * 1000, 8192, 8192)
+    assert llama3 > 262 * MiB
+
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
+    forward, raised = engine.runner.forward, []
+
+    def once(chunks):
+        if not raised and len(chunks) > 2:
+            raised.append(len(chunks))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 262.00 MiB")
+        return forward(chunks)
+
+    engine.runner.forward = once
+    prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8)]
+    outs = generate(engine, prompts, SamplingParams(8))
+    clean = generate(make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512)), prompts,
+                     SamplingParams(8))
+    assert raised and [o[0].token_ids for o in outs] == [o[0].token_ids for o in clean]  # served, and right
+    assert engine.scheduler.config.max_num_seqs == 3  # one fewer than the step the device could not hold
+    (_, event, _), = engine.oom_events
+    assert event.cause == "capacity" and event.owner == "activations" and event.requested_bytes == 262 * MiB

@@ -115,6 +115,15 @@ class KVPolicy(ABC):
         """Row indices in `store()` of positions [0, n) of seq, as a tensor on the store's device. It
         changes only when the policy allocates for seq: the runner may read it every step for free."""
 
+    def discard(self, seq: SeqLike) -> None:
+        """Free a sequence whose newest rows were never written (its forward failed): nothing of it may be
+        found again (a prefix cache forgets the blocks it hashed past what was computed)."""
+        self.free(seq)
+
+    def row_of(self, seq: SeqLike, position: int) -> int:
+        """The row of one position, as an int (a decode's write row: no tensor per sequence per step)."""
+        return int(self.rows(seq, position + 1)[position])
+
     def slots(self, seq: SeqLike, start: int, end: int) -> list[int]:
         """Row indices of positions [start, end), as a list."""
         return self.rows(seq, end)[start:end].tolist()

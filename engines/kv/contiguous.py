@@ -70,6 +70,9 @@ class ContiguousKV(KVPolicy):
         base = self._base_row(seq)
         return self._all_rows[base : base + n]
 
+    def row_of(self, seq: SeqLike, position: int) -> int:
+        return self._base_row(seq) + position
+
     def store(self) -> torch.Tensor:
         if not isinstance(self.memory, Arena) or self.memory.backing is None:
             raise RuntimeError("contiguous KV on real tensors needs a backed arena")

@@ -81,6 +81,12 @@ class BlockPool:
             if block.ref_count == 0:
                 self.free_queue[block.block_id] = None
 
+    def unregister(self, block: Block) -> None:
+        """A block whose hash promised K/V that was never written: out of the prefix cache."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) == block.block_id:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+
     def register(self, block: Block, block_hash: int) -> None:
         if block.block_hash is None and block_hash not in self.cached:
             block.block_hash = block_hash
@@ -166,6 +172,17 @@ class PagedKV(KVPolicy):
         # reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first
         self.pool.release(reversed(rec.table) if rec else [])
 
+    def discard(self, seq: SeqLike) -> None:
+        """Blocks are hashed when they are allocated full, before the step writes them: after a failed
+        forward, those past what was computed (and past the prefix-cache hits) are forgotten, then freed."""
+        rec = self.seqs.get(seq.seq_id)
+        if rec is not None:
+            valid = max(rec.cached_tokens, seq.num_computed_tokens) // self.block_size
+            for block in rec.table[valid:]:
+                if block.ref_count == 1:
+                    self.pool.unregister(block)
+        self.free(seq)
+
     def fork(self, parent: SeqLike, child: SeqLike) -> None:
         rec = self.seqs[parent.seq_id]
         for block in rec.table:
@@ -203,6 +220,10 @@ class PagedKV(KVPolicy):
             ids = torch.tensor([b.block_id for b in rec.table], device=self._block_rows.device)
             rec.rows = (ids[:, None] * self.block_size + self._block_rows[None, :]).flatten()
         return rec.rows[:n]
+
+    def row_of(self, seq: SeqLike, position: int) -> int:
+        block = self.seqs[seq.seq_id].table[position // self.block_size]
+        return block.block_id * self.block_size + position % self.block_size
 
     def block_table(self, seq: SeqLike) -> list[int]:
         return [b.block_id for b in self.seqs[seq.seq_id].table]

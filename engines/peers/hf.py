@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
-from engines.memory import Allocation, DeviceMemory, OutOfMemory
+from engines.memory import Allocation, DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
@@ -164,7 +164,9 @@ class HFEngine(Engine):
                 pad_token_id=pad,
                 stopping_criteria=StoppingCriteriaList([RowStopper(self, batch, width)]),
             )
-        except OutOfMemory as oom:
+        except (OutOfMemory, torch.OutOfMemoryError) as err:
+            # the KV past its budget (the memory's OOM), or the device's cap under the activations
+            oom = err if isinstance(err, OutOfMemory) else OutOfMemory(OOMEvent(0, 0, 0, "capacity", "activations"))
             live = [s for s in batch if not s.is_finished]
             mem = self.memory.stats()
             self.oom_events.append((time.monotonic(), oom.event,

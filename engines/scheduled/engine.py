@@ -3,13 +3,16 @@ policy; what differs between them is the policy alone."""
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import replace
 
 import torch
 
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
-from engines.memory import DeviceMemory, OutOfMemory
+from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
+from engines.oom import oom_context
 from engines.sampler import make_generator, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
@@ -70,7 +73,11 @@ class ScheduledEngine(Engine):
         if not plan.chunks:
             return
         chunks = plan.chunks
-        logits = self.runner.forward(chunks)
+        try:
+            logits = self.runner.forward(chunks)
+        except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
+            self._forward_oom(plan, err)
+            return
         self.steps += 1
         greedy = logits.argmax(dim=-1).tolist()  # every greedy row's token in one device sync, not one per row
         for chunk, row, best in zip(plan.chunks, logits, greedy, strict=True):
@@ -89,6 +96,37 @@ class ScheduledEngine(Engine):
                 time.time(), time.perf_counter() - started, len(plan.decodes), len(plan.prefills),
                 sum(c.end - c.start for c in chunks), sum(c.end for c in chunks), self.runner.last_buckets,
                 len(self.scheduler.running), len(self.scheduler.waiting)))
+
+    def _forward_oom(self, plan, err: Exception) -> None:
+        """An OOM event (the device's, under the activations, not the KV budget's) and smaller steps from now
+        on: the scheduler's caps come down to one sequence fewer than this step held (and half its tokens,
+        where it prefilled), the step's prefills (or else its newest sequence) are preempted and recomputed
+        later, and a sequence alone fails its request. The engine goes on; what its device can hold is what
+        it now runs."""
+        mem = self.memory.stats()
+        wanted = re.search(r"Tried to allocate ([\d.]+) ([KMG]i?B)", str(err))
+        unit = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+        requested = int(float(wanted.group(1)) * unit.get(wanted.group(2), 1)) if wanted else 0
+        event = OOMEvent(requested, 0, 0, "capacity", "activations")  # nothing under the cap was left for it
+        live = self.scheduler.live()
+        self.oom_events.append((time.monotonic(), event, oom_context(live, len(self.scheduler.waiting),
+                                                                     mem.allocated_bytes, mem.capacity_bytes)))
+        held = len(plan.decodes) + len(plan.prefills)
+        tokens = sum(c.end - c.start for c in plan.chunks)
+        cfg = self.scheduler.config
+        self.scheduler.config = replace(
+            cfg, max_num_seqs=max(1, min(cfg.max_num_seqs, held - 1)),
+            max_num_batched_tokens=max(self.max_seq_len, tokens // 2) if plan.prefills else cfg.max_num_batched_tokens)
+        # a prefill that failed wrote part of its K/V: it is recomputed whole; without one, the newest goes
+        victims = [c.seq for c in plan.prefills] or self.scheduler.running[-1:]
+        if held == 1:
+            self.kv.discard(victims[0])  # what it hashed was never written: not a prefix for anyone
+            self.fail_request(victims[0].request_id, err)
+            return
+        for seq in victims:
+            self.scheduler.preempt(seq, discard=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def close(self) -> None:
         if self.step_recorder is not None:

@@ -1,14 +1,20 @@
 """A Llama-family forward whose attention reads and writes K/V through a KV policy's rows.
 
-Tokens of all sequences in a step are flattened (prefill chunks and decodes alike). Each layer scatters
-the new K/V rows into the policy's store, then attends over each sequence's own context and nothing more:
+Tokens of all sequences in a step are flattened (prefill chunks and decodes alike). Each layer computes its
+projections fused (q, k and v as one matmul, gate and up as another: the weights concatenated once, when the
+runner is built), scatters the new K/V rows into the policy's store in one copy (K and V of a row lie side by
+side: the store is [layer, row, k|v, kv_head, head_dim]), then attends over each sequence's own context and
+nothing more:
 - decodes (one query each) in length buckets: sorted by context length, a bucket holds sequences within
-  BUCKET_RATIO of its longest, padded to that one and attended with plain batched matmuls. Padding is
-  bounded by the ratio (not by the batch's longest), so a step costs about the tokens it holds: one long
-  retrieval prompt no longer makes fifteen chats pay for its length;
-- prefill chunks (several queries each) one by one through `scaled_dot_product_attention`.
-Row tensors come from the policy, which changes them only when it allocates: the per-step Python work is
-per sequence, not per token of context. The same code runs on CPU and CUDA tensors.
+  BUCKET_RATIO of its longest. On the CPU in fp32 a compiled kernel reads each context row where it lies
+  (engines/scheduled/kernels.py); elsewhere the rows are gathered in one copy per layer (K and V together)
+  and attended by `scaled_dot_product_attention` with grouped heads and a padding mask. Padding is bounded by
+  the ratio (not by the batch's longest), so a step costs about the tokens it holds;
+- a prefill chunk that is its sequence's whole context attends over its own fresh K/V (causal, nothing to
+  gather); one that continues a context (a prefix-cache hit, a recomputed preemption) gathers its rows.
+Step inputs are built from Python ints (the policy's `row_of`), one tensor each; row tensors come from the
+policy, which changes them only when it allocates. The same code runs on CPU and CUDA tensors, and its greedy
+tokens are transformers' (tests/test_engines.py).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.kv.base import KVPolicy
+from engines.scheduled.kernels import decode_attention_kernel, usable
 from engines.sequence import Sequence
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
@@ -43,6 +50,7 @@ class Bucket:
 
     token_index: torch.Tensor  # [B] flat index of each one's query
     rows: torch.Tensor  # [B, L] context rows, padded with row 0
+    lengths: torch.Tensor  # [B] each one's context
     mask: torch.Tensor  # [B, 1, 1, L] True at a real key
 
 
@@ -52,7 +60,7 @@ class Prefill:
 
     first: int
     n: int
-    rows: torch.Tensor  # [C] its context rows, the chunk's own included
+    rows: torch.Tensor | None  # [C] its context rows, the chunk's own included; None: the chunk is the context
     mask: torch.Tensor | None  # [n, C] causal from its start; None when the chunk is the whole context
 
 
@@ -66,6 +74,44 @@ class StepInputs:
     prefills: list[Prefill]
 
 
+@dataclass
+class FusedLayer:
+    """One decoder layer's weights as the runner multiplies them: q|k|v and gate|up concatenated, every matrix
+    stored [in, out] (x @ W: a few rows against a weight laid out for them, not a transposed view of it)."""
+
+    input_norm: torch.nn.Module
+    post_norm: torch.nn.Module
+    qkv: torch.Tensor  # [hidden, q + 2 kv]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [q, hidden]
+    gate_up: torch.Tensor  # [hidden, 2 intermediate]
+    down: torch.Tensor  # [intermediate, hidden]
+    act: torch.nn.Module
+
+    @classmethod
+    def of(cls, layer) -> FusedLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = torch.cat([p.bias for p in projections]) if attn.q_proj.bias is not None else None
+        for linear in (attn.o_proj, mlp.down_proj):
+            assert linear.bias is None, "the runner's o and down projections carry no bias (Llama, Mistral, Qwen2)"
+        return cls(layer.input_layernorm, layer.post_attention_layernorm, laid_out(projections), bias,
+                   laid_out([attn.o_proj]), laid_out([mlp.gate_proj, mlp.up_proj]), laid_out([mlp.down_proj]),
+                   mlp.act_fn)
+
+
+def laid_out(linears) -> torch.Tensor:
+    """The linears' weights side by side as one [in, sum of out] matrix; each linear's own weight becomes a view
+    of it, so the model keeps working and its weights are held once (a real model's are gigabytes)."""
+    fused = torch.cat([lin.weight for lin in linears]).t().contiguous()
+    at = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = fused[:, at: at + n].t()
+        at += n
+    return fused
+
+
 def load_hf_model(model_dir: str | Path, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
@@ -73,6 +119,18 @@ def load_hf_model(model_dir: str | Path, device: str = "cpu"):
     if model.config.model_type not in SUPPORTED_TYPES:
         raise ValueError(f"the runner supports {', '.join(SUPPORTED_TYPES)} models, not {model.config.model_type}")
     return model.to(device).eval()
+
+
+def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
+                                pool_tokens: int, max_seq_len: int, batched_tokens: int) -> int:
+    """What one layer's attention allocates beside the activations, at its peak: the decode buckets' gathered
+    K and V (every live token at most once, padded by up to BUCKET_RATIO) and their fp32 scores, or a prefill
+    chunk's gathered context and its score matrix (SDPA's math kernel builds [heads, chunk, context] when a
+    chunk needs a mask), whichever is larger. What a cuda memory's cap must leave beside the KV budget."""
+    gathered = int(BUCKET_RATIO * pool_tokens)
+    decode = gathered * (2 * num_kv_heads * head_dim * dtype_bytes + num_heads * 4)
+    prefill = max_seq_len * 2 * num_kv_heads * head_dim * dtype_bytes + num_heads * batched_tokens * max_seq_len * 4
+    return decode + prefill  # both may be live in one step's layer: buckets first, then the chunks
 
 
 class ModelRunner:
@@ -88,48 +146,62 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         row_bytes = 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
         assert row_bytes == kv.kv_bytes_per_token, "KV policy sized for another model or dtype"
-        kv.planes = 2 * self.num_layers
+        kv.planes = self.num_layers
         planes = kv.plane_view()
-        # [layer, k|v, row, kv_head, head_dim]: one layer's keys gather as whole contiguous rows
-        self.kv_planes = planes.view(self.dtype).view(
-            self.num_layers, 2, planes.shape[1], self.num_kv_heads, self.head_dim
-        )
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        self._rope = apply_rotary_pos_emb
+        # [layer, row, k|v, kv_head, head_dim]: one layer's K and V of a row lie side by side, so a row is
+        # written in one copy and a bucket's context gathered in one
+        self.kv_planes = planes.view(self.dtype).view(self.num_layers, planes.shape[1], 2, self.num_kv_heads,
+                                                      self.head_dim)
+        with torch.no_grad():
+            self.layers = [FusedLayer.of(layer) for layer in hf_model.model.layers]
+            # [hidden, vocab]; a head tied to the embeddings stays theirs (a transposed view: no second copy)
+            tied = hf_model.lm_head.weight is hf_model.model.embed_tokens.weight
+            self.lm_head = hf_model.lm_head.weight.t() if tied else laid_out([hf_model.lm_head])
+        self.q_dim, self.kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.kernel = decode_attention_kernel() if usable(self.kv_planes) else None
+        self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
+            "torch: gather, then scaled_dot_product_attention"
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
-        dev = self.device
-        ids, pos, write, last = [], [], [], []
+        dev, kv = self.device, self.kv
+        ids: list[int] = []
+        pos: list[int] = []
+        write: list[int] = []
+        last: list[int] = []
         decodes, prefills = [], []
         flat = 0
         for c in chunks:
             n = c.end - c.start
-            rows = self.kv.rows(c.seq, c.end)
-            ids.extend(c.seq.token_ids[c.start : c.end])
-            pos.append((c.start, c.end))
-            write.append(rows[c.start :])
+            ids.extend(c.seq.token_ids[c.start: c.end])
+            pos.extend(range(c.start, c.end))
             if n == 1:
-                decodes.append((c.end, flat, rows))
+                write.append(kv.row_of(c.seq, c.start))
+                decodes.append((c.end, flat, c.seq))
             else:
-                mask = None
+                rows = kv.rows(c.seq, c.end)
+                write.extend(rows[c.start:].tolist())
                 if c.start:  # query i sits at position start + i and sees keys up to it
                     mask = torch.arange(c.end, device=dev)[None, :] <= torch.arange(c.start, c.end, device=dev)[:, None]
-                prefills.append(Prefill(flat, n, rows, mask))
+                    prefills.append(Prefill(flat, n, rows, mask))
+                else:
+                    prefills.append(Prefill(flat, n, None, None))
             flat += n
             last.append(flat - 1)
         return StepInputs(
             input_ids=torch.tensor(ids, device=dev),
-            positions=torch.cat([torch.arange(a, b, device=dev) for a, b in pos]),
-            write_rows=torch.cat(write),
+            positions=torch.tensor(pos, device=dev),
+            write_rows=torch.tensor(write, device=dev),
             last_index=torch.tensor(last, device=dev),
             buckets=self._buckets(decodes),
             prefills=prefills,
         )
 
-    def _buckets(self, decodes: list[tuple[int, int, torch.Tensor]]) -> list[Bucket]:
-        """(context length, flat index, rows) of each decode, grouped longest first."""
+    def _buckets(self, decodes: list[tuple[int, int, Sequence]]) -> list[Bucket]:
+        """(context length, flat index, seq) of each decode, grouped longest first: the kernel reads no
+        padding, so it takes every decode in one bucket."""
+        if self.kernel is not None:
+            return [self._bucket(decodes)] if decodes else []
         out, group = [], []
         for item in sorted(decodes, key=lambda d: -d[0]):
             if group and item[0] * BUCKET_RATIO < group[0][0]:
@@ -138,12 +210,12 @@ class ModelRunner:
             group.append(item)
         return [*out, self._bucket(group)] if group else out
 
-    def _bucket(self, group: list[tuple[int, int, torch.Tensor]]) -> Bucket:
+    def _bucket(self, group: list[tuple[int, int, Sequence]]) -> Bucket:
         dev = self.device
-        rows = torch.nn.utils.rnn.pad_sequence([r for _, _, r in group], batch_first=True)
+        rows = torch.nn.utils.rnn.pad_sequence([self.kv.rows(s, n) for n, _, s in group], batch_first=True)
         lengths = torch.tensor([n for n, _, _ in group], device=dev)
         mask = torch.arange(rows.shape[1], device=dev)[None, :] < lengths[:, None]
-        return Bucket(torch.tensor([i for _, i, _ in group], device=dev), rows, mask[:, None, None, :])
+        return Bucket(torch.tensor([i for _, i, _ in group], device=dev), rows, lengths, mask[:, None, None, :])
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
@@ -151,50 +223,61 @@ class ModelRunner:
         inp = self.prepare(chunks)
         self.last_buckets = len(inp.buckets)
         model = self.hf.model
-        h = model.embed_tokens(inp.input_ids)[None]  # [1, T, H]
-        cos, sin = model.rotary_emb(h, inp.positions[None])
-        for i, layer in enumerate(model.layers):
-            residual = h
-            h = residual + self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, i, inp)
-            residual = h
-            h = residual + layer.mlp(layer.post_attention_layernorm(h))
-        h = model.norm(h)[0, inp.last_index]
-        return self.hf.lm_head(h).float()
+        h = model.embed_tokens(inp.input_ids)  # [T, H]
+        cos, sin = model.rotary_emb(h[None], inp.positions[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D]: one angle per position, every head
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(layer, layer.input_norm(h), cos, sin, i, inp)
+            x = layer.post_norm(h) @ layer.gate_up
+            gate, up = x.split(x.shape[-1] // 2, dim=-1)
+            h = h + (layer.act(gate) * up) @ layer.down
+        h = model.norm(h)[inp.last_index]
+        return (h @ self.lm_head).float()
 
-    def _attention(self, attn, x, cos, sin, layer: int, inp: StepInputs) -> torch.Tensor:
-        T = x.shape[1]
-        q = attn.q_proj(x).view(1, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self._rope(q, k, cos, sin)
-        k_rows, v_rows = self.kv_planes[layer]  # [rows, KVH, D]
-        k_rows.index_copy_(0, inp.write_rows, k[0].transpose(0, 1))
-        v_rows.index_copy_(0, inp.write_rows, v[0].transpose(0, 1))
-        q = q[0].transpose(0, 1)  # [T, H, D]
+    def _attention(self, layer: FusedLayer, x, cos, sin, index: int, inp: StepInputs) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = x @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv)
+        q, k, v = qkv.split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+        q = rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
+        k = rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        store = self.kv_planes[index]  # [rows, 2, KVH, D]
+        store.index_copy_(0, inp.write_rows, torch.stack((k, v), dim=1))
         out = torch.empty_like(q)
         for b in inp.buckets:
-            out[b.token_index] = self._decode_attention(q[b.token_index], k_rows, v_rows, b)
+            out[b.token_index] = self._decode_attention(q[b.token_index], store, b)
         for p in inp.prefills:
-            out[p.first : p.first + p.n] = self._prefill_attention(q[p.first : p.first + p.n], k_rows, v_rows, p)
-        return attn.o_proj(out.reshape(1, T, self.num_heads * self.head_dim))
+            out[p.first: p.first + p.n] = self._prefill_attention(q[p.first: p.first + p.n], k, v, store, p)
+        return out.view(T, self.q_dim) @ layer.o
 
-    def _decode_attention(self, q: torch.Tensor, k_rows, v_rows, b: Bucket) -> torch.Tensor:
-        """One query per sequence, grouped heads against their KV head by plain matmuls. q: [B, H, D]."""
+    def _decode_attention(self, q: torch.Tensor, store: torch.Tensor, b: Bucket) -> torch.Tensor:
+        """One query per sequence over its context, grouped heads. q: [B, H, D]. The compiled kernel reads the
+        rows where they lie (engines/scheduled/kernels.py); the torch path gathers them, then attends."""
+        if self.kernel is not None:
+            return self.kernel.decode_attention(q.contiguous(), store, b.rows, b.lengths, self.head_dim**-0.5)
         B, L = b.rows.shape
-        groups = self.num_heads // self.num_kv_heads
-        flat = b.rows.flatten()
-        keys = k_rows.index_select(0, flat).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        values = v_rows.index_select(0, flat).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        qg = q.view(B, self.num_kv_heads, groups, self.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.head_dim**-0.5  # [B, KVH, G, L]
-        scores = scores.masked_fill(~b.mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), values).view(B, self.num_heads, self.head_dim)
+        context = store.index_select(0, b.rows.flatten()).view(B, L, 2, self.num_kv_heads, self.head_dim)
+        keys, values = context.unbind(2)  # [B, L, KVH, D] each
+        out = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=b.mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return out[:, :, 0]  # [B, H, D]
 
-    def _prefill_attention(self, q: torch.Tensor, k_rows, v_rows, p: Prefill) -> torch.Tensor:
-        """Several queries of one sequence over its context. q: [n, H, D]."""
-        keys = k_rows.index_select(0, p.rows).transpose(0, 1)[None]  # [1, KVH, C, D]
-        values = v_rows.index_select(0, p.rows).transpose(0, 1)[None]
-        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=p.mask,
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: torch.Tensor,
+                           p: Prefill) -> torch.Tensor:
+        """Several queries of one sequence over its context: its own fresh K/V when the chunk is the whole
+        context, else its rows gathered. q: [n, H, D]."""
+        if p.rows is None:
+            keys, values = k[p.first: p.first + p.n], v[p.first: p.first + p.n]
+        else:
+            keys, values = store.index_select(0, p.rows).unbind(1)  # [C, KVH, D] each
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                             values.transpose(0, 1)[None], attn_mask=p.mask,
                                              is_causal=p.mask is None,
                                              enable_gqa=self.num_heads != self.num_kv_heads)  # [1, H, n, D]
         return out[0].transpose(0, 1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as transformers applies it (x * cos + rotate_half(x) * sin). x: [T, heads, D]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -184,9 +184,10 @@ class Scheduler:
         kv = self.kv.stats()
         return oom_context(self.running, len(self.waiting), kv.allocated_bytes, kv.kv_capacity_bytes)
 
-    def preempt(self, seq: Sequence) -> None:
-        """Recompute: drop its KV and put it back at the head of the queue, tokens kept."""
-        self._stop(seq)
+    def preempt(self, seq: Sequence, discard: bool = False) -> None:
+        """Recompute: drop its KV and put it back at the head of the queue, tokens kept. `discard`: its newest
+        rows were never written (a failed forward): the policy forgets what it promised of them."""
+        self._stop(seq, discard)
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -202,9 +203,9 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
-    def _stop(self, seq: Sequence) -> None:
+    def _stop(self, seq: Sequence, discard: bool = False) -> None:
         """Free its KV; out of the running set if it was there."""
-        self.kv.free(seq)
+        (self.kv.discard if discard else self.kv.free)(seq)
         if self._rank.pop(seq.seq_id, None) is not None:
             self.running.remove(seq)
         self._due.pop(seq.seq_id, None)

@@ -157,9 +157,10 @@ class KneeSearching:
                 self.end_visit(visit)
 
     def next_for(self, run: EngineRun) -> tuple[float, bool] | None:
-        """(rate, extend): a bracket end whose Wilson interval still holds the target gets more requests
-        first, up to the design's most; else a bisection while the bracket spans more than one grid step;
-        None when neither is left (the bracket is one grid step, both ends told from the target)."""
+        """(rate, extend): a bisection while the bracket is wider than the tolerance (a wide bracket is the
+        knee's widest uncertainty); then a bracket end whose Wilson interval (at the effective size) still
+        holds the target gets more requests, up to the decision's most; then bisections down to one grid step;
+        None when nothing is left to do (the bracket one grid step, both ends told from the target)."""
         st = self.searched(run)
         now = replace(st.search, max_points=10**6, measured=[(p.offered_rps, p.attainment)
                                                              for p in st.judged_points()])
@@ -167,6 +168,9 @@ class KneeSearching:
         if lo is None or hi is None:
             rate = now.next_rate()
             return None if rate is None else (rate, False)
+        middle = grid_rate((grid_index(lo) + grid_index(hi)) // 2)
+        if hi > lo * (1 + self.design.tolerance) + 1e-9 and grid_index(hi) - grid_index(lo) > 1:
+            return middle, False
         points = st.judged_points()
         d = design_effect(points)
         ends = bracket_ends(points, self.slo)
@@ -175,7 +179,5 @@ class KneeSearching:
                      <= wilson(float(p.met.sum()) / d, len(p.met) / d)[1]]
         if open_ends:
             return min(open_ends, key=lambda p: len(p.met)).offered_rps, True
-        if grid_index(hi) - grid_index(lo) > 1:
-            return grid_rate((grid_index(lo) + grid_index(hi)) // 2), False
-        return None
+        return (middle, False) if grid_index(hi) - grid_index(lo) > 1 else None
 

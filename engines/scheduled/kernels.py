@@ -1,0 +1,55 @@
+"""The runner's compiled kernel: decode attention read straight from the KV store on the CPU
+(csrc/decode_attention.cpp), built with the machine's own g++ once and cached where torch keeps its
+extensions. `make setup` builds it (`python -m engines.scheduled.kernels`); where it cannot be built (no
+compiler), or off the CPU, or for a dtype it does not take, the runner attends through torch (gather, then
+scaled_dot_product_attention), and says which in its `attention_path`.
+
+    python -m engines.scheduled.kernels     # build (or find) it; one line on what happened
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+NAME = "fragbench_decode_attention"
+
+
+@functools.cache
+def decode_attention_kernel():
+    """The compiled module, or None where it cannot be built here (the reason in `build_error`)."""
+    global build_error
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, a read-only cache: the torch path serves
+        build_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        return None
+
+
+build_error: str | None = None
+
+
+def usable(store: torch.Tensor) -> bool:
+    """Whether the kernel serves this store: fp32 on the CPU, and built."""
+    return store.device.type == "cpu" and store.dtype == torch.float32 and decode_attention_kernel() is not None
+
+
+def main() -> int:
+    kernel = decode_attention_kernel()
+    if kernel is None:
+        print(f"fragbench: the decode-attention kernel could not be built ({build_error}); the runner attends "
+              "through torch", file=sys.stderr)
+        return 0
+    print(f"fragbench: decode-attention kernel ready ({kernel.__file__})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -298,3 +298,18 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     assert engine.scheduler.config.max_num_seqs == 3  # one fewer than the step the device could not hold
     (_, event, _), = engine.oom_events
     assert event.cause == "capacity" and event.owner == "activations" and event.requested_bytes == 262 * MiB
+
+
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_34_minor_gpu_checks_attention_item_measures_and_can_fail(tiny_model, path, monkeypatch):
+    """The kernel item printed PASS with a SKIP and could not fail: it now compares the runner's decode
+    attention with a dense reference (here on the CPU, through both paths), and a wrong one is caught."""
+    import scripts.gpu_check as gpu_check
+    from engines.scheduled import model
+
+    if path == "torch":
+        monkeypatch.setattr(model, "usable", lambda store: False)
+    worst, used = gpu_check.decode_attention_error(str(tiny_model), "cpu")
+    assert worst < 1e-4 and ("kernel" in used) == (path == "kernel")
+    monkeypatch.setattr(model.ModelRunner, "_decode_attention", lambda self, q, store, b: q * 0)
+    assert gpu_check.decode_attention_error(str(tiny_model), "cpu")[0] > 1e-2

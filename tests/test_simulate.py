@@ -112,3 +112,24 @@ def test_the_incremental_simulator_keeps_the_per_sequence_figures(paper):
                 assert abs(r[f"{category}_share"] - share) <= 0.005, (workload, policy, category)
             assert r["mean_running"] == pytest.approx(running, rel=5e-3), (workload, policy)
             assert (r["oom_total"], r["preemptions"]) == (ooms, preemptions), (workload, policy)
+
+
+@pytest.mark.parametrize("fixture, args", [
+    ("azure-conv-20k", ["--model", "llama-3-70b", "--gpu", "h200-141gb", "--workload", "azure-conv", "--policy",
+                        "paged,static-oracle", "--requests", "20000", "--dtype", "float8", "--max-seq-len", "8192"]),
+    ("mooncake-prefix-5k", ["--model", "llama-3-8b", "--gpu", "a100-40gb", "--workload", "mooncake-prefix",
+                            "--policy", "paged,growth", "--requests", "5000"]),
+])
+def test_the_simulator_gives_the_recorded_json_for_the_same_seed(fixture, args):
+    """Its speed-ups change nothing it computes: the JSON of a run recorded before them (tests/fixtures/sim),
+    wall time aside."""
+    import json
+    from pathlib import Path
+
+    r = run_cli("simulate", *args, "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    for result in got["policies"].values():
+        result.pop("wall_s")
+    want = json.loads((Path(__file__).parent / "fixtures" / "sim" / f"{fixture}.json").read_text())
+    assert got == want

@@ -27,59 +27,67 @@ class Block:
 
 
 class BlockPool:
+    """The blocks, the LRU free queue and the prefix cache. A block held by one table is the common case and
+    costs nothing to count; blocks held by more (shared prefixes, forks) are counted by ref count in
+    `shared_refs`, so /stats reads sharing in O(1)."""
+
     def __init__(self, num_blocks: int):
         self.blocks = [Block(i) for i in range(num_blocks)]
         # LRU order: the head is evicted first. Cached blocks stay here, reusable, until evicted.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
-        # blocks by ref count (held ones only): /stats reads sharing in O(1), not block by block
-        self.by_refs: dict[int, int] = {}
-
-    def _counted(self, block: Block, delta: int) -> None:
-        if block.ref_count:
-            self.by_refs[block.ref_count] -= 1
-            if not self.by_refs[block.ref_count]:
-                del self.by_refs[block.ref_count]
-        block.ref_count += delta
-        if block.ref_count:
-            self.by_refs[block.ref_count] = self.by_refs.get(block.ref_count, 0) + 1
+        self.shared_refs: dict[int, int] = {}  # ref count (2 or more) -> blocks holding it
 
     @property
     def shared(self) -> int:
         """Blocks more than one table holds."""
-        return sum(n for refs, n in self.by_refs.items() if refs > 1)
+        return sum(self.shared_refs.values())
 
     @property
     def max_refs(self) -> int:
-        return max(self.by_refs, default=0)
+        return max(self.shared_refs, default=1 if self.num_free < len(self.blocks) else 0)
 
     @property
     def num_free(self) -> int:
         return len(self.free_queue)
 
+    def _share(self, refs: int, delta: int) -> None:
+        if refs >= 2:
+            left = self.shared_refs[refs] = self.shared_refs.get(refs, 0) + delta
+            if not left:
+                del self.shared_refs[refs]
+
     def take(self, n: int = 1) -> list[Block]:
         """n blocks from the head of the free queue (the least recently freed), each with one owner."""
-        out = [self.blocks[self.free_queue.popitem(last=False)[0]] for _ in range(n)]
+        pop, blocks, cached = self.free_queue.popitem, self.blocks, self.cached
+        out = [blocks[pop(last=False)[0]] for _ in range(n)]
         for block in out:
             if block.block_hash is not None:  # evict its cached content
-                del self.cached[block.block_hash]
+                del cached[block.block_hash]
                 block.block_hash = None
-            self._counted(block, 1)
+            block.ref_count = 1
         return out
 
     def touch(self, block: Block) -> None:
         """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
         if block.ref_count == 0:
             del self.free_queue[block.block_id]
-        self._counted(block, 1)
+        self._share(block.ref_count, -1)
+        block.ref_count += 1
+        self._share(block.ref_count, 1)
 
-    def release(self, blocks: list[Block]) -> None:
+    def release(self, blocks) -> None:
         """One owner fewer for each, in order: the ones nobody holds join the free queue's tail."""
+        queue = self.free_queue
         for block in blocks:
-            assert block.ref_count > 0, f"block {block.block_id} released more often than held"
-            self._counted(block, -1)
-            if block.ref_count == 0:
-                self.free_queue[block.block_id] = None
+            refs = block.ref_count
+            assert refs > 0, f"block {block.block_id} released more often than held"
+            block.ref_count = refs - 1
+            if refs == 1:
+                queue[block.block_id] = None
+            else:
+                self._share(refs, -1)
+                self._share(refs - 1, 1)
 
     def unregister(self, block: Block) -> None:
         """A block whose hash promised K/V that was never written: out of the prefix cache."""
@@ -158,12 +166,16 @@ class PagedKV(KVPolicy):
             rec = self.seqs[seq.seq_id] = self._match_prefix(seq, num_tokens)
             self._account(seq, rec, 1)
         self._copy_on_write(rec, num_tokens)
-        if len(rec.table) * self.block_size < num_tokens:
-            self._account(seq, rec, -1)
-            rec.table += self.pool.take(-(-num_tokens // self.block_size) - len(rec.table))
+        held = len(rec.table)
+        if held * self.block_size < num_tokens:
+            grown = -(-num_tokens // self.block_size)
+            rec.table += self.pool.take(grown - held)
             rec.rows = None
-            self._account(seq, rec, 1)
-        self._register_full_blocks(seq, rec, num_tokens)
+            bs, final = self.block_size, seq.final_len
+            self.totals.allocated_tokens += (grown - held) * bs
+            self.totals.eventual_tokens += min(grown * bs, final) - min(held * bs, final)
+        if self.prefix_caching:
+            self._register_full_blocks(seq, rec, num_tokens)
 
     def free(self, seq: SeqLike) -> None:
         rec = self.seqs.pop(seq.seq_id, None)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from engines.kv import Breakdown, KVStats
 from engines.memory import DeviceMemory, OOMEvent
+from engines.sampler import Logprob
 from engines.sequence import FinishReason, SamplingParams, Sequence
 
 
@@ -24,6 +25,8 @@ class TokenEvent:
     token_id: int | None
     finished: bool
     request_done: bool = False  # every sample of the request has ended
+    logprob: Logprob | None = None  # the token's, where the request asked (params.logprobs)
+    prompt_logprobs: list[Logprob | None] | None = None  # on a sample's first event, where it asked
 
 
 Sink = Callable[[TokenEvent], None]
@@ -67,6 +70,7 @@ class EngineStats:
     blocks: BlockPoolStats | None = None
     decode_steps: int | None = None  # the naive engine: tokens generated, batch by batch
     waiting_for_memory: int | None = None  # requests waiting while memory alone holds the queue back (scheduled)
+    free_outside_largest_bytes: int | None = None  # free bytes outside the largest extent (the older index)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -168,6 +172,7 @@ class Engine(ABC):
             internal_fragmentation_bytes=bd.internal_fragmentation_bytes,
             external_fragmentation_bytes=bd.external_fragmentation_bytes, allocated_bytes=kv.allocated_bytes,
             free_bytes=kv.free_bytes, largest_free_bytes=kv.largest_free_bytes,
+            free_outside_largest_bytes=kv.free_bytes - kv.largest_free_bytes,
             running=more.pop("running", len(live)), waiting=waiting, preempted_total=preempted_total,
             live_tokens=sum(s.num_tokens for s in live), kv_bytes_per_token=kv_bytes_per_token,
             oom_total=len(self.oom_events),
@@ -182,13 +187,13 @@ class Engine(ABC):
             return FinishReason.LENGTH
         return None
 
-    def _append(self, seq: Sequence, token: int) -> None:
+    def _append(self, seq: Sequence, token: int, logprob: Logprob | None = None) -> None:
         """A new token: the stop rule, then the event (finished when the rule says so)."""
         seq.token_ids.append(token)
         reason = self._stop_reason(seq)
         if reason is not None:
             self._finish(seq, reason)
-        self._emit(seq, token, reason is not None)
+        self._emit(seq, token, reason is not None, logprob)
 
     @abstractmethod
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
@@ -199,7 +204,7 @@ class Engine(ABC):
         self._finish(seq, reason)
         self._emit(seq, None, True)
 
-    def _emit(self, seq: Sequence, token_id: int | None, finished: bool) -> None:
+    def _emit(self, seq: Sequence, token_id: int | None, finished: bool, logprob: Logprob | None = None) -> None:
         done = False
         if finished:
             self.finished_total[seq.finish_reason.value] += 1
@@ -207,7 +212,8 @@ class Engine(ABC):
             done = all(s.is_finished for s in self.by_request.get(seq.request_id, []))
             if done:
                 self.by_request.pop(seq.request_id, None)
-        self.sink(TokenEvent(seq, token_id, finished, done))
+        first = seq.num_output_tokens == 1 and token_id is not None  # the prompt's logprobs ride its first token
+        self.sink(TokenEvent(seq, token_id, finished, done, logprob, seq.prompt_logprobs if first else None))
 
     def _forget(self, seq: Sequence) -> None:  # noqa: B027 - most engines keep no per-sample state
         """Drop per-sample state of a finished sample."""

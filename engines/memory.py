@@ -111,6 +111,12 @@ class DeviceMemory(ABC):
         rows of one store: a CUDA tensor of its own)."""
         return True
 
+    def free_bytes_below(self, nbytes: int) -> int:
+        """Free bytes in extents that cannot hold an allocation of `nbytes` (rounded as this allocator rounds
+        it): external fragmentation against that allocation."""
+        need = self.rounded(nbytes)
+        return sum(size for _, size, owner in self.extents() if owner is None and size < need)
+
     def max_units(self, unit_bytes: int, extra_bytes: int = 0) -> int:
         """The most whole units of unit_bytes one allocation (of `extra_bytes` more) can take now, rounding
         included: a pool sized so never asks for more than the budget. Rounding is monotonic, so a binary
@@ -213,6 +219,10 @@ class Arena(DeviceMemory):
             free = [(o, s, None) for o, s in self._heap.free_extents()]
         return sorted(used + free)
 
+    def free_bytes_below(self, nbytes: int) -> int:
+        with self._lock:
+            return self._heap.free_below(self._heap.round(nbytes))
+
     def view(self, alloc: Allocation) -> torch.Tensor:
         if self.backing is None:
             raise RuntimeError("this arena keeps bookkeeping only: it has no bytes to view")
@@ -256,6 +266,10 @@ class BestFitHeap:
 
     def largest(self) -> int:
         return self._by_size[-1][0] if self._by_size else 0
+
+    def free_below(self, size: int) -> int:
+        """Bytes in free extents smaller than `size` (the sizes are sorted: the ones before it)."""
+        return sum(s for s, _ in self._by_size[: bisect.bisect_left(self._by_size, (size, -1))])
 
     def free_extents(self) -> list[tuple[int, int]]:
         return list(self._by_start.items())
@@ -313,6 +327,9 @@ class BuddyHeap:
 
     def largest(self) -> int:
         return max((s for s, offs in self._free.items() if offs), default=0)
+
+    def free_below(self, size: int) -> int:
+        return sum(s * len(offs) for s, offs in self._free.items() if s < size)
 
     def free_extents(self) -> list[tuple[int, int]]:
         return [(o, s) for s, offs in self._free.items() for o in offs]

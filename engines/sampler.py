@@ -1,13 +1,34 @@
-"""Greedy, or temperature / top-p with one seeded generator per sample (reproducible under batching)."""
+"""One step's sampling, batched over its rows: the logits each row samples from (logit bias, penalties,
+temperature, min-p, top-k, top-p, as vLLM applies them), their argmax, and the raw model's logprobs (log-softmax
+of the fp32 logits) with each row's top alternatives; then, row by row, the draw: greedy, or a multinomial
+from the row's own seeded generator (reproducible under batching). A row's draw that fails fails its request
+alone.
+
+    step = process(logits, seqs)             # batched: every row's processed logits, argmax, raw logprobs
+    token = sample(step.rows[i], params, generator, greedy=step.greedy[i])
+    lp = step.logprobs(i, token)             # Logprob of the chosen token, or None where none was asked
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from engines.sequence import SamplingParams
+from engines.sequence import GREEDY_BELOW, SamplingParams, Sequence
 
-# Below this temperature sampling is greedy (as vLLM's _SAMPLING_EPS): dividing by it would overflow fp32.
-GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's default max_logprobs is 20 too
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One position's: the token there, its log-probability under the model, its rank (1: the most likely),
+    and the `top` most likely tokens with theirs."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
@@ -21,15 +42,120 @@ def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator
     return g
 
 
+@dataclass
+class StepLogits:
+    rows: torch.Tensor  # [R, V] what each row samples from (its own logits, processed where it asks)
+    greedy: list[int]  # each row's argmax of those
+    raw: torch.Tensor | None  # [L, V] log-softmax of the raw logits, for the rows that asked logprobs
+    top: tuple[torch.Tensor, torch.Tensor] | None  # their top-k values and ids, k the most any row asked
+    at: dict[int, int]  # row -> its index in raw
+    asked: list[int | None]  # each row's params.logprobs
+
+    def logprobs(self, row: int, token: int) -> Logprob | None:
+        k = self.asked[row]
+        if k is None:
+            return None
+        lp = self.raw[self.at[row]]
+        chosen = float(lp[token])
+        top = () if not k else tuple(zip(self.top[1][self.at[row], :k].tolist(),
+                                         self.top[0][self.at[row], :k].tolist(), strict=True))
+        return Logprob(token, chosen, int((lp > chosen).sum()) + 1, top)
+
+
+def process(logits: torch.Tensor, seqs: list[Sequence]) -> StepLogits:
+    """Every row's logits as it samples from them, their argmax, and the raw logprobs asked for."""
+    asked = [s.params.logprobs for s in seqs]
+    at = {i: j for j, i in enumerate(i for i, k in enumerate(asked) if k is not None)}
+    raw = top = None
+    if at:
+        raw = torch.log_softmax(logits[list(at)].float(), dim=-1)
+        k = max(asked[i] for i in at)
+        top = raw.topk(k, dim=-1) if k else None
+    busy = [i for i, s in enumerate(seqs) if not s.params.plain]
+    rows = logits
+    if busy:
+        rows = logits.clone()
+        rows[busy] = processed(logits[busy], [seqs[i] for i in busy])
+    return StepLogits(rows, rows.argmax(dim=-1).tolist(), raw, top, at, asked)
+
+
+def processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The rows' logits with their bias, penalties, temperature and truncations applied, all rows at once."""
+    x = logits.float()
+    R, V = x.shape
+    dev = x.device
+    params = [s.params for s in seqs]
+    bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
+    if bias:
+        rows, ids, values = zip(*bias, strict=True)
+        x.index_put_((torch.tensor(rows, device=dev), torch.tensor(ids, device=dev)),
+                     torch.tensor(values, device=dev, dtype=x.dtype), accumulate=True)
+    if any(p.presence_penalty or p.frequency_penalty for p in params):
+        counts = token_counts([s.output_ids for s in seqs], V, dev)
+        freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
+        pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+        x = x - freq * counts - pres * (counts > 0)
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = token_counts([s.token_ids for s in seqs], V, dev) > 0  # prompt and output, as vLLM
+        rp = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None].expand(R, V)
+        x = torch.where(seen, torch.where(x > 0, x / rp, x * rp), x)
+    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)[:, None]
+    x = x / temperature
+    sampled = [i for i, p in enumerate(params) if not p.greedy and (p.min_p > 0 or p.top_k > 0 or p.top_p < 1)]
+    if sampled:
+        x[sampled] = truncated(x[sampled], [params[i] for i in sampled])
+    return x.to(logits.dtype)
+
+
+def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
+    """[rows, vocab]: how often each token occurs in each row's list, in one scatter."""
+    counts = torch.zeros(len(token_lists), vocab, device=device)
+    rows = [i for i, ids in enumerate(token_lists) for _ in ids]
+    if rows:
+        ids = [t for ids in token_lists for t in ids]
+        counts.index_put_((torch.tensor(rows, device=device), torch.tensor(ids, device=device)),
+                          torch.ones(len(ids), device=device), accumulate=True)
+    return counts
+
+
+def truncated(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """min-p, then top-k, then top-p, per row, on tempered logits: what falls out is -inf."""
+    dev = x.device
+    probs = torch.softmax(x, dim=-1)
+    min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
+    x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    order = x.argsort(dim=-1, descending=True)
+    ranked = x.gather(-1, order)
+    k = torch.tensor([p.top_k if p.top_k > 0 else x.shape[-1] for p in params], device=dev)[:, None]
+    position = torch.arange(x.shape[-1], device=dev)[None, :]
+    ranked = ranked.masked_fill(position >= k, float("-inf"))
+    p_sorted = torch.softmax(ranked, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
+    ranked = ranked.masked_fill(p_sorted.cumsum(-1) - p_sorted >= top_p, float("-inf"))  # keeps the first
+    return torch.full_like(x, float("-inf")).scatter(-1, order, ranked)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
            greedy: int | None = None) -> int:
-    """One token from one row of fp32 logits. `greedy`: the row's argmax, already read with the whole batch's
-    (one device sync a step rather than one a row)."""
+    """One token from one row of processed logits (`process`): its argmax when greedy (`greedy`, read with the
+    whole step's), else a draw from its softmax with the row's own generator."""
     if params.temperature < GREEDY_BELOW:
         return greedy if greedy is not None else int(logits.argmax())
-    probs = torch.softmax(logits.cpu() / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < params.top_p  # always keeps the most likely token
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    probs = torch.softmax(logits.float().cpu(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def prompt_logprobs(logits: torch.Tensor, ids: list[int], start: int, k: int) -> list[Logprob]:
+    """Logprobs of tokens ids[start + 1 .. start + n] from the logits [n, V] at positions start .. start + n - 1,
+    batched over the positions."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(ids[start + 1: start + 1 + lp.shape[0]], device=lp.device)
+    lp = lp[: len(target)]
+    chosen = lp.gather(-1, target[:, None])[:, 0]
+    ranks = (lp > chosen[:, None]).sum(-1) + 1
+    top = lp.topk(k, dim=-1) if k else None
+    out = []
+    for j, (t, c, r) in enumerate(zip(target.tolist(), chosen.tolist(), ranks.tolist(), strict=True)):
+        alts = tuple(zip(top[1][j].tolist(), top[0][j].tolist(), strict=True)) if top is not None else ()
+        out.append(Logprob(t, c, r, alts))
+    return out

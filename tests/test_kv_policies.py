@@ -33,13 +33,29 @@ def test_static_reservations(reserve, expected):
     assert bd.capacity_bytes == 128 * KVB
 
 
-def test_static_oracle_holes_are_external_fragmentation():
+def test_static_oracle_holes_too_small_for_the_next_allocation_are_external_fragmentation():
     kv = StaticKV(Arena(64 * KVB), KVB, max_seq_len=32, reserve="oracle")
     a, b = seq("a", 4, 6), seq("b", 4, 6)
     kv.allocate(a, 4)
     kv.allocate(b, 4)
     kv.free(a)  # a 10-token hole before b, 44 tokens free after it
+    # no request waits: the next allocation is taken to be the recent median (10 tokens), which the hole holds
+    assert shares_tokens(kv.breakdown([b])) == (4, 6, 0, 0, 54)
+    kv.next_need_bytes = kv.allocation_bytes(seq("c", 12, 8))  # the queue's head needs 20: the hole cannot
     assert shares_tokens(kv.breakdown([b])) == (4, 6, 0, 10, 44)
+    assert shares_tokens(kv.breakdown_of(4)) == (4, 6, 0, 10, 44)
+
+
+def test_a_buddy_heap_of_max_length_reservations_strands_nothing_they_fit():
+    """static-max on buddy placement: every free block of a reservation's size holds the next one; a free
+    block too small for it is external fragmentation, however it came about."""
+    kv = StaticKV(Arena(128 * KVB, placement="buddy"), KVB, max_seq_len=32, reserve="max")
+    seqs = [seq(x, 4, 6) for x in "abcd"]
+    for s in seqs:
+        kv.allocate(s, 4)
+    kv.free(seqs[1])  # a 32-token buddy block free between two held ones
+    bd = kv.breakdown([seqs[0], seqs[2], seqs[3]])
+    assert bd.external_fragmentation_bytes == 0 and bd.free_bytes == 32 * KVB
 
 
 def test_static_admission_sees_free_bytes_not_extents():

@@ -75,12 +75,50 @@ def test_stop_strings_and_stop_token_ids_end_with_finish_reason_stop(client):
 
 def test_unsupported_and_bad_fields_are_400s_naming_them(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model_of(client), prompt="hi", max_tokens=2, logprobs=2)
+        client.completions.create(model=model_of(client), prompt="hi", max_tokens=2, best_of=3)
+    assert e.value.body["param"] == "best_of"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_of(client), prompt="hi", max_tokens=2, logprobs=21)
     assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_of(client), messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2, frequency_penalty=1.0)
-    assert e.value.body["param"] == "frequency_penalty"
+                                       max_tokens=2, top_logprobs=2)  # without logprobs: true
+    assert e.value.body["param"] == "top_logprobs"
+    if _engine(client) == "hf-cb":
+        with pytest.raises(openai.BadRequestError) as e:  # transformers' own logits, no per-request processors
+            client.chat.completions.create(model=model_of(client), messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, frequency_penalty=1.0)
+        assert e.value.body["param"] == "frequency_penalty"
+
+
+def _engine(client: openai.OpenAI) -> str:
+    url = str(client.base_url).rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(f"{url}/stats", timeout=30) as r:
+        return json.load(r)["engine"]
+
+
+def test_logprobs_as_the_sdk_parses_them(client):
+    """Completions' legacy object (echo: the prompt's positions first, the first without one), chat's content
+    entries, and the same greedy token on top of its own alternatives."""
+    model = model_of(client)
+    out = client.completions.create(model=model, prompt="hello there", max_tokens=3, logprobs=2, echo=True, **GREEDY)
+    lp = out.choices[0].logprobs
+    prompt_len = out.usage.prompt_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == prompt_len + 3
+    assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == out.choices[0].text
+    for value, top in zip(lp.token_logprobs[prompt_len:], lp.top_logprobs[prompt_len:], strict=True):
+        assert value == max(top.values())  # greedy: the chosen token is the most likely
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          logprobs=True, top_logprobs=3, **GREEDY)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 3 and c.bytes is not None for c in content)
+    assert all(c.logprob == c.top_logprobs[0].logprob for c in content)
+    scored = client.completions.create(model=model, prompt="hello there", max_tokens=0, echo=True, logprobs=0,
+                                       **GREEDY)
+    assert scored.usage.completion_tokens == 0 and scored.choices[0].text == "hello there" or \
+        scored.choices[0].text.strip() == "hello there"
+    assert scored.choices[0].logprobs.token_logprobs[1:] == lp.token_logprobs[1:prompt_len]
 
 
 def test_unknown_routes_answer_openai_json(client):

@@ -18,18 +18,26 @@ class Choice:
     min_tokens: int = 0
     eos_token_ids: frozenset[int] = frozenset()  # set when the server, not the engine, stops on EOS (min_tokens)
     prefix: str = ""  # echo: the prompt's text, sent before the first token
+    score_only: bool = False  # max_tokens 0: the prompt scored; the one token the engine makes is dropped
     tokens: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # each kept token's engines.sampler.Logprob (None: not asked)
+    prompt_logprobs: list | None = None  # the prompt's, from the sample's first event
     text: str = ""
     sent: int = 0  # characters of prefix + text already sent
     finish_reason: str | None = None
 
-    def add(self, token_id: int | None, engine_reason: str | None) -> str:
+    def add(self, token_id: int | None, engine_reason: str | None, logprob=None) -> str:
         """Take one event from the engine; the text to send now. A tail that may be the start of a stop
         string is held back until it is not (or the sample ends)."""
         if self.finish_reason is not None:
             return ""
+        if self.score_only:  # the prompt alone: its text (echo) and logprobs, no token of the engine's
+            self.finish_reason = "length"
+            self.sent = len(self.prefix)
+            return self.prefix
         if token_id is not None:
             self.tokens.append(token_id)
+            self.logprobs.append(logprob)
             self._token_stop(token_id)
             self.text = self.decode(self.tokens if self.finish_reason is None or self.include_stop_str
                                     else self.tokens[:-1])

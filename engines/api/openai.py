@@ -22,7 +22,7 @@ from engines.api.choices import Choice
 from engines.api.protocol import ChatBody, CompletionBody, SamplingBody, parse
 from engines.api.validation import CompletionRequest, InvalidRequest, check_engine, checked, error_body, prompt_ids
 from engines.engine import Request
-from engines.sequence import FinishReason, SamplingParams
+from engines.sequence import FinishReason
 
 MAX_BODY_BYTES = 1 * 2**20
 
@@ -33,6 +33,74 @@ class EngineFailed(Exception):
 
 def error_response(err: InvalidRequest) -> web.Response:
     return web.json_response(err.body(), status=err.status)
+
+
+class Logprobs:
+    """The logprobs of a choice as the APIs shape them: completions' `tokens`, `token_logprobs`,
+    `top_logprobs` (the chosen token among them, as OpenAI and vLLM return it) and `text_offset`, the prompt's
+    positions first with echo (its first has none); vLLM's `prompt_logprobs`; chat's `content` entries (token,
+    logprob, bytes, top_logprobs). None where the request asked for none."""
+
+    def __init__(self, tokenizer, req: CompletionRequest):
+        self.tok, self.req = tokenizer, req
+
+    def text(self, token_id: int) -> str:
+        return self.tok.decode([token_id], skip_special_tokens=False)
+
+    def completion(self, choice: Choice, new: range, echo: bool) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+        entries = []  # (token id, logprob or None, top dict or None)
+        if echo:
+            prompt = self.req.prompts[choice.index // self.req.n]
+            scored = choice.prompt_logprobs or [None] * len(prompt)
+            for token, lp in zip(prompt, scored, strict=False):
+                entries.append((token, None if lp is None else lp.logprob, self.top(lp)))
+        offset = 0 if echo else len(choice.prefix) + len(self.tok.decode(choice.tokens[: new.start]))
+        for i in new:
+            lp = choice.logprobs[i]
+            entries.append((choice.tokens[i], None if lp is None else lp.logprob, self.top(lp)))
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, logprob, top in entries:
+            text = self.text(token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(logprob)
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(offset)
+            offset += len(text)
+        return out
+
+    def top(self, lp) -> dict | None:
+        if lp is None:
+            return None
+        return {**{self.text(t): v for t, v in lp.top}, self.text(lp.token_id): lp.logprob}
+
+    def prompt(self, choice: Choice) -> dict:
+        """vLLM's `prompt_logprobs`: per prompt position None (the first) or {token id: logprob, rank,
+        decoded_token}, the prompt's own token and the top alternatives."""
+        if self.req.prompt_logprobs is None:
+            return {}
+        rows = []
+        for lp in choice.prompt_logprobs or []:
+            if lp is None:
+                rows.append(None)
+                continue
+            row = {str(t): {"logprob": v, "rank": r + 1, "decoded_token": self.text(t)} for r, (t, v) in
+                   enumerate(lp.top)}
+            row[str(lp.token_id)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self.text(lp.token_id)}
+            rows.append(row)
+        return {"prompt_logprobs": rows}
+
+    def chat(self, logprobs: list) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+
+        def entry(token: int, value: float) -> dict:
+            text = self.text(token)
+            return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in logprobs if lp is not None]}
 
 
 class OpenAIRoutes:
@@ -66,7 +134,7 @@ class OpenAIRoutes:
         engine = self.server.engine
         req = checked(body, prompts, engine.vocab_size, engine.max_seq_len, chat=chat, echo=echo,
                       default_temperature=0.0 if getattr(engine, "greedy_only", False) else 1.0)
-        check_engine(engine, req.temperature)
+        check_engine(engine, req)
         return req
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -95,9 +163,7 @@ class OpenAIRoutes:
         if thread.failure is not None:
             return web.json_response(error_body(f"engine failed: {thread.failure}", "engine_error", 503),
                                      status=503)
-        # the server stops on EOS itself when min_tokens must hold it off (the engines stop on EOS at once)
-        params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.seed,
-                                req.ignore_eos or req.min_tokens > 0)
+        params = req.sampling()
         loop = asyncio.get_running_loop()
         streams = []
         for i, prompt in enumerate(req.prompts):
@@ -123,7 +189,8 @@ class OpenAIRoutes:
                       include_stop_str=req.include_stop_str_in_output, min_tokens=req.min_tokens,
                       eos_token_ids=(self.server.engine.eos_token_ids if req.min_tokens and not req.ignore_eos
                                      else frozenset()),
-                      prefix=tok.decode(prompt, skip_special_tokens=req.skip_special_tokens) if req.echo else "")
+                      prefix=tok.decode(prompt, skip_special_tokens=req.skip_special_tokens) if req.echo else "",
+                      score_only=req.score_only)
 
     def _abort(self, rid: str, req: CompletionRequest, prompts: range | None = None) -> None:
         for i in prompts if prompts is not None else range(len(req.prompts)):
@@ -159,10 +226,13 @@ class OpenAIRoutes:
                 choice = choices[index]
                 if choice.finish_reason is not None:
                     continue  # stopped by the API; the engine's events for it come after
-                delta = choice.add(ev.token_id, ev.seq.finish_reason.value if ev.finished else None)
+                if ev.prompt_logprobs is not None:
+                    choice.prompt_logprobs = ev.prompt_logprobs
+                kept = len(choice.tokens)
+                delta = choice.add(ev.token_id, ev.seq.finish_reason.value if ev.finished else None, ev.logprob)
                 if choice.finish_reason is not None and not ev.finished:
                     self._stop_early(rid, req, choices, index)
-                yield choice, delta, ev.token_id
+                yield choice, delta, ev.token_id if len(choice.tokens) > kept else None
         finally:
             for t in tasks:
                 t.cancel()
@@ -185,23 +255,29 @@ class OpenAIRoutes:
     async def _whole(self, rid: str, req: CompletionRequest, streams: list, choices: list[Choice]) -> web.Response:
         async for _ in self._events(rid, req, streams, choices):
             pass
+        lp = Logprobs(self.server.tokenizer, req)
         if req.chat:
-            out = [{"index": c.index, "message": {"role": "assistant", "content": c.output}, "logprobs": None,
-                    "finish_reason": c.finish_reason} for c in choices]
+            out = [{"index": c.index, "message": {"role": "assistant", "content": c.output},
+                    "logprobs": lp.chat(c.logprobs), "finish_reason": c.finish_reason} for c in choices]
         else:
-            out = [{"index": c.index, "text": c.output, "token_ids": c.tokens, "logprobs": None,
-                    "finish_reason": c.finish_reason} for c in choices]
+            out = [{"index": c.index, "text": c.output, "token_ids": c.tokens,
+                    "logprobs": lp.completion(c, range(len(c.tokens)), echo=req.echo),
+                    "finish_reason": c.finish_reason, **lp.prompt(c)} for c in choices]
         return web.json_response({**self._head(rid, req, int(time.time())), "choices": out,
                                   "usage": self._usage(req, choices)})
 
     def _chunk_choice(self, req: CompletionRequest, choice: Choice, delta: str, token_id: int | None,
                       first: bool) -> dict:
         finish = choice.finish_reason
+        lp = Logprobs(self.server.tokenizer, req)
+        new = range(len(choice.tokens) - 1, len(choice.tokens)) if token_id is not None else range(0)
         if req.chat:
             message = {"role": "assistant", "content": delta} if first else {"content": delta}
-            return {"index": choice.index, "delta": message, "logprobs": None, "finish_reason": finish}
+            return {"index": choice.index, "delta": message,
+                    "logprobs": lp.chat([choice.logprobs[i] for i in new]), "finish_reason": finish}
         return {"index": choice.index, "text": delta, "token_ids": [token_id] if token_id is not None else [],
-                "logprobs": None, "finish_reason": finish}
+                "logprobs": lp.completion(choice, new, echo=req.echo and first), "finish_reason": finish,
+                **(lp.prompt(choice) if first else {})}
 
     async def _stream(self, request: web.Request, rid: str, req: CompletionRequest, streams,
                       choices: list[Choice]) -> web.StreamResponse:

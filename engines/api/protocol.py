@@ -14,15 +14,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.api.validation import MAX_N, SEED_RANGE, InvalidRequest
+from engines.sampler import MAX_LOGPROBS
 
 Stop = str | list[str] | None
 
 
 class Unsupported(ValueError):
-    """A known field set to something fragbench's engines cannot do."""
+    """A known field set to something fragbench's engines cannot do (or cannot do alone: `why`)."""
 
-    def __init__(self, field: str, value: Any, allowed: tuple):
-        super().__init__(f"{field}={value!r} is not supported by fragbench's engines (accepted: "
+    def __init__(self, field: str, value: Any, allowed: tuple, why: str | None = None):
+        super().__init__(f"{field}={value!r}: {why}" if why else
+                         f"{field}={value!r} is not supported by fragbench's engines (accepted: "
                          f"{', '.join(repr(a) for a in allowed)})")
         self.field = field
 
@@ -36,7 +38,7 @@ class SamplingBody(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0 scores the prompt alone (completions, with echo)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -57,17 +59,18 @@ class SamplingBody(BaseModel):
     store: bool | None = None
     service_tier: str | None = None
     priority: int = 0
+    # sampling, as vLLM applies it (engines/sampler.py)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias in [-100, 100]
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's: every prompt position's
     # rejected unless at their no-op value
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict | None = None
-    top_k: int | None = None
-    min_p: float | None = None
     best_of: int | None = None
     use_beam_search: bool = False
     length_penalty: float | None = None
-    prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -79,9 +82,7 @@ class SamplingBody(BaseModel):
 
     # each refused field with the values that ask for nothing (an empty {} or [] counts as unset)
     NO_OP: ClassVar[dict[str, tuple]] = {
-        "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
-        "length_penalty": (None, 1), "logit_bias": UNSET, "top_k": (None, -1, 0), "min_p": (None, 0),
-        "best_of": (None, 1), "use_beam_search": (False,), "prompt_logprobs": UNSET, "truncate_prompt_tokens": UNSET,
+        "length_penalty": (None, 1), "best_of": (None, 1), "use_beam_search": (False,), "truncate_prompt_tokens": UNSET,
         "guided_json": UNSET, "guided_regex": UNSET, "guided_choice": UNSET, "guided_grammar": UNSET,
         "structured_outputs": UNSET, "response_format": (None, {"type": "text"}),
     }
@@ -93,6 +94,16 @@ class SamplingBody(BaseModel):
             if value not in allowed and value not in ({}, []):
                 raise Unsupported(name, value, allowed)
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (v or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys are token ids, not {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias[{key}] must be in [-100, 100], not {value}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -136,11 +147,11 @@ class SamplingBody(BaseModel):
 class CompletionBody(SamplingBody):
     prompt: Any = None  # a text, token ids, or a list of either: checked with the tokenizer at hand
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
     add_special_tokens: bool = True
 
-    NO_OP: ClassVar[dict[str, tuple]] = {**SamplingBody.NO_OP, "logprobs": UNSET, "suffix": UNSET}
+    NO_OP: ClassVar[dict[str, tuple]] = {**SamplingBody.NO_OP, "suffix": UNSET}
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -163,7 +174,7 @@ class Message(BaseModel):
 class ChatBody(SamplingBody):
     messages: list[Message] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -181,11 +192,18 @@ class ChatBody(SamplingBody):
     web_search_options: Any = None
 
     NO_OP: ClassVar[dict[str, tuple]] = {
-        **SamplingBody.NO_OP, "logprobs": (False,), "top_logprobs": UNSET, "tools": UNSET,
+        **SamplingBody.NO_OP, "tools": UNSET,
         "tool_choice": (None, "none", "auto"), "functions": UNSET, "function_call": UNSET, "chat_template": UNSET,
         "chat_template_kwargs": UNSET, "modalities": (None, ["text"]), "audio": UNSET, "prediction": UNSET,
         "reasoning_effort": UNSET, "web_search_options": UNSET,
     }
+
+    @model_validator(mode="after")
+    def _top_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise Unsupported("top_logprobs", self.top_logprobs, (None,), "it needs logprobs: true")
+        return self
+
 
 def parse(model: type[SamplingBody], body) -> SamplingBody:
     """The body as `model`, or an InvalidRequest naming the first field that is wrong."""

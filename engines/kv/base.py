@@ -115,6 +115,12 @@ class KVPolicy(ABC):
         """Row indices in `store()` of positions [0, n) of seq, as a tensor on the store's device. It
         changes only when the policy allocates for seq: the runner may read it every step for free."""
 
+    def allocation_bytes(self, seq: SeqLike) -> int | None:
+        """What admitting seq would allocate now (contiguous policies: its buffer; None: nothing extent-shaped)."""
+        return None
+
+    next_need_bytes: int | None = None  # the scheduler's queue head's allocation_bytes, each step
+
     def discard(self, seq: SeqLike) -> None:
         """Free a sequence whose newest rows were never written (its forward failed): nothing of it may be
         found again (a prefix cache forgets the blocks it hashed past what was computed)."""

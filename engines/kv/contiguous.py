@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 import torch
 
 from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.memory import Allocation, Arena, DeviceMemory
+
+RECENT_ALLOCATIONS = 256  # allocations whose median stands for the next one when no request waits
 
 
 class ContiguousKV(KVPolicy):
@@ -19,6 +24,10 @@ class ContiguousKV(KVPolicy):
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_seq_len = max_seq_len
         self.pad_bytes = 0 if memory.row_aligned(kv_bytes_per_token) else kv_bytes_per_token - 1
+        # what the next allocation needs (the scheduler's queue head, `allocation_bytes`), else the median of the
+        # recent ones: free extents too small for it are external fragmentation
+        self.next_need_bytes: int | None = None
+        self.recent_bytes: deque[int] = deque(maxlen=RECENT_ALLOCATIONS)
         self.allocs: dict[str, Allocation] = {}
         self.totals = HeldTotals()
         self._all_rows: torch.Tensor | None = None  # built on the first rows(): the simulator never asks
@@ -96,14 +105,24 @@ class ContiguousKV(KVPolicy):
         return self._breakdown(live_tokens * kvb, (held.eventual_tokens - live_tokens) * kvb,
                                (held.allocated_tokens - held.eventual_tokens) * kvb + held.remainder_bytes)
 
+    def need_bytes(self) -> int | None:
+        """The allocation external fragmentation is judged against: the queue head's, else the recent median."""
+        if self.next_need_bytes is not None:
+            return self.next_need_bytes
+        return int(statistics.median(self.recent_bytes)) if self.recent_bytes else None
+
     def _breakdown(self, tokens: int, reservation: int, internal: int) -> Breakdown:
+        """Free bytes in extents too small for the next allocation are external fragmentation (they hold no
+        request that comes); the rest of the free bytes are free, however many holes they lie in."""
         mem = self.memory.stats()
+        need = self.need_bytes()
+        external = self.memory.free_bytes_below(need) if need else 0
         return Breakdown(
             token_states_bytes=tokens,
             reservation_bytes=reservation,
             internal_fragmentation_bytes=internal,
-            external_fragmentation_bytes=mem.free_bytes - mem.largest_free_bytes,
-            free_bytes=mem.largest_free_bytes,
+            external_fragmentation_bytes=external,
+            free_bytes=mem.free_bytes - external,
         )
 
     def stats(self) -> KVStats:
@@ -122,6 +141,7 @@ class ContiguousKV(KVPolicy):
     def _replace(self, seq: SeqLike, tokens: int) -> None:
         """Allocate the new buffer before freeing the old, as torch.cat does: both live at the peak."""
         new = self.memory.allocate(tokens * self.kv_bytes_per_token + self.pad_bytes, owner=seq.seq_id)
+        self.recent_bytes.append(new.size)
         old = self.allocs.get(seq.seq_id)
         self.allocs[seq.seq_id] = new
         self._account(seq, new, 1)

@@ -21,6 +21,9 @@ class GrowthKV(ContiguousKV):
     def _target(self, num_tokens: int) -> int:
         return -(-num_tokens // self.grow_tokens) * self.grow_tokens
 
+    def allocation_bytes(self, seq: SeqLike) -> int:
+        return self.memory.rounded(self._target(seq.num_tokens) * self.kv_bytes_per_token + self.pad_bytes)
+
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
         if num_tokens <= self.capacity_tokens(seq) or not self.preflight:
             return True

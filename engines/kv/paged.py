@@ -324,8 +324,9 @@ class PagedKV(KVPolicy):
         return max(0, total - len(table)) + (1 if self._shared_tail(table, num_tokens) else 0)
 
     def _lookup_prefix(self, seq: SeqLike, num_tokens: int) -> list[Block]:
-        if not self.prefix_caching:
-            return []
+        params = getattr(seq, "params", None)
+        if not self.prefix_caching or getattr(params, "prompt_logprobs", None) is not None:
+            return []  # prompt logprobs need every prompt position's logits: nothing is served from the cache
         bs, hits, parent = self.block_size, [], None
         # never the block holding the last known token: its logits must be computed
         for i in range((min(num_tokens, len(seq.token_ids)) - 1) // bs):

@@ -39,6 +39,10 @@ class StaticKV(ContiguousKV):
             return min(self.max_seq_len, next_pow2(seq.final_len))
         return seq.final_len
 
+    def allocation_bytes(self, seq: SeqLike) -> int:
+        return self.memory.rounded(max(seq.num_tokens, self.reservation_tokens(seq)) * self.kv_bytes_per_token
+                                   + self.pad_bytes)
+
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
         if self.holds(seq):
             return num_tokens <= self.capacity_tokens(seq)

@@ -8,33 +8,37 @@ makes on a GPU. A failed allocation crashes the engine (`--on-oom crash`, the de
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 
 import torch
-from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.memory import Allocation, DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
+from engines.sampler import StepLogits, process, prompt_logprobs
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
 class ArenaLayer(DynamicLayer):
     """A DynamicLayer whose concatenations allocate from the device memory."""
 
-    def __init__(self, memory: DeviceMemory, owner: str):
+    def __init__(self, memory: DeviceMemory, owner: str, recent: deque[int]):
         super().__init__()
         self.memory = memory
         self.owner = owner
+        self.recent = recent  # the engine's recent allocation sizes: what its next one will be like
         self.allocs: list[Allocation] = []
 
     def _cat(self, old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, Allocation]:
         shape = (*new.shape[:-2], old.shape[-2] + new.shape[-2] if old.numel() else new.shape[-2], new.shape[-1])
         nbytes = new.dtype.itemsize * shape[0] * shape[1] * shape[2] * shape[3]
         alloc = self.memory.allocate(nbytes, owner=self.owner)
+        self.recent.append(alloc.size)
         out = self.memory.view(alloc)[:nbytes].view(new.dtype).view(shape)
         torch.cat([old, new], dim=-2, out=out) if old.numel() else out.copy_(new)
         return out, alloc
@@ -58,22 +62,36 @@ class ArenaLayer(DynamicLayer):
         self.allocs = []
 
 
-class RowStopper(StoppingCriteria):
-    """Called once per generated token: emits it, applies aborts, and ends rows one by one."""
+class RowSampling(LogitsProcessor):
+    """fragbench's own sampling on transformers' batch (engines/sampler.py, the scheduled engines' too): each
+    row's bias, penalties, temperature and truncations, and the raw logprobs its stopper reports; generate's
+    own warpers are off, so it samples (or takes the argmax) from exactly these logits."""
 
-    def __init__(self, engine: HFEngine, rows: list[Sequence], prompt_width: int):
+    def __init__(self, rows: list[Sequence]):
+        self.rows = rows  # their token_ids hold what the stopper appended: the sample so far, as penalties read it
+        self.step: StepLogits | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.step = process(scores, self.rows)
+        return self.step.rows
+
+
+class RowStopper(StoppingCriteria):
+    """Called once per generated token: emits it (with its logprob), applies aborts, and ends rows one by one."""
+
+    def __init__(self, engine: HFEngine, rows: list[Sequence], sampling: RowSampling):
         self.engine = engine
         self.rows = rows
-        self.prompt_width = prompt_width
+        self.sampling = sampling
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         self.engine.poll()  # adds and aborts that arrived during the batch
         self.engine.decode_steps += 1
         new = input_ids[:, -1].tolist()
         done = []
-        for seq, token in zip(self.rows, new, strict=True):
+        for i, (seq, token) in enumerate(zip(self.rows, new, strict=True)):
             if not seq.is_finished:
-                self.engine._append(seq, token)
+                self.engine._append(seq, token, self.sampling.step.logprobs(i, token))
             done.append(seq.is_finished)
         return torch.tensor(done, device=input_ids.device)
 
@@ -90,6 +108,7 @@ class HFEngine(Engine):
         self.batch: list[Sequence] = []
         self.aborted_at: dict[str, tuple[float, int | None]] = {}  # KV held until the batch ends
         self.decode_steps = 0
+        self.recent_bytes: deque[int] = deque(maxlen=256)  # its concatenations' sizes, for external fragmentation
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = [request.sample(i, self.max_seq_len) for i in range(request.n)]
@@ -123,12 +142,12 @@ class HFEngine(Engine):
                 self._end(seq, reason)
 
     def _next_batch(self) -> list[Sequence]:
-        """Consecutive waiting requests that share one sampling configuration, up to max_batch rows."""
+        """Consecutive waiting requests that all sample or all decode greedily, up to max_batch rows (each
+        row's own parameters apply in RowSampling; whether to sample is generate's, one for the batch)."""
         first = self.waiting[0].params
         batch: list[Sequence] = []
         while self.waiting and len(batch) < self.max_batch:
-            p = self.waiting[0].params
-            if (p.temperature, p.top_p) != (first.temperature, first.top_p):
+            if self.waiting[0].params.greedy != first.greedy:
                 break
             batch.append(self.waiting.popleft())
         return batch
@@ -144,25 +163,27 @@ class HFEngine(Engine):
         ids = torch.tensor([[pad] * (width - s.num_prompt_tokens) + s.prompt_ids for s in batch])
         mask = torch.tensor([[0] * (width - s.num_prompt_tokens) + [1] * s.num_prompt_tokens for s in batch])
         cache = DynamicCache()
-        cache.layers = [ArenaLayer(self.memory, owner=f"batch:{batch[0].request_id}")
+        cache.layers = [ArenaLayer(self.memory, owner=f"batch:{batch[0].request_id}", recent=self.recent_bytes)
                         for _ in range(self.model.config.num_hidden_layers)]
         params = batch[0].params
         if params.seed is not None:
             torch.manual_seed(params.seed)
         max_new = min(max(s.params.max_tokens for s in batch), self.max_seq_len - width)
+        sampling = RowSampling(batch)
         try:
+            self._score_prompts(batch)
             self.model.generate(
                 input_ids=ids.to(self.model.device),
                 attention_mask=mask.to(self.model.device),
                 cache=cache,
                 max_new_tokens=max(1, max_new),
-                do_sample=params.temperature > 0,
-                temperature=params.temperature if params.temperature > 0 else None,
-                top_p=params.top_p if params.temperature > 0 else None,
-                top_k=None,
+                do_sample=not params.greedy,
+                # RowSampling applies each row's own: generate's warpers off (its top_k defaults to 50)
+                temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=None,
+                logits_processor=LogitsProcessorList([sampling]),
                 eos_token_id=None,  # each row stops on its own terms, in RowStopper
                 pad_token_id=pad,
-                stopping_criteria=StoppingCriteriaList([RowStopper(self, batch, width)]),
+                stopping_criteria=StoppingCriteriaList([RowStopper(self, batch, sampling)]),
             )
         except (OutOfMemory, torch.OutOfMemoryError) as err:
             # the KV past its budget (the memory's OOM), or the device's cap under the activations
@@ -187,6 +208,16 @@ class HFEngine(Engine):
                     self._released(*self.aborted_at.pop(seq.seq_id))
             self.batch = []
 
+    def _score_prompts(self, batch: list[Sequence]) -> None:
+        """The prompt logprobs rows ask for, one forward each over their own prompt (generate keeps no
+        prompt logits). The naive engine pays for them as a naive server would."""
+        for seq in batch:
+            if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+                with torch.inference_mode():
+                    logits = self.model(torch.tensor([seq.prompt_ids], device=self.model.device)).logits[0]
+                seq.prompt_logprobs = [None, *prompt_logprobs(logits[:-1], seq.prompt_ids, 0,
+                                                              seq.params.prompt_logprobs)]
+
     def stats(self) -> EngineStats:
         mem = self.memory.stats()
         live = [s for s in self.batch if not s.is_finished]
@@ -196,8 +227,10 @@ class HFEngine(Engine):
             reservation_bytes=0,  # concatenation reserves nothing ahead
             # padding, and rows that ended but whose KV the batch still holds
             internal_fragmentation_bytes=mem.allocated_bytes - token_states,
-            external_fragmentation_bytes=mem.free_bytes - mem.largest_free_bytes,
-            free_bytes=mem.largest_free_bytes,
+            # free bytes in extents too small for a concatenation like its recent ones (they hold none)
+            external_fragmentation_bytes=(external := self.memory.free_bytes_below(
+                int(statistics.median(self.recent_bytes))) if self.recent_bytes else 0),
+            free_bytes=mem.free_bytes - external,
         )
         kv = KVStats(mem.capacity_bytes, mem.allocated_bytes, mem.free_bytes, mem.largest_free_bytes, len(live))
         return self._stats("growth", kv, bd, live, len(self.waiting), 0, self.kv_bytes_per_token,

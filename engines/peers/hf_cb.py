@@ -2,7 +2,9 @@
 
 The manager runs its own generation thread; `step()` drains its streamed outputs. Its cache is its
 own (not the arena), sized to the same KV budget; memory state comes from the cache's block pool.
-It decodes greedily: transformers' per-request sampling needs processors fixed at start.
+It decodes greedily: transformers' per-request sampling needs processors fixed at start. Its outputs carry
+no logits: a request that asks for logprobs is scored by a second copy of the model (loaded on the first
+such request), teacher-forced over the prompt and the tokens delivered so far.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class HFContinuousBatchingEngine(Engine):
                                                          continuous_batching_config=cb_config)
         self.manager.start()
         self.seqs: dict[str, Sequence] = {}  # manager request id -> sample
+        self.model_dir = spec.model_dir
+        self.scorer = None  # the model copy that scores logprobs, loaded when a request first asks
 
     def add_request(self, request: Request) -> list[Sequence]:
         seqs = []
@@ -72,13 +76,37 @@ class HFContinuousBatchingEngine(Engine):
         if result.error:
             self._end(seq, FinishReason.OOM)
             return
-        for token in result.generated_tokens[seq.num_output_tokens :]:
+        new = result.generated_tokens[seq.num_output_tokens:]
+        logprobs = self._score(seq, new) if new and (seq.params.logprobs is not None
+                                                   or seq.params.prompt_logprobs is not None) else [None] * len(new)
+        for token, logprob in zip(new, logprobs, strict=True):
             self.steps += 1
-            self._append(seq, token)
+            self._append(seq, token, logprob)
             if seq.is_finished:
                 return
         if result.is_finished():
             self._end(seq, FinishReason.LENGTH)
+
+    def _score(self, seq: Sequence, new: list[int]) -> list:
+        """Logprobs of the delivered tokens (and, the first time, of the prompt), from one teacher-forced forward
+        of the scoring copy over the prompt, the tokens so far and these."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from engines.sampler import prompt_logprobs
+
+        if self.scorer is None:
+            self.scorer = AutoModelForCausalLM.from_pretrained(self.model_dir).to(self.device).eval()
+        ids = seq.token_ids + list(new)
+        with torch.inference_mode():
+            logits = self.scorer(torch.tensor([ids], device=self.device)).logits[0]
+        if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+            seq.prompt_logprobs = [None, *prompt_logprobs(logits[: seq.num_prompt_tokens - 1], ids, 0,
+                                                          seq.params.prompt_logprobs)]
+        if seq.params.logprobs is None:
+            return [None] * len(new)
+        start = len(seq.token_ids) - 1  # the logits at this position predict the first new token
+        return prompt_logprobs(logits[start: start + len(new)], ids, start, seq.params.logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if reason == FinishReason.STOP:

@@ -13,7 +13,7 @@ from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
 from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import oom_context
-from engines.sampler import make_generator, sample
+from engines.sampler import make_generator, process, prompt_logprobs, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
@@ -73,22 +73,28 @@ class ScheduledEngine(Engine):
         if not plan.chunks:
             return
         chunks = plan.chunks
+        # prompt logprobs: the logits of every prompt position of a chunk that computes them for the first time
+        scored = {i for i, c in enumerate(chunks) if c.seq.params.prompt_logprobs is not None
+                  and c.seq.prompt_logprobs is None and c.end - c.start > 1}
         try:
-            logits = self.runner.forward(chunks)
+            logits = self.runner.forward(chunks, scored)
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
             self._forward_oom(plan, err)
             return
         self.steps += 1
-        greedy = logits.argmax(dim=-1).tolist()  # every greedy row's token in one device sync, not one per row
-        for chunk, row, best in zip(plan.chunks, logits, greedy, strict=True):
+        step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs
+        for i, chunk in enumerate(chunks):
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
             if seq.is_finished:  # a sibling's failure earlier in this loop ended it
                 continue
             try:
+                if i in scored:
+                    seq.prompt_logprobs = self._prompt_logprobs(seq, chunk, self.runner.position_logits[i])
                 if seq.seq_id in self.pending_forks:
-                    self._fork(seq, row)
-                self._append(seq, sample(row, seq.params, self.generators[seq.seq_id], greedy=best))
+                    self._fork(seq, step, i)
+                token = sample(step.rows[i], seq.params, self.generators[seq.seq_id], greedy=step.greedy[i])
+                self._append(seq, token, step.logprobs(i, token))
             except Exception as err:  # one sequence's failure is its request's alone
                 self.fail_request(seq.request_id, err)
         if self.step_recorder is not None:
@@ -96,6 +102,13 @@ class ScheduledEngine(Engine):
                 time.time(), time.perf_counter() - started, len(plan.decodes), len(plan.prefills),
                 sum(c.end - c.start for c in chunks), sum(c.end for c in chunks), self.runner.last_buckets,
                 len(self.scheduler.running), len(self.scheduler.waiting)))
+
+    def _prompt_logprobs(self, seq: Sequence, chunk, logits: torch.Tensor) -> list:
+        """Every prompt position's logprob (the first has none), from the chunk that computed the whole prompt:
+        a sequence that asks for them is never served from the prefix cache (its prompt's logits are needed)."""
+        n = seq.num_prompt_tokens
+        return [None, *prompt_logprobs(logits[: n - 1 - chunk.start], seq.prompt_ids, chunk.start,
+                                       seq.params.prompt_logprobs)]
 
     def _forward_oom(self, plan, err: Exception) -> None:
         """An OOM event (the device's, under the activations, not the KV budget's) and smaller steps from now
@@ -133,12 +146,15 @@ class ScheduledEngine(Engine):
             self.step_recorder.close()
         super().close()
 
-    def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
-        """Parallel samples: after the prompt's prefill, children share its KV and sample on their own."""
+    def _fork(self, parent: Sequence, step, row: int) -> None:
+        """Parallel samples: after the prompt's prefill, children share its KV and sample on their own, from
+        the parent's row of the step."""
         request = self.pending_forks.pop(parent.seq_id)
+        logits = step.rows[row]
         for i in range(1, request.n):
             child = self._new_seq(request, i, parent.token_ids)
             child.num_computed_tokens = parent.num_computed_tokens
+            child.prompt_logprobs = parent.prompt_logprobs
             oom = None
             try:
                 self.kv.fork(parent, child)
@@ -147,10 +163,10 @@ class ScheduledEngine(Engine):
             token = sample(logits, child.params, self.generators[child.seq_id])
             if oom is None:
                 self.scheduler.add_running(child, parent)
-                self._append(child, token)
+                self._append(child, token, step.logprobs(row, token))
             else:
                 child.token_ids.append(token)
-                self._emit(child, token, False)
+                self._emit(child, token, False, step.logprobs(row, token))
                 self.scheduler.add(child)  # recomputes its prompt when there is room
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:

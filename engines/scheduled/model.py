@@ -162,6 +162,7 @@ class ModelRunner:
         self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
             "torch: gather, then scaled_dot_product_attention"
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
+        self.position_logits: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
         dev, kv = self.device, self.kv
@@ -218,8 +219,9 @@ class ModelRunner:
         return Bucket(torch.tensor([i for _, i, _ in group], device=dev), rows, lengths, mask[:, None, None, :])
 
     @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """Logits [chunks, vocab] at the last position of each chunk, in fp32."""
+    def forward(self, chunks: list[Chunk], every_position: set[int] = frozenset()) -> torch.Tensor:
+        """Logits [chunks, vocab] at the last position of each chunk, in fp32; for the chunks indexed in
+        `every_position`, the logits of each of their positions too, in `position_logits` (prompt logprobs)."""
         inp = self.prepare(chunks)
         self.last_buckets = len(inp.buckets)
         model = self.hf.model
@@ -231,8 +233,12 @@ class ModelRunner:
             x = layer.post_norm(h) @ layer.gate_up
             gate, up = x.split(x.shape[-1] // 2, dim=-1)
             h = h + (layer.act(gate) * up) @ layer.down
-        h = model.norm(h)[inp.last_index]
-        return (h @ self.lm_head).float()
+        h = model.norm(h)
+        self.position_logits = {}
+        for i in every_position:
+            first = int(inp.last_index[i]) - (chunks[i].end - chunks[i].start) + 1
+            self.position_logits[i] = (h[first: int(inp.last_index[i]) + 1] @ self.lm_head).float()
+        return (h[inp.last_index] @ self.lm_head).float()
 
     def _attention(self, layer: FusedLayer, x, cos, sin, index: int, inp: StepInputs) -> torch.Tensor:
         T = x.shape[0]

@@ -111,6 +111,8 @@ class Scheduler:
             start = min(self.kv.num_cached_tokens(seq), seq.num_tokens - 1)
             plan.prefills.append(Chunk(seq, start, seq.num_tokens))
             budget -= seq.num_tokens - start
+        # what the policy's breakdown judges its holes against: the allocation the queue's head waits for
+        self.kv.next_need_bytes = self.kv.allocation_bytes(self.waiting[0]) if self.waiting else None
         return plan
 
     def advance(self, steps: int) -> None:

@@ -57,13 +57,13 @@ def generate_with(engine, args: argparse.Namespace) -> int:
 
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = args.prompt_ids or [tok(t).input_ids for t in args.prompt]
+    params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed, args.ignore_eos)
     try:  # the server's own checks, so that generate and serve refuse the same things
         check_prompts(prompts, engine.vocab_size, engine.max_seq_len)
         check_lengths(prompts, args.max_tokens, engine.max_seq_len)
-        check_engine(engine, args.temperature)
+        check_engine(engine, params)
     except InvalidRequest as e:
         raise UsageError(f"{e} (--{'prompt-ids' if e.param == 'prompt' else e.param.replace('_', '-')})") from None
-    params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.seed, args.ignore_eos)
     peak: dict = {}
 
     def track_peak() -> None:

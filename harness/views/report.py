@@ -89,8 +89,12 @@ def figure2(summary: dict) -> str:
     fig.update_layout(barmode="stack", yaxis_title="% of KV capacity", height=420)
     return section("figure2", "Mean breakdown beside the vLLM paper's Figure 2",
                    "This run's time-averaged shares (left) and the paper's (right: Kwon et al., SOSP 2023, LLaMA-13B "
-                   "on A100-40GB, ShareGPT). The paper's last bar is 'external fragmentation & others' and includes "
-                   "free memory: compare it with external fragmentation + free here.", fig_html(fig))
+                   "on A100-40GB, ShareGPT). External fragmentation here: free bytes in extents too small for the "
+                   "allocation the engine would make next (the queued head's reservation, else the median of its "
+                   "recent ones); a hole that holds the next request is free. (Free bytes outside the largest extent, "
+                   "the older index, are /stats' free_outside_largest_bytes.) The paper's last bar is 'external "
+                   "fragmentation & others' and includes free memory: compare it with external fragmentation + free "
+                   "here.", fig_html(fig))
 
 
 def scheduler(samples: pd.DataFrame) -> str:

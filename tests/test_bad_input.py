@@ -27,7 +27,7 @@ from engines.peers.vllm import vllm_python
 from engines.procs import free_port
 from harness.run.servers import start_server
 from tests.conftest import ROOT, run_cli
-from tests.test_reliability import drained, get, post
+from tests.test_reliability import drained, get
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 NORMAL = {"prompt": [5, 6, 7, 8], "max_tokens": 6, **GREEDY}

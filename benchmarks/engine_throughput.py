@@ -8,6 +8,8 @@ Rows:
 - decode-only (time for 48 output tokens minus time for 1, so prefill cancels out): `16x128`,
   `1x1500+15x128` (one long retrieval prompt among chats), `32x128`, and `mixed-churn` (16 prompts drawn
   from that workload's length mix); `mixed/uniform` is the second over the first.
+- `logprobs`: 32x128 decode tokens/s with `logprobs: N` (each token's logprob and N alternatives, the
+  batched log-softmax of the step's fp32 logits) beside the same run without, in the same process.
 - `roofline`: the share of the bound a decode step cannot beat: every step reads the weights and the live
   KV once, at the copy bandwidth torch reaches on this machine (measured here, printed).
 
@@ -50,9 +52,9 @@ def make(engine_name: str, model: str, batch: int):
                                   max_num_seqs=batch, max_num_batched_tokens=32768, prefix_caching=False))
 
 
-def timed(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+def timed(engine, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None) -> tuple[float, int]:
     start = time.perf_counter()
-    outs = generate(engine, prompts, SamplingParams(max_tokens, ignore_eos=True))
+    outs = generate(engine, prompts, SamplingParams(max_tokens, ignore_eos=True, logprobs=logprobs))
     return time.perf_counter() - start, sum(len(o[0].token_ids) for o in outs)
 
 
@@ -74,14 +76,26 @@ def decode_rate(batch: int, one_s: float, many_s: float) -> float:
     return batch * (DECODE_TOKENS - 1) / (many_s - one_s)
 
 
-def decode_tokens_per_s(engine_name: str, model: str, lengths: list[int]) -> float:
+def decode_tokens_per_s(engine_name: str, model: str, lengths: list[int], logprobs: int | None = None) -> float:
     engine = make(engine_name, model, len(lengths))  # prefix caching off: every run prefills its prompts
     prompts = [prompt(n, b) for b, n in enumerate(lengths)]
-    timed(engine, prompts[:1], 2)  # warm-up
-    one, _ = min(timed(engine, prompts, 1) for _ in range(2))
-    many, _ = min(timed(engine, prompts, DECODE_TOKENS) for _ in range(2))
+    timed(engine, prompts[:1], 2, logprobs)  # warm-up
+    one, _ = min(timed(engine, prompts, 1, logprobs) for _ in range(2))
+    many, _ = min(timed(engine, prompts, DECODE_TOKENS, logprobs) for _ in range(2))
     getattr(engine, "close", lambda: None)()
     return decode_rate(len(lengths), one, many)
+
+
+def logprobs_rows(engines: list[str], model: str, n: int) -> None:
+    """Decode tokens/s of 32x128 with and without logprobs, alternated so a slow spell of the VM hits both."""
+    print(f"\ndecode tokens/s of 32x128 with logprobs: {n} beside without (best of 3 alternated runs):")
+    print(f"{'engine':<8}{'without':>12}{'with':>12}{'with/without':>15}")
+    for name in engines:
+        without, with_ = [], []
+        for _ in range(3):
+            without.append(decode_tokens_per_s(name, model, [128] * 32))
+            with_.append(decode_tokens_per_s(name, model, [128] * 32, logprobs=n))
+        print(f"{name:<8}{max(without):>12.0f}{max(with_):>12.0f}{max(with_) / max(without):>15.2f}", flush=True)
 
 
 def copy_bandwidth() -> float:
@@ -160,16 +174,23 @@ def vllm_rows(model: str, batches: list[int], decode: dict[str, list[int]], thre
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="models/tiny-llama")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--engines", default="hf,static,paged,vllm")
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--model", default="models/tiny-llama", help="model directory (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads and vLLM's cores (default: %(default)s)")
+    ap.add_argument("--engines", default="hf,static,paged,vllm", help="engines to time (default: %(default)s)")
+    ap.add_argument("--batches", default="1,8,32", help="batch sizes of the output rows (default: %(default)s)")
+    ap.add_argument("--logprobs", type=int, default=5,
+                    help="alternatives per token of the logprobs rows; 0 skips them (default: %(default)s)")
+    ap.add_argument("--only-logprobs", action="store_true", help="print the logprobs rows alone (default: off)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    in_house = [e for e in args.engines.split(",") if e != "vllm"]
+    if args.only_logprobs:
+        logprobs_rows(in_house, args.model, args.logprobs)
+        return
     batches = [int(b) for b in args.batches.split(",")]
     decode = shapes()
     bandwidth = copy_bandwidth()
@@ -196,6 +217,8 @@ def main() -> None:
     for name, values in decode_rows.items():
         cells = "".join(f"{v:>14.0f} ({v / roof[k]:>4.0%})" for k, v in zip(decode, values, strict=True))
         print(f"{name:<8}{cells}{values[1] / values[0]:>15.2f}", flush=True)
+    if args.logprobs:
+        logprobs_rows(in_house, args.model, args.logprobs)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class EngineSpec:
     prefix_caching: bool = True
     memory: str = "arena"
     device: str = "cpu"
+    kv_fault: str | None = None  # fault injection (engines/kv/faults.py): tests of the integrity check only
 
 
 def cfg_shape(spec: EngineSpec, hf_model) -> ModelShape:
@@ -69,6 +70,9 @@ def make_engine(spec: EngineSpec):
             f"KV budget {spec.kv_budget_bytes} B cannot hold one sequence of max_seq_len {max_seq_len} "
             f"({need} B at {kvb} B per token)"
         )
+    if spec.kv_fault and spec.engine != "paged":
+        raise EngineConfigError(f"--inject-kv-fault {spec.kv_fault} frees a block early: it needs the paged engine, "
+                                f"not {spec.engine}")
     if spec.engine == "hf":
         from engines.peers.hf import HFEngine
 
@@ -97,6 +101,10 @@ def make_engine(spec: EngineSpec):
     memory = device_memory(spec, spec.kv_budget_bytes, headroom)
     try:
         kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
+        if spec.kv_fault:
+            from engines.kv.faults import inject
+
+            kv = inject(kv, spec.kv_fault)
     except ValueError as e:
         raise EngineConfigError(str(e)) from None
     if kv.longest_sequence_tokens() < max_seq_len:

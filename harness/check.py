@@ -21,6 +21,8 @@ import pandas as pd
 
 from engines.nvml import fullest_gpu
 from engines.procs import metric_samples
+from harness.analysis.integrity import sentence
+from harness.run.integrity import Integrity
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.telemetry import detect, family_named, scrape
 
@@ -34,6 +36,7 @@ QUESTIONS = {
     7: "Are failures under churn capacity or fragmentation?",
     8: "How much preemption and queueing does the load cause, against the admitted-token budget?",
     9: "What request rate does the server sustain at the SLO on this workload?",
+    10: "Does the KV cache give back the right numbers under churn (probes against their idle answers)?",
 }
 
 
@@ -219,12 +222,18 @@ def run_check(cfg: CheckConfig) -> dict:
                         f"{near:.1%} of {len(totals)} requests of {cfg.workload} need >= 90% of max_seq_len "
                         f"{cfg.max_seq_len} (p99 total {np.percentile(totals, 99):.0f} tokens)")
 
-    load = churn(cfg, metrics, model_name)
+    # the probes alone, on the still idle server, then one at a time into the churn (harness/run/integrity.py)
+    probes = Integrity(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name,
+                       state=lambda: family_named(family).row(scrape(cfg.metrics_url) or {}) if family else None)
+    probes.idle()
+    with probes:
+        load = churn(cfg, metrics, model_name)
     answers[5] = headroom(cfg, load)
     answers[6] = release(load, metrics)
     answers[7] = failures(load, family)
     answers[8] = queueing(load, metrics, family, plan)
     answers[9] = sustained(cfg, model_name)
+    answers[10] = kv_integrity(probes.result())
     return {"target": cfg.target, "metrics_url": cfg.metrics_url,
             "metrics_found": family or "none (no fragbench:, vllm:, sglang: or tgi_ metrics)",
             "window_s": [0.0, load["end_s"]], "questions": [asdict(answers[i]) for i in sorted(answers)]}
@@ -380,6 +389,13 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
                      "max-reserved requests at once")
     status = "WARN" if (preemptions or 0) > 0 or waited > 0.5 else "PASS"
     return Answer(8, QUESTIONS[8], status, answer, evidence)
+
+
+def kv_integrity(result: dict) -> Answer:
+    answer = {k: result[k] for k in ("probes", "diverged", "max_abs_logprob_diff")}
+    if not result["probes"]:
+        return Answer(10, QUESTIONS[10], "UNKNOWN", answer, sentence(result))
+    return Answer(10, QUESTIONS[10], "FAIL" if result["diverged"] else "PASS", answer, sentence(result))
 
 
 def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:

@@ -72,16 +72,20 @@ class JournalTail:
         return rows
 
 
-def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
+def read_rows(path: Path) -> list[dict]:
+    """A journal's rows; none when it is absent."""
     rows = []
-    for path in paths:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # the last line of a killed writer may be cut short
-    df = pd.DataFrame(rows)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # the last line of a killed writer may be cut short
+    return rows
+
+
+def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
+    df = pd.DataFrame([row for path in paths for row in read_rows(path)])
     for col in COLUMNS[kind]:
         if col not in df.columns:
             df[col] = None

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 
 
 def check(url: str, model: str, *extra: str) -> tuple[int, dict]:
-    """The first eight questions (the ninth, a knee search, has a test of its own)."""
+    """Every question but the ninth (a knee search), unless --capacity-time is given."""
     capacity = () if "--capacity-time" in extra else ("--capacity-time", "0")
     r = run_cli("check", "--target", url, "--model", model, "--gpu-mem", "40GiB", "--duration", "8", "--json",
                 *capacity, *extra, timeout=600)
@@ -29,7 +29,10 @@ def test_check_infers_the_layout_and_prompt_release(engine, layout, tiny_model, 
     with start_server(engine, str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
         code, result = check(srv.url, str(tiny_model), "--report", str(tmp_path / "check.html"), *capacity)
     q = by_id(result)
-    assert sorted(q) == list(range(1, 10))
+    assert sorted(q) == list(range(1, 11))
+    tenth = q[10]  # KV integrity: the probes sent into the churn against their idle answers
+    assert tenth["status"] == "PASS" and tenth["answer"]["probes"] > 0, tenth["evidence"]
+    assert tenth["answer"]["diverged"] == 0 and tenth["answer"]["max_abs_logprob_diff"] <= 1e-3
     if engine == "paged":  # the sustained rate with its interval, from bench's knee search
         ninth = q[9]
         assert ninth["status"] == "PASS", ninth["evidence"]

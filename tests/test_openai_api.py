@@ -140,3 +140,41 @@ def test_the_contract_bodies(client):
     assert chat["usage"]["completion_tokens"] == 4
     done = post("/completions", {"prompt": "hi", "max_completion_tokens": 5})
     assert done["usage"]["completion_tokens"] == 5
+
+
+@pytest.fixture(scope="module")
+def hf_forward(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+
+    def logsoftmax(ids: list[int]):
+        import torch
+
+        with torch.inference_mode():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+    return logsoftmax
+
+
+def test_lm_eval_loglikelihood_requests_score_as_a_transformers_forward(client, hf_forward):
+    """lm-eval's local-completions, as it asks for a log-likelihood (tokenized_requests): context and
+    continuation as token ids, one token, logprobs 1, echo; it sums token_logprobs over the continuation
+    and reads is_greedy from top_logprobs. A handful of items, each against one transformers forward."""
+    url = str(client.base_url).rstrip("/")
+    items = [([1, *range(40, 52)], [77, 78, 79]), ([1, 300, 301, 302], [9]), ([1, *range(500, 540, 3)], [600, 7])]
+    body = {"model": model_of(client), "prompt": [c + t for c, t in items], "max_tokens": 1, "logprobs": 1,
+            "echo": True, "temperature": 0, "seed": 1234}
+    req = urllib.request.Request(f"{url}/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        choices = sorted(json.load(r)["choices"], key=lambda c: c["index"])
+    for (context, cont), choice in zip(items, choices, strict=True):
+        lp = choice["logprobs"]
+        ids = context + cont
+        want = hf_forward(ids)
+        n = len(ids)
+        got = sum(lp["token_logprobs"][len(context):n])  # the echoed prompt's positions; the one new token after
+        assert got == pytest.approx(sum(float(want[i - 1, ids[i]]) for i in range(len(context), n)), abs=1e-3)
+        greedy = all(max(lp["top_logprobs"][i], key=lp["top_logprobs"][i].get) == lp["tokens"][i]
+                     for i in range(len(context), n))
+        assert greedy == all(int(want[i - 1].argmax()) == ids[i] for i in range(len(context), n))

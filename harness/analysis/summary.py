@@ -14,9 +14,10 @@ from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
 from harness.analysis.headline import headline
+from harness.analysis.integrity import integrity
 from harness.analysis.knee import Judged, central, design_effect, knee_block, ratio_replicates, replicate_knees
 from harness.analysis.steady import halves
-from harness.results import read_journals
+from harness.results import read_journals, read_rows
 from harness.units import parse_size
 from workloads.outcome import UNFINISHED
 
@@ -367,6 +368,15 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
             "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}
 
 
+def integrity_of(engine_dir: Path) -> dict | None:
+    """The KV-integrity probes of one engine (harness/run/integrity.py wrote them), judged; None: not run."""
+    idle = engine_dir / "integrity.json"
+    if not idle.is_file():
+        return None
+    rows = read_rows(engine_dir / "integrity.jsonl")
+    return integrity(json.loads(idle.read_text()), rows)
+
+
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
     meta = load_meta(run_dir)
     frames = frames or load_frames(run_dir)
@@ -380,6 +390,7 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
+            summary["engines"][engine]["integrity"] = integrity_of(run_dir / "engines" / engine)
             for budget in dict.fromkeys(w.get("kv_budget", cfg.get("kv_budget"))
                                         for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])):
                 block = capacity(engine, r, s, e, meta, budget)

@@ -46,6 +46,7 @@ def engine_from_flags(args: argparse.Namespace):
         prefix_caching=not args.no_prefix_caching,
         memory=args.memory,
         device=device_of(args.device),
+        kv_fault=getattr(args, "inject_kv_fault", None),
     )
     quiet_transformers()
     if args.threads:

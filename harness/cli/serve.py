@@ -22,6 +22,9 @@ def register(sub) -> None:
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71)")
+    srv.add_argument("--inject-kv-fault", choices=["early-free"],
+                     help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
+                          "next-to-last block back to the pool while the sequence still reads it (default: none)")
     srv.add_argument("--step-log", metavar="FILE",
                      help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
                           "the rows `simulate --step-model` fits")

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,11 +22,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from engines import SCHEDULED
 from engines.cuda import device_info, device_note
 from engines.procs import free_port
+from engines.shapes import load_shape
 from harness.analysis.capacity import SLO
 from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
+from harness.analysis.integrity import sentence
 from harness.results import Journal, read_journals, token_times
 from harness.run.debug_pass import debug_row, request_alone
+from harness.run.integrity import Integrity
 from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
 from harness.run.search import SEARCH_START, KneeSearching
@@ -278,7 +282,10 @@ class Bench(KneeSearching, Visits):
         try:
             if own:
                 self.debug_passes(run, show)
-            calibrated = self.calibrate_at(run, show) if self.cfg.sweep and not self.cfg.rates else None
+            check = self.integrity_idle(run, show) if first else None
+            searching = self.cfg.sweep and not self.cfg.rates
+            with check if searching and check else nullcontext():  # probes into the saturating calibration
+                calibrated = self.calibrate_at(run, show) if searching else None
             if first:
                 run.t0 = time.time()  # the churn starts the engine's clock; finalize re-bases earlier rows
                 self.run_meta.setdefault("engine_t0", {})[engine] = run.t0
@@ -292,12 +299,16 @@ class Bench(KneeSearching, Visits):
                     if calibrated is not None:
                         self.search(visit, show, calibrated)
                     else:
-                        self.fixed_rates(visit, show)
+                        with check or nullcontext():  # --rates: no calibration; the probes run beside the points
+                            self.fixed_rates(visit, show)
                 finally:
                     self.close_visit(visit)
             else:
-                self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
+                with check or nullcontext():
+                    self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
                 self.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; {self.figures(run, sampler)}")
+            if check:
+                self.plain(f"{engine}: KV integrity: {sentence(check.result())}")
             if own:
                 time.sleep(1.0)
                 self.debug_pass(run, "after the churn mix")
@@ -314,6 +325,19 @@ class Bench(KneeSearching, Visits):
         self.debug_pass(run, "short request alone", request_alone(run.server.url, prompt_tokens=16, max_tokens=16))
         self.debug_pass(run, "long request alone", request_alone(run.server.url, int(self.cfg.max_seq_len * 0.75), 32))
         self.debug_pass(run, "after those requests complete")
+
+    def integrity_idle(self, run: EngineRun, show) -> Integrity:
+        """The KV-integrity probes served alone on the idle engine (harness/run/integrity.py): the answers the
+        ones sent into its load are judged against. Rows in engines/<name>/integrity.jsonl as they come."""
+        show(f"{run.engine:<6} integrity probes", 0)
+        d = self.dir / "engines" / run.engine
+        journal = Journal(d / "integrity.jsonl")
+        target = self.targets.get(run.engine)
+        check = Integrity(run.server.url, self.cfg.max_seq_len, load_shape(self.cfg.model).dtype, self.cfg.api,
+                          target.model if target else None, target.api_key if target else None,
+                          state=lambda: self.stats_of(run) if run.server.alive() else None, on_row=journal.write)
+        (d / "integrity.json").write_text(json.dumps(check.idle(), indent=2))
+        return check
 
     def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
         row = debug_row(run.engine, run.server.url, run.server.proc.pid, phase, stats)

@@ -13,6 +13,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from engines.percentile import percentile
+from harness.analysis.integrity import sentence
 from harness.analysis.summary import SHARE_COLUMNS, load_frames, load_meta, summarize
 from harness.results import token_times
 from harness.units import parse_size
@@ -32,8 +33,8 @@ from harness.views.html import (
 from harness.views.twin import twin_section
 from harness.views.verdict import verdict
 
-SECTIONS = ("verdict", "capacity", "twin", "memory-breakdown", "figure2", "scheduler", "oom-events", "memory-map",
-            "debug-pass", "latency", "throughput", "workload", "config")
+SECTIONS = ("verdict", "capacity", "twin", "integrity", "memory-breakdown", "figure2", "scheduler", "oom-events",
+            "memory-map", "debug-pass", "latency", "throughput", "workload", "config")
 MAX_POINTS = 1200  # per engine and time series: a one-hour run draws as fast as a one-minute one
 
 
@@ -95,6 +96,30 @@ def figure2(summary: dict) -> str:
                    "the older index, are /stats' free_outside_largest_bytes.) The paper's last bar is 'external "
                    "fragmentation & others' and includes free memory: compare it with external fragmentation + free "
                    "here.", fig_html(fig))
+
+
+def integrity_section(summary: dict) -> str:
+    """A line per engine: did the KV cache give back what was put in it, under this run's churn?"""
+    rows = []
+    for name, s in summary["engines"].items():
+        r = s.get("integrity")
+        rows.append([name, *(["n/a"] * 5 if not r else [
+            r["probes"], r["diverged"],
+            "n/a" if r["max_abs_logprob_diff"] is None else f"{r['max_abs_logprob_diff']:.2g}", f"{r['tolerance']:g}",
+            f"{r.get('preempted_probes', 0)} / {r.get('prefix_hit_probes', 0)} / {r.get('failed', 0)}"]),
+            sentence(r)])
+    return section("integrity", "KV integrity under churn",
+                   "Six fixed probe prompts (short, two sharing a long head, a long prompt, a long answer), greedy "
+                   "with logprobs, served alone on the idle engine before any load (twice: the second answer says "
+                   "how repeatable the engine is, served from its prefix cache where it has one), then sent one at a "
+                   "time into the engine's saturating calibration windows (a fixed-rate or churn run: beside its "
+                   "load). Each answer is compared with its idle one token by token: a divergence is a logprob "
+                   "further than the tolerance from the idle one, or another token where the idle answer's margin "
+                   "between the two was wider than the tolerance (a flip between near-tied tokens is arithmetic: the "
+                   "comparison stops there). What the engine did during a probe is its counters' rise between the "
+                   "probe's start and end.",
+                   table(["engine", "probes compared", "diverged", "largest |logprob diff|", "tolerance",
+                          "through preemptions / prefix hits / failed", "in words"], rows))
 
 
 def scheduler(samples: pd.DataFrame) -> str:
@@ -370,7 +395,7 @@ def render(run_dir: Path, out: Path) -> Path:
     body = "".join([
         verdict(summary, meta, frames["events"]), targets_note(meta),
         capacity_section(summary, budget_bytes(meta), (meta.get("sweep") or {}).get("design")),
-        twin_section(summary, budget_bytes(meta)),
+        twin_section(summary, budget_bytes(meta)), integrity_section(summary),
         memory_breakdown(frames["samples"]), figure2(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),

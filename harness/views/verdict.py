@@ -90,6 +90,14 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
         failures.append(part)
     out.append(link("oom-events", ("Failures: " + "; ".join(failures) + ".") if failures
                     else "No engine failed an allocation or crashed."))
+    checked = {e: s["integrity"] for e, s in engines.items() if s.get("integrity")}
+    if checked:
+        wrong = {e: r for e, r in checked.items() if r["diverged"]}
+        line = ("KV integrity FAILED: " + "; ".join(f"{e} {r['diverged']} of {r['probes']} probes diverged"
+                                                    for e, r in wrong.items()) + " (numbers wrong under churn)."
+                if wrong else "KV integrity: no probe diverged from its idle answer (" + ", ".join(
+                    f"{e} {r['probes']} probes" for e, r in checked.items()) + ").")
+        out.append(link("integrity", line))
     for e, s in engines.items():
         mine = oom[oom.engine == e] if len(oom) else oom
         line = diagnosis(s, mine)

@@ -1,0 +1,45 @@
+"""Fault injection for the KV-integrity check (`serve --inject-kv-fault`): a cache manager's bugs that
+throughput never shows. Only tests and a user testing a checker should ever turn one on.
+
+- `early-free` (paged): a sequence's block goes back to the free queue (at its head: the next block taken)
+  once the block after it is taken, while its table still reads it; the next sequence that takes it writes
+  its own K/V over that context."""
+
+from __future__ import annotations
+
+from engines.kv.base import KVPolicy, SeqLike
+from engines.kv.paged import Block, PagedKV
+
+FAULTS = ("early-free",)
+
+
+class EarlyFreeKV(PagedKV):
+    """PagedKV with a use-after-free: each sequence's next-to-last block is released early, once."""
+
+    freed_early: dict[str, Block]  # seq_id -> the block its table still holds but the pool has back (inject)
+
+    def allocate(self, seq: SeqLike, num_tokens: int) -> None:
+        super().allocate(seq, num_tokens)
+        table = self.seqs[seq.seq_id].table
+        if seq.seq_id not in self.freed_early and len(table) >= 2 and table[-2].ref_count == 1:
+            self.freed_early[seq.seq_id] = table[-2]
+            self.pool.release([table[-2]])
+            self.pool.free_queue.move_to_end(table[-2].block_id, last=False)  # the next block taken
+
+    def free(self, seq: SeqLike) -> None:
+        early = self.freed_early.pop(seq.seq_id, None)
+        rec = self.seqs.pop(seq.seq_id, None)
+        if rec is not None:
+            self._account(seq, rec, -1)
+            # released already: another sequence may hold it now, and its count is that one's
+            self.pool.release([b for b in reversed(rec.table) if b is not early])
+
+
+def inject(kv: KVPolicy, fault: str) -> KVPolicy:
+    """The same policy with the fault: its class swapped for the faulty subclass (the state is the same)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown KV fault {fault!r}; faults: {', '.join(FAULTS)}")
+    assert isinstance(kv, PagedKV), f"{fault} frees a block early: the factory offers it on the paged engine alone"
+    kv.__class__ = EarlyFreeKV
+    kv.freed_early = {}
+    return kv

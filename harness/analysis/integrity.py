@@ -1,0 +1,105 @@
+"""KV integrity under churn, judged: a probe's answer under load against its answer on the idle server
+(harness/run/integrity.py sends them). A probe diverges where a logprob differs from its idle one by more
+than the tolerance, or where it chose another token than idle and the idle answer's own margin between the
+two was wider than the tolerance (a flip between near-tied tokens is arithmetic: a batch sums in another
+order; the comparison stops there and counts a tie)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TOLERANCE = {"float32": 1e-3}  # |logprob - idle logprob| beyond which a probe diverges, by the KV's dtype
+HALF_TOLERANCE = 0.25  # float16 / bfloat16: a batch's other summation order moves logprobs this much
+WHILE = {"preempted_total_during": "preemptions", "prefix_cache_hit_tokens_during": "prefix-cache hit tokens",
+         "oom_total_during": "OOMs"}
+
+
+def tolerance_of(dtype: str | None) -> float:
+    return TOLERANCE.get(str(dtype or "float32").removeprefix("torch."), HALF_TOLERANCE)
+
+
+@dataclass
+class Served:
+    """One probe's answer: each output token's text, logprob and top alternatives (text -> logprob)."""
+
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Comparison:
+    """One probe against its idle answer."""
+
+    compared: int  # output positions compared
+    max_abs_logprob_diff: float
+    diverged_at: int | None = None  # the output position where it diverged
+    why: str | None = None
+    tie_at: int | None = None  # a flip between tokens tied within the tolerance: the comparison stopped there
+
+
+def compare(idle: Served, got: Served, tolerance: float) -> Comparison:
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(idle.tokens, got.tokens, strict=False)):
+        if a != b:
+            alt = idle.top[i].get(b) if i < len(idle.top) else None
+            if alt is None:
+                return Comparison(i, worst, i, f"token {b!r} where alone it was {a!r} (not among the idle answer's "
+                                               f"top {len(idle.top[i]) if i < len(idle.top) else 0})")
+            margin = idle.logprobs[i] - alt
+            if margin <= tolerance:
+                return Comparison(i, worst, tie_at=i)
+            return Comparison(i, worst, i, f"token {b!r} where alone it was {a!r} (idle margin {margin:.3g} "
+                                           f"> {tolerance:g})")
+        diff = abs(idle.logprobs[i] - got.logprobs[i])
+        worst = max(worst, diff)
+        if diff > tolerance:
+            return Comparison(i + 1, worst, i, f"logprob {got.logprobs[i]:.5g} where alone it was "
+                                               f"{idle.logprobs[i]:.5g} (|diff| {diff:.3g} > {tolerance:g})")
+    if len(got.tokens) != len(idle.tokens):
+        n = min(len(got.tokens), len(idle.tokens))
+        return Comparison(n, worst, n, f"{len(got.tokens)} tokens where alone it made {len(idle.tokens)}")
+    return Comparison(len(idle.tokens), worst)
+
+
+def doing(state: dict) -> str:
+    """What the engine did while a probe ran, in words, from its counters at the probe's start and end."""
+    parts = [f"{state[k]:.0f} {w}" for k, w in WHILE.items() if state.get(k)]
+    if state.get("running") is not None:
+        parts.append(f"{state['running']:.0f} running, {state.get('waiting') or 0:.0f} waiting at its end")
+    if state.get("engine_step") is not None:
+        parts.append(f"engine step {state['engine_step']:.0f}")
+    return ", ".join(parts) or "nothing its counters show"
+
+
+def integrity(idle: dict, rows: list[dict]) -> dict:
+    """engines.<name>.integrity: probes compared under load, how many diverged, the largest logprob
+    difference; and what it rests on (the tolerance, the idle repeat, failures, ties, what the probes ran
+    through). `idle` is the probe set's idle phase (tolerance, idle_max_abs_logprob_diff, ...)."""
+    judged = [r for r in rows if "error" not in r]
+    diverged = [r for r in judged if r.get("diverged_at") is not None]
+    return {"probes": len(judged), "diverged": len(diverged),
+            "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in judged), default=None),
+            **idle, "failed": len(rows) - len(judged), "ties": sum(r.get("tie_at") is not None for r in judged),
+            "preempted_probes": sum(bool(r.get("preempted_total_during")) for r in judged),
+            "prefix_hit_probes": sum(bool(r.get("prefix_cache_hit_tokens_during")) for r in judged),
+            "divergences": [{**r, "doing": doing(r)} for r in diverged[:20]]}
+
+
+def sentence(result: dict | None) -> str:
+    """One plain line per engine for the report and check."""
+    if not result:
+        return "not checked"
+    if not result.get("probes"):
+        return (f"no probe was compared ({result.get('reference_probes', 0)} of {result.get('of_probes', 0)} "
+                f"served alone, {result.get('failed', 0)} failed under load)")
+    worst = result.get("max_abs_logprob_diff") or 0.0
+    head = (f"{result['diverged']} of {result['probes']} probes diverged from their idle answers (tolerance "
+            f"|logprob diff| <= {result['tolerance']:g}; largest diff {worst:.2g}, idle repeat "
+            f"{result.get('idle_max_abs_logprob_diff') or 0:.2g}; {result.get('preempted_probes', 0)} ran through "
+            f"preemptions, {result.get('prefix_hit_probes', 0)} through prefix-cache hits, {result.get('ties', 0)} "
+            f"stopped at a near tie, {result.get('failed', 0)} failed under load)")
+    for d in result.get("divergences", [])[:3]:
+        head += f"; {d['probe']} ({d['kind']}) at output token {d['diverged_at']}: {d['why']}, while {d['doing']}"
+    return head

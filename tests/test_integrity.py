@@ -1,0 +1,73 @@
+"""The KV-integrity check: probes against their idle answers, a near tie told from a wrong token, and a
+planted fault (a paged engine that frees a live block early) found under churn while a sound engine shows none."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from harness.analysis.integrity import Served, compare, integrity, sentence, tolerance_of
+from harness.run.integrity import Integrity
+from harness.run.loadargs import LoadArgs, run_loadgen
+from harness.run.sampler import fetch_stats
+from harness.run.servers import start_server
+
+IDLE = Served(["a", "b", "c"], [-0.5, -1.0, -2.0], [{"a": -0.5, "x": -3.0}, {"b": -1.0, "y": -1.004},
+                                                  {"c": -2.0, "z": -4.0}])
+
+
+def test_a_logprob_past_the_tolerance_diverges_where_it_moved():
+    got = Served(["a", "b", "c"], [-0.5, -1.0, -2.5], [])
+    c = compare(IDLE, got, 1e-2)
+    assert c.diverged_at == 2 and "logprob" in c.why and c.max_abs_logprob_diff == pytest.approx(0.5)
+    assert compare(IDLE, Served(["a", "b", "c"], [-0.5, -1.001, -2.0], []), 1e-2).diverged_at is None
+
+
+def test_a_flip_between_tied_tokens_is_a_tie_and_a_flip_past_the_margin_diverges():
+    tie = compare(IDLE, Served(["a", "y", "q"], [-0.5, -1.004, -9.0], []), 1e-2)
+    assert tie.diverged_at is None and tie.tie_at == 1 and tie.compared == 1
+    wrong = compare(IDLE, Served(["x", "b", "c"], [-3.0, -1.0, -2.0], []), 1e-2)
+    assert wrong.diverged_at == 0 and "idle margin 2.5" in wrong.why
+
+
+def test_the_tolerance_follows_the_precision():
+    assert tolerance_of("float32") == 1e-3 and tolerance_of("torch.bfloat16") == tolerance_of("float16") == 0.25
+
+
+def test_the_summary_names_each_divergence():
+    rows = [{"probe": "p1", "kind": "short", "compared": 3, "max_abs_logprob_diff": 0.0},
+            {"probe": "p2", "kind": "long", "compared": 2, "max_abs_logprob_diff": 0.7, "diverged_at": 1,
+             "why": "logprob -2 where alone it was -1.3", "preempted_total_during": 2, "running": 5, "waiting": 1},
+            {"probe": "p3", "kind": "short", "error": "HTTP 503"}]
+    r = integrity({"tolerance": 1e-2, "idle_max_abs_logprob_diff": 0.0}, rows)
+    assert (r["probes"], r["diverged"], r["failed"], r["max_abs_logprob_diff"]) == (2, 1, 1, 0.7)
+    assert "p2 (long) at output token 1" in sentence(r) and "2 preemptions" in sentence(r)
+
+
+def churned(url: str, out, tiny_model, fault: bool) -> dict:
+    """Probes served alone, then into a saturating churn of the mixed workload."""
+    check = Integrity(url, 512, "float32", state=lambda: fetch_stats(url), gap_s=0.0)
+    check.idle()
+    assert len(check.reference) == len(check.probes)
+    load = LoadArgs(target=url, workload="mixed-churn", out=out, duration_s=10, max_seq_len=512, rate=6.0,
+                    grace_s=5, t0=time.time())
+    with check:
+        run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return check.result()
+
+
+@pytest.mark.parametrize("fault", [True, False])
+def test_a_block_freed_early_is_found_under_churn_and_a_sound_pool_shows_none(tiny_model, tmp_path, fault):
+    extra = ["--max-seq-len", "512", *(["--inject-kv-fault", "early-free"] if fault else [])]
+    with start_server("paged", str(tiny_model), "4MiB", tmp_path / "s.log", extra=extra) as srv:
+        result = churned(srv.url, tmp_path / "load", tiny_model, fault)
+    assert result["probes"] >= 4, result
+    if fault:
+        assert result["diverged"] > 0, result
+        d = result["divergences"][0]
+        assert d["probe"] and d["diverged_at"] is not None and d["why"] and d["doing"]
+    else:
+        assert result["diverged"] == 0 and result["max_abs_logprob_diff"] <= 1e-3, result
+        assert result["preempted_probes"] + result["prefix_hit_probes"] > 0, result  # it ran through the churn

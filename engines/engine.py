@@ -71,6 +71,7 @@ class EngineStats:
     decode_steps: int | None = None  # the naive engine: tokens generated, batch by batch
     waiting_for_memory: int | None = None  # requests waiting while memory alone holds the queue back (scheduled)
     free_outside_largest_bytes: int | None = None  # free bytes outside the largest extent (the older index)
+    usable_free_bytes: int | None = None  # the free category: free bytes less external fragmentation
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -172,7 +173,7 @@ class Engine(ABC):
             internal_fragmentation_bytes=bd.internal_fragmentation_bytes,
             external_fragmentation_bytes=bd.external_fragmentation_bytes, allocated_bytes=kv.allocated_bytes,
             free_bytes=kv.free_bytes, largest_free_bytes=kv.largest_free_bytes,
-            free_outside_largest_bytes=kv.free_bytes - kv.largest_free_bytes,
+            free_outside_largest_bytes=kv.free_bytes - kv.largest_free_bytes, usable_free_bytes=bd.free_bytes,
             running=more.pop("running", len(live)), waiting=waiting, preempted_total=preempted_total,
             live_tokens=sum(s.num_tokens for s in live), kv_bytes_per_token=kv_bytes_per_token,
             oom_total=len(self.oom_events),

@@ -46,37 +46,54 @@ def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator
 class StepLogits:
     rows: torch.Tensor  # [R, V] what each row samples from (its own logits, processed where it asks)
     greedy: list[int]  # each row's argmax of those
-    raw: torch.Tensor | None  # [L, V] log-softmax of the raw logits, for the rows that asked logprobs
-    top: tuple[torch.Tensor, torch.Tensor] | None  # their top-k values and ids, k the most any row asked
+    raw: torch.Tensor | None  # [L, V] the fp32 raw logits of the rows that asked logprobs
+    lse: list[float]  # their log-sum-exp: a raw logprob is raw[token] - lse (no [L, V] log-softmax made)
     at: dict[int, int]  # row -> its index in raw
     asked: list[int | None]  # each row's params.logprobs
+    # read once for every asking row in one batched pass and one device read: the greedy token's logprob and
+    # rank (the token most rows take) and the top alternatives; another token is looked up alone
+    greedy_logprob: list[float] = ()
+    greedy_rank: list[int] = ()
+    top: list[list[tuple[int, float]]] = ()
 
     def logprobs(self, row: int, token: int) -> Logprob | None:
         k = self.asked[row]
         if k is None:
             return None
-        lp = self.raw[self.at[row]]
-        chosen = float(lp[token])
-        top = () if not k else tuple(zip(self.top[1][self.at[row], :k].tolist(),
-                                         self.top[0][self.at[row], :k].tolist(), strict=True))
-        return Logprob(token, chosen, int((lp > chosen).sum()) + 1, top)
+        j = self.at[row]
+        top = tuple(self.top[j][:k])
+        if token == self.greedy[row]:
+            return Logprob(token, self.greedy_logprob[j], self.greedy_rank[j], top)
+        x = self.raw[j]
+        return Logprob(token, float(x[token]) - self.lse[j], int((x > x[token]).sum()) + 1, top)
 
 
 def process(logits: torch.Tensor, seqs: list[Sequence]) -> StepLogits:
     """Every row's logits as it samples from them, their argmax, and the raw logprobs asked for."""
     asked = [s.params.logprobs for s in seqs]
     at = {i: j for j, i in enumerate(i for i, k in enumerate(asked) if k is not None)}
-    raw = top = None
-    if at:
-        raw = torch.log_softmax(logits[list(at)].float(), dim=-1)
-        k = max(asked[i] for i in at)
-        top = raw.topk(k, dim=-1) if k else None
     busy = [i for i, s in enumerate(seqs) if not s.params.plain]
     rows = logits
     if busy:
         rows = logits.clone()
         rows[busy] = processed(logits[busy], [seqs[i] for i in busy])
-    return StepLogits(rows, rows.argmax(dim=-1).tolist(), raw, top, at, asked)
+    argmax = rows.argmax(dim=-1)
+    if not at:
+        return StepLogits(rows, argmax.tolist(), None, [], at, asked)
+    asking = list(at)
+    x = (logits if len(asking) == len(seqs) else logits[asking]).float()
+    lse = torch.logsumexp(x, dim=-1)
+    chosen = x.gather(1, argmax[asking, None]).squeeze(1)
+    rank = torch.ones(len(asking), dtype=torch.long, device=x.device)  # a plain row's argmax is the raw one's
+    moved = [j for j, i in enumerate(asking) if i in set(busy)]  # processed rows: their argmax may rank lower
+    if moved:
+        rank[moved] = (x[moved] > chosen[moved, None]).sum(dim=-1) + 1
+    k = max(asked[i] for i in at)
+    values, ids = x.topk(k, dim=-1) if k else (x[:, :0], x[:, :0].long())
+    values = values - lse[:, None]
+    top = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return StepLogits(rows, argmax.tolist(), x, lse.tolist(), at, asked, (chosen - lse).tolist(), rank.tolist(),
+                      top)
 
 
 def processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -24,7 +24,7 @@ def swept(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
     capacity tests and the fragmentation tests both read it (one run, to keep the suite short)."""
     out = tmp_path_factory.mktemp("sweep")
     r = run_cli("bench", "--engines", "static-oracle,paged", "--model", str(tiny_model), "--rates", "0.5,4",
-                "--point-duration", "12", "--grace", "4", "--kv-budget", "32MiB", "--workload", "mixed-churn",
+                "--point-duration", "9", "--grace", "4", "--kv-budget", "32MiB", "--workload", "mixed-churn",
                 "--out", str(out), "--reports", str(out), "--run-id", "sweep", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     return out / "sweep", out / "sweep.html"

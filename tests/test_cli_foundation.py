@@ -102,3 +102,31 @@ def test_plan_takes_the_length_mix_of_a_workload():
     assert short["paged_expected_concurrency"] > long["paged_expected_concurrency"] > 0
     assert "rag-long" in long["workload"]
     assert short["static_max_concurrency"] == long["static_max_concurrency"]
+
+
+def test_every_flag_of_every_verb_explains_itself_with_its_default():
+    """A help line for every argument of every verb (sub-verbs too), and for every optional flag its default:
+    argparse's value, or the help's own words where a size or a rule reads better."""
+    import argparse
+
+    from harness.cli import build_parser
+    from harness.cli.args import DefaultsFormatter
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for verb, sub in action.choices.items():
+                    yield from walk(sub, f"{name} {verb}")
+            elif not isinstance(action, argparse._HelpAction):
+                yield name, action
+
+    formatter = DefaultsFormatter("fragbench")
+    silent = []
+    for verb, action in walk(build_parser(), "fragbench"):
+        text = formatter._get_help_string(action) if action.help else ""
+        optional = action.option_strings and not action.required
+        if not text or (optional and "default" not in text.lower()):
+            silent.append(f"{verb} {'/'.join(action.option_strings) or action.dest}")
+    assert not silent, silent
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    assert "(default: 16MiB)" in bench and "(default: 0)" in bench  # --kv-budget in words, --seed argparse's

@@ -283,11 +283,11 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
     forward, raised = engine.runner.forward, []
 
-    def once(chunks):
+    def once(chunks, *rest):
         if not raised and len(chunks) > 2:
             raised.append(len(chunks))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 262.00 MiB")
-        return forward(chunks)
+        return forward(chunks, *rest)
 
     engine.runner.forward = once
     prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8)]

@@ -31,6 +31,37 @@ class Unsupported(ValueError):
 
 UNSET = (None,)
 
+# why each refused field stays refused (docs/api.md lists the same): said in its 400
+WHY: dict[str, str] = {
+    "best_of": "best-of ranks several hidden samples by cumulative logprob; ask for n samples with logprobs and "
+               "rank them (vLLM removed best_of with its V0 engine)",
+    "use_beam_search": "beam search forks and prunes hypotheses inside one request, a scheduler of its own "
+                       "that the KV policies under test do not have (vLLM serves it apart from its engine)",
+    "length_penalty": "a beam-search parameter, and beam search is not served",
+    "truncate_prompt_tokens": "a prompt cut on the server would change the lengths the workload asks for; "
+                              "cut it in the client",
+    "guided_json": "structured outputs need a grammar engine (xgrammar, outlines) masking every step's logits: "
+                   "not a dependency of fragbench, and indifferent to the KV policy it measures",
+    "guided_regex": "structured outputs (guided decoding) are not served: see guided_json",
+    "guided_choice": "structured outputs (guided decoding) are not served: see guided_json",
+    "guided_grammar": "structured outputs (guided decoding) are not served: see guided_json",
+    "structured_outputs": "structured outputs (guided decoding) are not served: see guided_json",
+    "response_format": "only {'type': 'text'}: JSON modes are guided decoding, which is not served",
+    "suffix": "insertion needs a fill-in-the-middle model and prompt format (vLLM refuses it too)",
+    "tools": "tool calls need a model trained to make them and a parser of its output; the served models have "
+             "neither",
+    "tool_choice": "tool calls are not served: see tools",
+    "functions": "tool calls are not served: see tools",
+    "function_call": "tool calls are not served: see tools",
+    "chat_template": "a template from the request is code the server would run; the model's own is used",
+    "chat_template_kwargs": "a template from the request is code the server would run; the model's own is used",
+    "modalities": "the served models read and write text alone",
+    "audio": "the served models read and write text alone",
+    "prediction": "predicted outputs are a speculative-decoding path the engines do not have",
+    "reasoning_effort": "the served models are not reasoning models",
+    "web_search_options": "no search tool is served",
+}
+
 
 class SamplingBody(BaseModel):
     """What both endpoints share. strict: no bool for an int, no string for a number; no NaN or Infinity."""
@@ -92,7 +123,8 @@ class SamplingBody(BaseModel):
         for name, allowed in self.NO_OP.items():
             value = getattr(self, name)
             if value not in allowed and value not in ({}, []):
-                raise Unsupported(name, value, allowed)
+                raise Unsupported(name, value, allowed, f"{WHY[name]} (accepted: "
+                                  f"{', '.join(repr(a) for a in allowed)})")
         return self
 
     @field_validator("logit_bias")

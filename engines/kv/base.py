@@ -11,9 +11,9 @@ import torch
 from engines.memory import DeviceMemory
 
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
-# each category's column in /stats and samples: free is the largest free extent (the rest of the free bytes
-# are external fragmentation)
-CATEGORY_COLUMNS = {c: "largest_free_bytes" if c == "free" else f"{c}_bytes" for c in CATEGORIES}
+# each category's column in /stats and samples: free is the free bytes that would hold the next allocation
+# (usable_free_bytes); the rest of the free bytes are external fragmentation
+CATEGORY_COLUMNS = {c: "usable_free_bytes" if c == "free" else f"{c}_bytes" for c in CATEGORIES}
 
 
 class SeqLike(Protocol):

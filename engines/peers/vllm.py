@@ -100,6 +100,7 @@ class VLLMPeer:
             "allocated_bytes": allocated,
             "free_bytes": free,
             "largest_free_bytes": free,  # a block pool: any free block serves
+            "usable_free_bytes": free,
             "running": int(m.get("vllm:num_requests_running", 0)),
             "waiting": int(m.get("vllm:num_requests_waiting", 0)),
             "preempted_total": int(m.get("vllm:num_preemptions_total", 0)),

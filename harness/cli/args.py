@@ -15,7 +15,27 @@ class UsageError(Exception):
     """Bad flags, files or values: one line, exit 2."""
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the help already says it (a size or a rule reads
+    better in words than as argparse's value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.required or action.default is argparse.SUPPRESS \
+                or "default" in text.lower():
+            return text
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            return f"{text} (default: off)" if action.default is False else f"{text} (default: on)"
+        if action.default is None or action.default == []:
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse prints usage on top; one line is what we promise
         raise UsageError(message)
 
@@ -98,10 +118,12 @@ def add_gpu_flags(parser: argparse.ArgumentParser, required: bool, speed: bool =
     """--gpu PRESET or --gpu-mem SIZE; with `speed`, the bandwidth and peak a step model needs of --gpu-mem."""
     gpu = parser.add_mutually_exclusive_group(required=required)
     gpu.add_argument("--gpu", help="GPU preset: a100-40gb, a100-80gb, h100-80gb, h200-141gb")
-    gpu.add_argument("--gpu-mem", type=size_arg, help="GPU memory, e.g. 40GiB")
+    gpu.add_argument("--gpu-mem", type=size_arg, help="GPU memory in bytes, e.g. 40GiB (or --gpu)")
     if speed:
-        parser.add_argument("--hbm-bw", type=float, default=2.0e12, help="bytes/s, with --gpu-mem")
-        parser.add_argument("--peak-flops", type=float, default=312e12, help="FLOP/s, with --gpu-mem")
+        parser.add_argument("--hbm-bw", type=float, default=2.0e12,
+                            help="memory bandwidth in bytes/s, with --gpu-mem (a preset has its own)")
+        parser.add_argument("--peak-flops", type=float, default=312e12,
+                            help="peak FLOP/s, with --gpu-mem (a preset has its own)")
 
 
 def gpu_of(args: argparse.Namespace):
@@ -141,12 +163,15 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
     group.add_argument("--sweep", action="store_true",
                        help=f"offer the workload at several request rates per {per} and find the highest each "
                             "sustains within the SLO; the rates come from a calibration unless --rates gives them")
-    group.add_argument("--rates", type=rate_list, help="offered requests/s, comma-separated (skips calibration)")
-    group.add_argument("--points", type=positive_int, default=points, help="rates to sweep after calibration")
+    group.add_argument("--rates", type=rate_list,
+                       help="offered requests/s, comma-separated, the same for every engine (skips the calibration "
+                            "and the knee search)")
+    group.add_argument("--points", type=positive_int, default=points,
+                       help="the knee search's most points (offered rates) per engine and budget")
     group.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
     group.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
     group.add_argument("--slo-attainment", type=float, default=0.9,
-                       help="share of requests that must meet the SLO for a rate to count as sustained")
+                       help="share of requests (0-1) that must meet the SLO for a rate to count as sustained")
     return group
 
 

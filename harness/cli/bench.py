@@ -19,10 +19,14 @@ from harness.cli.args import (
 
 def register(sub) -> None:
     bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report")
-    bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb")
-    bench.add_argument("--workload", default="mixed-churn")
-    bench.add_argument("--model", default="models/tiny-llama")
-    bench.add_argument("--kv-budget", default="16MiB", type=str)
+    bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
+                       help="engines to run, comma-separated, one after another on the same traffic (static-max, "
+                            "static-pow2, static-oracle, growth, paged, hf, hf-cb, vllm); \"\" runs --target alone")
+    bench.add_argument("--workload", default="mixed-churn",
+                       help="a workload name (fragbench workload list) or a spec's YAML path")
+    bench.add_argument("--model", default="models/tiny-llama", help="model directory (fragbench model build)")
+    bench.add_argument("--kv-budget", default="16MiB", type=str,
+                       help="bytes of KV cache every engine gets, e.g. 16MiB, 2GiB (default: 16MiB)")
     bench.add_argument("--kv-budgets", metavar="B1,B2,...",
                        help="run every engine's knee search at each of these KV budgets (the first is the run's own); "
                             "the report draws sustained rate against budget")
@@ -30,12 +34,13 @@ def register(sub) -> None:
     bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
     bench.add_argument("--warmup", type=float,
                        help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
-    bench.add_argument("--max-seq-len", type=positive_int, default=2048)
+    bench.add_argument("--max-seq-len", type=positive_int, default=2048,
+                       help="tokens per sequence (prompt + output) every engine admits; longer trace rows are cut")
     bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--out", default="results")
-    bench.add_argument("--reports", default="reports")
-    bench.add_argument("--run-id")
+    bench.add_argument("--seed", type=int, default=0, help="the workload's seed (the same requests for every engine)")
+    bench.add_argument("--out", default="results", help="directory the run's folder is written under")
+    bench.add_argument("--reports", default="reports", help="directory the HTML report is written to")
+    bench.add_argument("--run-id", help="the run's folder name (default: the start time and the workload)")
     bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
     bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
                        help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
@@ -44,12 +49,14 @@ def register(sub) -> None:
                        help="a running OpenAI-compatible server (vLLM, SGLang, TGI, fragbench) benched as one more "
                             "engine; fragbench never starts, stops or restarts it (repeatable)")
     bench.add_argument("--metrics-url", action="append", default=[], metavar="NAME=URL",
-                       help="a target's Prometheus metrics where they are not at URL/metrics")
+                       help="a target's Prometheus metrics where they are not at URL/metrics (repeatable)")
     bench.add_argument("--api-key", help="the targets' API key (sent as a bearer token)")
     add_api_flag(bench)
-    bench.add_argument("--kill-after", type=float, help="fault injection: SIGKILL each engine S seconds into its churn")
+    bench.add_argument("--kill-after", type=float,
+                       help="fault injection: SIGKILL each engine this many seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
-                       help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2'")
+                       help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2' "
+                            "(repeatable)")
     sweep = sweep_group(bench, "engine", points=8)
     sweep.add_argument("--time", type=float, default=900.0, metavar="SECONDS",
                        help="the whole bench's time budget in seconds (default 900): every engine's set-up and knee "

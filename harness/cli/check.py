@@ -23,18 +23,20 @@ def register(sub) -> None:
     from engines.shapes import DTYPE_BYTES
 
     chk = sub.add_parser("check", help="pre-deployment sanity check of any OpenAI-compatible server")
-    chk.add_argument("--target", required=True)
+    chk.add_argument("--target", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     chk.add_argument("--metrics-url", help="Prometheus metrics (default: TARGET/metrics)")
     chk.add_argument("--model", required=True, help="model preset or directory the server runs")
     add_gpu_flags(chk, required=False)
-    chk.add_argument("--max-seq-len", type=positive_int)
+    chk.add_argument("--max-seq-len", type=positive_int,
+                     help="the server's context in tokens (default: the model's max_position_embeddings)")
     chk.add_argument("--dtype", choices=list(DTYPE_BYTES), help="default: the model directory's, else float16")
-    chk.add_argument("--workload", default="check-churn")
-    chk.add_argument("--duration", type=float, default=30.0)
+    chk.add_argument("--workload", default="check-churn",
+                     help="the churn the questions are asked under: a workload name or a spec's YAML path")
+    chk.add_argument("--duration", type=float, default=30.0, help="seconds of that churn's arrivals")
     chk.add_argument("--capacity-time", type=float, default=60.0,
                      help="seconds of arrivals the ninth question's knee search may spend (0 skips it)")
-    chk.add_argument("--json", action="store_true")
-    chk.add_argument("--report")
+    chk.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
+    chk.add_argument("--report", metavar="FILE", help="also write the answers as an HTML page to FILE")
     add_api_flag(chk)
     chk.set_defaults(func=run)
 

@@ -10,10 +10,11 @@ from harness.cli.args import UsageError, run_dir
 
 def register(sub) -> None:
     cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 on a regression")
-    cmp_.add_argument("base")
-    cmp_.add_argument("new")
-    cmp_.add_argument("--threshold", type=float, default=10.0, help="percent")
-    cmp_.add_argument("--out")
+    cmp_.add_argument("base", help="the earlier run's directory")
+    cmp_.add_argument("new", help="the later run's directory")
+    cmp_.add_argument("--threshold", type=float, default=10.0,
+                      help="percent a figure may worsen before it counts as a regression")
+    cmp_.add_argument("--out", metavar="FILE", help="write the comparison as an HTML page to FILE")
     cmp_.set_defaults(func=run)
 
 

@@ -9,22 +9,27 @@ from harness.units import parse_size
 
 
 def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
-    p.add_argument("--engine", required=True, choices=engines)
+    p.add_argument("--engine", required=True, choices=engines, help="the engine (README: The engines)")
     p.add_argument("--model", required=True, help="model directory (fragbench model build)")
-    p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"))
-    p.add_argument("--max-seq-len", type=positive_int)
-    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"),
+                   help="bytes of KV cache, e.g. 128MiB, 2GiB (default: 128MiB)")
+    p.add_argument("--max-seq-len", type=positive_int,
+                   help="tokens per sequence, prompt and output (default: the model's max_position_embeddings)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block")
     p.add_argument("--reserve", choices=["max", "pow2", "oracle"], default="max",
                    help="the static engine's reservation (static-max, static-pow2, static-oracle name it too)")
     p.add_argument("--no-preflight", action="store_true",
                    help="contiguous engines: admit or grow without checking free bytes, as a naive server does "
                         "(an OOM then rejects or crashes); by default a request waits until free bytes cover it")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own)")
-    p.add_argument("--on-oom", choices=["reject", "crash"], help="default: crash for hf, reject otherwise")
+    p.add_argument("--on-oom", choices=["reject", "crash"],
+                   help="what a failed KV allocation does to the server (default: crash for hf, reject otherwise)")
     p.add_argument("--max-batch", type=positive_int, default=8, help="hf: requests per static batch")
-    p.add_argument("--max-num-seqs", type=positive_int, default=64)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--memory", choices=["arena", "cuda"], default="arena")
+    p.add_argument("--max-num-seqs", type=positive_int, default=64, help="scheduled engines: sequences run at once")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="paged: never share a prompt's blocks with an earlier one's")
+    p.add_argument("--memory", choices=["arena", "cuda"], default="arena",
+                   help="arena: one pre-allocated buffer carved exactly; cuda: PyTorch's caching allocator")
     p.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
 
 

@@ -24,15 +24,17 @@ def register(sub) -> None:
 
     gen = sub.add_parser("generate", help="offline generation through any engine")
     add_engine_flags(gen, ENGINES)
-    gen.add_argument("--prompt", action="append", default=[])
-    gen.add_argument("--prompt-ids", type=prompt_ids_arg, action="append", default=[])
-    gen.add_argument("--max-tokens", type=positive_int, required=True)
-    gen.add_argument("--n", type=positive_int, default=1)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=fraction_arg, default=1.0)
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--json", action="store_true")
+    gen.add_argument("--prompt", action="append", default=[],
+                     help="a prompt's text, tokenized by the model's tokenizer (repeatable; or --prompt-ids)")
+    gen.add_argument("--prompt-ids", type=prompt_ids_arg, action="append", default=[],
+                     help="a prompt as comma-separated token ids (repeatable; or --prompt)")
+    gen.add_argument("--max-tokens", type=positive_int, required=True, help="output tokens per sample, at most")
+    gen.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
+    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    gen.add_argument("--top-p", type=fraction_arg, default=1.0, help="nucleus sampling's probability mass (0-1]")
+    gen.add_argument("--seed", type=int, help="the sampler's seed (default: none, a fresh draw)")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    gen.add_argument("--json", action="store_true", help="print each sample as a JSON line instead of its text")
     gen.set_defaults(func=run)
 
 

@@ -11,9 +11,10 @@ from harness.cli.args import UsageError, usage_errors
 def register(sub) -> None:
     hist = sub.add_parser("history", help="every run of a results folder over time, regressions marked")
     hist.add_argument("results", help="a results folder (results/ by default for bench)")
-    hist.add_argument("--out", default="reports/history.html")
+    hist.add_argument("--out", default="reports/history.html", help="the HTML page written")
     hist.add_argument("--baseline", type=int, default=7, help="previous runs whose median the last is held to")
-    hist.add_argument("--threshold", type=float, default=10.0, help="percent")
+    hist.add_argument("--threshold", type=float, default=10.0,
+                      help="percent a figure may worsen against that median before it is marked a regression")
     hist.set_defaults(func=run)
 
 

@@ -10,20 +10,24 @@ from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, t
 
 def register(sub) -> None:
     load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
-    load.add_argument("--target")
-    load.add_argument("--workload")
-    load.add_argument("--duration", type=float, default=60.0)
-    load.add_argument("--workers", type=positive_int, default=1)
-    load.add_argument("--out", default="results/load")
-    load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--max-seq-len", type=positive_int, default=2048)
-    load.add_argument("--vocab-size", type=positive_int, default=4096)
-    load.add_argument("--engine-label", default="target")
-    load.add_argument("--api-key")
+    load.add_argument("--target", help="the server's base URL, e.g. http://127.0.0.1:8000 (needed but by --worker)")
+    load.add_argument("--workload", help="a workload name or a spec's YAML path (needed but by --worker)")
+    load.add_argument("--duration", type=float, default=60.0, help="seconds of the trace's arrivals replayed")
+    load.add_argument("--workers", type=positive_int, default=1,
+                      help="load-generator processes on this machine, sharing the trace")
+    load.add_argument("--out", default="results/load", help="directory requests.jsonl and requests.parquet go to")
+    load.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    load.add_argument("--max-seq-len", type=positive_int, default=2048,
+                      help="tokens per request (prompt + output) the trace is cut to")
+    load.add_argument("--vocab-size", type=positive_int, default=4096,
+                      help="token ids of synthetic prompts are drawn below this")
+    load.add_argument("--engine-label", default="target", help="the engine column of the rows written")
+    load.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' (default: none)")
     add_api_flag(load)
     spread = load.add_argument_group("over several machines (Locust's master/worker protocol)")
-    spread.add_argument("--master", action="store_true", help="hand the trace to --expect-workers workers")
-    spread.add_argument("--expect-workers", type=positive_int, default=1)
+    spread.add_argument("--master", action="store_true", help="hand the trace out to --expect-workers workers")
+    spread.add_argument("--expect-workers", type=positive_int, default=1,
+                        help="--master: workers it waits for before the trace starts")
     spread.add_argument("--master-bind", default="0.0.0.0:5557",
                         help="HOST:PORT the master listens on (its workers may be on other machines)")
     spread.add_argument("--worker", action="store_true", help="take a share of a master's trace")

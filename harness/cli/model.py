@@ -16,10 +16,10 @@ def register(sub) -> None:
     )
     model.add_parser("list", help="presets with their KV cost").set_defaults(func=run_list)
     build = model.add_parser("build", help="write a model directory with random weights")
-    build.add_argument("--preset", required=True)
-    build.add_argument("--out", required=True)
-    build.add_argument("--dtype", default="float32", choices=list(BUILD_DTYPES))
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--preset", required=True, help="a preset name (fragbench model list)")
+    build.add_argument("--out", required=True, help="the model directory written (config, weights, tokenizer)")
+    build.add_argument("--dtype", default="float32", choices=list(BUILD_DTYPES), help="the weights' dtype")
+    build.add_argument("--seed", type=int, default=0, help="the random weights' seed (the same seed, the same model)")
     build.set_defaults(func=run_build)
 
 

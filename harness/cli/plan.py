@@ -14,12 +14,14 @@ def register(sub) -> None:
     plan = sub.add_parser("plan", help="capacity plan for a model on a GPU")
     plan.add_argument("--model", required=True, help="preset name or model directory")
     add_gpu_flags(plan, required=True)
-    plan.add_argument("--gpu-util", type=fraction_arg, default=0.9)
-    plan.add_argument("--max-seq-len", type=positive_int)
-    plan.add_argument("--block-size", type=positive_int, default=16)
-    plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
+    plan.add_argument("--gpu-util", type=fraction_arg, default=0.9,
+                      help="share (0-1] of GPU memory the server may take, as vLLM's --gpu-memory-utilization")
+    plan.add_argument("--max-seq-len", type=positive_int,
+                      help="tokens per sequence (default: the model's max_position_embeddings)")
+    plan.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block of the paged estimate")
+    plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES), help="the weights' and KV's dtype")
     plan.add_argument("--workload", help="length mix for the paged estimate (default: ShareGPT-like means)")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     plan.set_defaults(func=run)
 
 

@@ -10,8 +10,8 @@ from harness.cli.args import run_dir
 
 def register(sub) -> None:
     report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
-    report.add_argument("run_dir")
-    report.add_argument("--out")
+    report.add_argument("run_dir", help="a bench run's directory (results/RUN_ID)")
+    report.add_argument("--out", metavar="FILE", help="the HTML page written (default: reports/RUN_ID.html)")
     report.set_defaults(func=run)
 
 

@@ -14,20 +14,20 @@ def register(sub) -> None:
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine")
     add_engine_flags(srv, (*ENGINES, "vllm"))
-    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: none, open)")
     srv.add_argument("--served-model-name", help="the model id /v1/models answers (default: --model as given, as "
                                                    "vLLM does)")
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
-                          "open requests and exits with code 71)")
+                          "open requests and exits with code 71; default: none)")
     srv.add_argument("--inject-kv-fault", choices=["early-free"],
                      help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
                           "next-to-last block back to the pool while the sequence still reads it (default: none)")
     srv.add_argument("--step-log", metavar="FILE",
                      help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
-                          "the rows `simulate --step-model` fits")
+                          "the rows `simulate --step-model` fits (default: none)")
     srv.add_argument("--oom-snapshot", metavar="FILE",
                      help="--memory cuda: write the CUDA allocator's segments at the engine's first OOM to FILE "
                           "(JSON), before a crashing engine goes down (default: none; GET /memory_snapshot has it)")

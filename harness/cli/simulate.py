@@ -30,23 +30,26 @@ def register(sub) -> None:
     add_gpu_flags(sim, required=True, speed=True)
     sim.add_argument("--workload", required=True, help="preset, spec file or trace file")
     sim.add_argument("--policy", required=True, help="static-max,static-pow2,static-oracle,growth,paged")
-    sim.add_argument("--block-size", type=positive_int, default=16)
+    sim.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block of the paged policy")
     sim.add_argument("--placement", choices=["best-fit", "buddy"],
                      help="arena placement for every policy (default: buddy for static-max/pow2, as the paper)")
-    sim.add_argument("--requests", type=positive_int)
-    sim.add_argument("--max-seq-len", type=positive_int)
-    sim.add_argument("--max-num-seqs", type=positive_int, default=256)
-    sim.add_argument("--gpu-util", type=fraction_arg, default=0.9)
-    sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES))
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--requests", type=positive_int,
+                     help="requests simulated (default: the workload's own count, or its spec's)")
+    sim.add_argument("--max-seq-len", type=positive_int,
+                     help="tokens per sequence (default: the model's max_position_embeddings)")
+    sim.add_argument("--max-num-seqs", type=positive_int, default=256, help="sequences the scheduler runs at once")
+    sim.add_argument("--gpu-util", type=fraction_arg, default=0.9,
+                     help="share (0-1] of GPU memory the server may take; the KV gets what weights leave of it")
+    sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES), help="the weights' and KV's dtype")
+    sim.add_argument("--seed", type=int, default=0, help="the workload's seed")
     sim.add_argument("--no-preflight", action="store_true",
                      help="static policies admit without checking free bytes (a naive server) and reject on OOM")
     sim.add_argument("--step-model", metavar="RUN_DIR|FILE",
                      help="step times from a model fitted on a bench run's engine steps (RUN_DIR, steps.parquet or "
                           "a --step-log CSV) or saved as JSON, instead of the GPU's roofline")
     sim.add_argument("--step-engine", help="with a RUN_DIR: fit on this engine's steps alone (default: all of them)")
-    sim.add_argument("--json", action="store_true")
-    sim.add_argument("--report", help="write an HTML page with the breakdown over time")
+    sim.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    sim.add_argument("--report", metavar="FILE", help="write an HTML page with the breakdown over time to FILE")
     sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
     sweep_group(sim, "policy", points=12)
     sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone

@@ -16,11 +16,12 @@ def register(sub) -> None:
     for verb in ("show", "trace"):
         w = wl.add_parser(verb, help="class mix, lengths and rate" if verb == "show" else "write the JSONL")
         w.add_argument("name", help="preset, spec file (.yaml) or trace file (.csv, .jsonl)")
-        w.add_argument("--seed", type=int, default=0, required=verb == "trace")
+        w.add_argument("--seed", type=int, default=0, required=verb == "trace", help="the workload's seed")
         w.add_argument("--max-seq-len", type=positive_int, default=2048, help="the model's context")
-        w.add_argument("--vocab-size", type=positive_int, default=4096)
+        w.add_argument("--vocab-size", type=positive_int, default=4096,
+                       help="token ids of synthetic prompts are drawn below this")
         if verb == "trace":
-            w.add_argument("--out", required=True)
+            w.add_argument("--out", required=True, help="the JSONL trace written")
         w.set_defaults(func=run_show if verb == "show" else run_trace)
 
 

@@ -31,6 +31,7 @@ def write_run(run_dir: Path, engines: dict[str, dict], duration_s: float, ooms: 
             samples.write({"engine": name, "t_s": float(ti), "kv_capacity_bytes": cap, "token_states_bytes": int(tok),
                            "reservation_bytes": 0, "internal_fragmentation_bytes": 0,
                            "external_fragmentation_bytes": 0, "largest_free_bytes": int(cap - tok),
+                           "usable_free_bytes": int(cap - tok),
                            "allocated_bytes": int(tok), "free_bytes": int(cap - tok), "running": int(run),
                            "waiting": 0, "preempted_total": 0})
         with Journal(run_dir / "engines" / name / "requests.jsonl") as requests:

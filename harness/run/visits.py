@@ -147,8 +147,10 @@ class Visits:
         st.warmup_s = max(res.warmup_s, 1.0)
         att = float(st.judged[at][0].mean()) if len(st.judged[at][0]) else None
         visit.missed = att is None or att < self.slo.attainment
+        known = len(st.judged[at][0])
         self.plain(f"{run.engine}: {rate:g} req/s: {res.judged} judged after a {res.warmup_s:.1f} s warm-up, SLO "
-                   f"attainment {'n/a' if att is None else f'{100 * att:.0f} %'} ({len(st.judged[at][0])} in all); "
+                   f"attainment {'n/a' if att is None else f'{100 * att:.0f} %'} of the {known} verdicts known at "
+                   "this rate; "
                    + self.figures(run, run.sampler))
         return res
 

@@ -32,6 +32,18 @@ def test_a_flip_between_tied_tokens_is_a_tie_and_a_flip_past_the_margin_diverges
     assert wrong.diverged_at == 0 and "idle margin 2.5" in wrong.why
 
 
+def test_an_answer_the_engine_cut_short_is_an_early_end_and_a_short_one_it_called_complete_diverges():
+    """An OOM rejection (finish_reason "oom") serves fewer tokens by design: a failure to serve, counted apart,
+    its tokens up to there compared; an answer that ends early and calls itself complete is wrong."""
+    oom = compare(IDLE, Served(["a"], [-0.5], [], finish_reason="oom"), 1e-2)
+    assert oom.diverged_at is None and oom.ended == "oom" and oom.compared == 1
+    bad = compare(IDLE, Served(["a", "b"], [-0.5, -1.0], [], finish_reason="length"), 1e-2)
+    assert bad.diverged_at == 2 and "2 tokens where alone it made 3" in bad.why
+    rows = [{"probe": "p1", "kind": "short", "compared": 1, "max_abs_logprob_diff": 0.0, "ended": "oom"}]
+    result = integrity({"tolerance": 1e-2}, rows)
+    assert result["diverged"] == 0 and result["ended_early"] == 1 and "1 ended early" in sentence(result)
+
+
 def test_the_tolerance_follows_the_precision():
     assert tolerance_of("float32") == 1e-3 and tolerance_of("torch.bfloat16") == tolerance_of("float16") == 0.25
 

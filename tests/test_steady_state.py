@@ -202,3 +202,16 @@ def test_a_dead_schedule_writer_leaves_the_reader_waiting_only_for_lines(tmp_pat
     sent = list(reader.dispatch(lambda: time.time() - t0))
     assert reader.stopped and all(seg.point == 0 for _, seg, _ in sent)
     assert json.loads(path.read_text().splitlines()[-1]) == {"stop": True}
+
+
+def test_the_warm_up_waits_for_the_load_a_point_inherits_even_while_it_is_still_running():
+    """Nine in ten of what the earlier points left in the engine must end before a warm-up can; requests
+    still running are infinities, and two of them at the quantile once made it NaN (and no wait at all)."""
+    from harness.run.points import carried_until
+
+    assert carried_until([], 10.0, 30.0) == 10.0
+    assert carried_until([5.0, 8.0], 10.0, 30.0) == 10.0  # all ended before the point began
+    assert carried_until([12.0] * 9 + [None], 10.0, 30.0) == 12.0
+    assert carried_until([12.0] * 7 + [None] * 3, 10.0, 30.0) == 30.0  # still serving it: until now
+    with np.errstate(all="raise"):
+        assert carried_until([11.0, None, None], 10.0, 25.0) == 25.0

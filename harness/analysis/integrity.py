@@ -26,6 +26,7 @@ class Served:
     logprobs: list[float] = field(default_factory=list)
     top: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -37,6 +38,12 @@ class Comparison:
     diverged_at: int | None = None  # the output position where it diverged
     why: str | None = None
     tie_at: int | None = None  # a flip between tokens tied within the tolerance: the comparison stopped there
+    ended: str | None = None  # the engine ended it early and said so (an OOM rejection, an error): no divergence
+
+
+# finish reasons of an answer the engine cut short on purpose: its tokens up to there are compared, its length
+# is a failure to serve (counted apart), not wrong numbers
+ENDED_EARLY = ("oom", "error", "abort")
 
 
 def compare(idle: Served, got: Served, tolerance: float) -> Comparison:
@@ -59,6 +66,8 @@ def compare(idle: Served, got: Served, tolerance: float) -> Comparison:
                                                f"{idle.logprobs[i]:.5g} (|diff| {diff:.3g} > {tolerance:g})")
     if len(got.tokens) != len(idle.tokens):
         n = min(len(got.tokens), len(idle.tokens))
+        if len(got.tokens) < len(idle.tokens) and got.finish_reason in ENDED_EARLY:
+            return Comparison(n, worst, ended=got.finish_reason)
         return Comparison(n, worst, n, f"{len(got.tokens)} tokens where alone it made {len(idle.tokens)}")
     return Comparison(len(idle.tokens), worst)
 
@@ -82,6 +91,7 @@ def integrity(idle: dict, rows: list[dict]) -> dict:
     return {"probes": len(judged), "diverged": len(diverged),
             "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in judged), default=None),
             **idle, "failed": len(rows) - len(judged), "ties": sum(r.get("tie_at") is not None for r in judged),
+            "ended_early": sum(r.get("ended") is not None for r in judged),
             "preempted_probes": sum(bool(r.get("preempted_total_during")) for r in judged),
             "prefix_hit_probes": sum(bool(r.get("prefix_cache_hit_tokens_during")) for r in judged),
             "divergences": [{**r, "doing": doing(r)} for r in diverged[:20]]}
@@ -99,7 +109,8 @@ def sentence(result: dict | None) -> str:
             f"|logprob diff| <= {result['tolerance']:g}; largest diff {worst:.2g}, idle repeat "
             f"{result.get('idle_max_abs_logprob_diff') or 0:.2g}; {result.get('preempted_probes', 0)} ran through "
             f"preemptions, {result.get('prefix_hit_probes', 0)} through prefix-cache hits, {result.get('ties', 0)} "
-            f"stopped at a near tie, {result.get('failed', 0)} failed under load)")
+            f"stopped at a near tie, {result.get('ended_early', 0)} ended early by the engine (an OOM: the tokens "
+            f"before it compared), {result.get('failed', 0)} failed under load)")
     for d in result.get("divergences", [])[:3]:
         head += f"; {d['probe']} ({d['kind']}) at output token {d['diverged_at']}: {d['why']}, while {d['doing']}"
     return head

@@ -87,9 +87,10 @@ def ask(target: str, probe: Probe, api: str = "completions", model: str | None =
     if api == "chat":
         content = lp.get("content") or []
         return Served([c["token"] for c in content], [c["logprob"] for c in content],
-                      [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in content])
+                      [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in content],
+                      finish_reason=choice.get("finish_reason"))
     return Served(list(lp.get("tokens") or []), [float(x) for x in lp.get("token_logprobs") or []],
-                  [dict(t or {}) for t in lp.get("top_logprobs") or []])
+                  [dict(t or {}) for t in lp.get("top_logprobs") or []], finish_reason=choice.get("finish_reason"))
 
 
 def during(before: dict | None, after: dict | None) -> dict:
@@ -183,6 +184,8 @@ class Integrity:
         else:
             c = compare(self.reference[probe.name], got, self.tolerance)
             row.update(compared=c.compared, max_abs_logprob_diff=c.max_abs_logprob_diff, tie_at=c.tie_at)
+            if c.ended is not None:
+                row["ended"] = c.ended
             if c.diverged_at is not None:
                 row.update(diverged_at=c.diverged_at, why=c.why)
         self.rows.append(row)

@@ -89,6 +89,15 @@ class PointResult:
     e2e_median_s: float | None
 
 
+def carried_until(ends: list[float | None], start: float, now: float, share: float = 0.9) -> float:
+    """When `share` of the requests still in the engine at `start` have ended (None: not yet), at most `now`.
+    The order statistic itself, not an interpolation: two requests still running are two infinities."""
+    carried = [np.inf if e is None else e for e in ends if e is None or e > start]
+    if not carried:
+        return start
+    return min(float(np.quantile(np.array(carried, dtype=float), share, method="inverted_cdf")), now)
+
+
 def cancelled(r: TraceRequest) -> bool:
     return r.cancel_after_tokens is not None or r.cancel_after_s is not None
 
@@ -176,12 +185,8 @@ class PointRunner:
     def carried_s(self, start: float, now: float) -> float:
         """Until nine in ten of the requests the points before left in the engine at `start` have ended: the
         warm-up cannot end while the previous load is still being served (seconds from `start`)."""
-        ends = [self.rows[r.request_id]["end_s"] if r.request_id in self.rows else np.inf for r in self.before]
-        carried = [e for e in ends if e is None or e > start]
-        if not carried:
-            return 0.0
-        end = float(np.quantile(np.array([np.inf if e is None else e for e in carried], dtype=float), 0.9))
-        return min(end, now) - start
+        ends = [self.rows[r.request_id]["end_s"] if r.request_id in self.rows else None for r in self.before]
+        return carried_until(ends, start, now) - start
 
     def verdicts(self, judged: list[tuple[TraceRequest, int]], now: float) -> tuple[np.ndarray, np.ndarray]:
         """The verdicts known now: a finished request's (the SLO's rule), and a miss for one still running

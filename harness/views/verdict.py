@@ -96,7 +96,9 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
         line = ("KV integrity FAILED: " + "; ".join(f"{e} {r['diverged']} of {r['probes']} probes diverged"
                                                     for e, r in wrong.items()) + " (numbers wrong under churn)."
                 if wrong else "KV integrity: no probe diverged from its idle answer (" + ", ".join(
-                    f"{e} {r['probes']} probes" for e, r in checked.items()) + ").")
+                    f"{e} {r['probes']} probes" + (f" ({r['ended_early']} ended early by an OOM)"
+                                                   if r.get("ended_early") else "")
+                    for e, r in checked.items()) + ").")
         out.append(link("integrity", line))
     for e, s in engines.items():
         mine = oom[oom.engine == e] if len(oom) else oom

@@ -42,6 +42,19 @@ def fake_cuda(monkeypatch):
     return state
 
 
+def cuda_headroom_of_paged(tiny_model, monkeypatch) -> int:
+    """The activation headroom the factory asks of cuda memory for a 16 MiB paged engine (memory faked)."""
+    seen = {}
+
+    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0):
+        seen["headroom"] = headroom_bytes
+        return Arena(capacity, backing_device="cpu")
+
+    monkeypatch.setattr("engines.factory.make_memory", fake_memory)
+    make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
+    return seen["headroom"]
+
+
 def test_1_the_cap_is_set_on_an_indexed_device(fake_cuda):
     memory = cuda.CudaMemory(8 * MiB, "cuda")
     assert memory.device == torch.device("cuda", 0) and fake_cuda["set"]
@@ -65,15 +78,8 @@ def test_4_the_cap_leaves_room_for_cublas_and_activations(fake_cuda, tiny_model,
     # in use + budget + a large segment's slack + the headroom + cuBLAS's workspace
     assert fake_cuda["set"][-1] == pytest.approx((100 + 8 + 20 + 5 + 32) * MiB / TOTAL)
     # the factory sizes the activations of the engine's largest step
-    seen = {}
-
-    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0):
-        seen["headroom"] = headroom_bytes
-        return Arena(capacity, backing_device="cpu")
-
-    monkeypatch.setattr("engines.factory.make_memory", fake_memory)
-    make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
-    assert seen["headroom"] > 2048 * 64 * 4  # 2048 batched tokens of at least the hidden size, in fp32
+    # 2048 batched tokens of at least the hidden size, in fp32
+    assert cuda_headroom_of_paged(tiny_model, monkeypatch) > 2048 * 64 * 4
 
 
 def test_5_cuda_memory_for_a_model_on_the_cpu_is_refused(fake_cuda, tiny_model):
@@ -267,16 +273,9 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     from engines.scheduled.model import attention_temporaries_bytes
     from engines.sequence import SamplingParams
 
-    seen = {}
-
-    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0):
-        seen["headroom"] = headroom_bytes
-        return Arena(capacity, backing_device="cpu")
-
-    monkeypatch.setattr("engines.factory.make_memory", fake_memory)
-    make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
+    headroom = cuda_headroom_of_paged(tiny_model, monkeypatch)
     pool_tokens = 16 * MiB // 4096
-    assert seen["headroom"] >= 1.5 * pool_tokens * 2 * 2 * 64 * 4  # every live token's K and V, padded
+    assert headroom >= 1.5 * pool_tokens * 2 * 2 * 64 * 4  # every live token's K and V, padded
     llama3 = attention_temporaries_bytes(32, 8, 128, 2, 64 * 1000, 8192, 8192)
     assert llama3 > 262 * MiB
 

@@ -242,7 +242,8 @@ def binding_constraint(knee: dict, failed: int, missed: int) -> tuple[str, str]:
         return "memory", ", ".join(memory)
     usage = "n/a" if knee["kv_usage"] is None else f"{100 * knee['kv_usage']:.0f} %"
     step = "n/a" if knee["step_s"] is None else f"{1000 * knee['step_s']:.0f} ms"
-    return "compute", f"KV {usage} allocated with no OOM or preemption, step {step} with {knee['running']} running"
+    running = "n/a" if knee["running"] is None else f"{knee['running']:.2g}"
+    return "compute", f"KV {usage} allocated with no OOM or preemption, step {step} with {running} running on average"
 
 
 def knee_point(points: list[dict], slo: SLO) -> dict:

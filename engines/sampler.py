@@ -85,7 +85,8 @@ def process(logits: torch.Tensor, seqs: list[Sequence]) -> StepLogits:
     lse = torch.logsumexp(x, dim=-1)
     chosen = x.gather(1, argmax[asking, None]).squeeze(1)
     rank = torch.ones(len(asking), dtype=torch.long, device=x.device)  # a plain row's argmax is the raw one's
-    moved = [j for j, i in enumerate(asking) if i in set(busy)]  # processed rows: their argmax may rank lower
+    processed_rows = set(busy)
+    moved = [j for j, i in enumerate(asking) if i in processed_rows]  # their argmax may rank lower in the raw
     if moved:
         rank[moved] = (x[moved] > chosen[moved, None]).sum(dim=-1) + 1
     k = max(asked[i] for i in at)

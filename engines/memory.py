@@ -34,6 +34,27 @@ class MemoryStats:
     largest_free_bytes: int
     num_allocations: int
     reserved_bytes: int  # held from the device (CUDA caching allocator); the capacity for the arena
+    allocator: AllocatorFigures | None = None  # the caching allocator's own figures, where one holds the KV
+
+
+@dataclass(frozen=True)
+class AllocatorFigures:
+    """What torch.cuda.memory_stats() says of the caching allocator (or its emulator): /stats' `allocator`."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    active_bytes: int
+    inactive_split_bytes: int
+    segments: int
+    alloc_retries: int
+    # requests by PyTorch's size class (as rounded): small <= 1 MiB (2 MiB segments), large under 10 MiB (a 20 MiB
+    # segment each), huge from 10 MiB (a segment of their own size); counted since the memory was made
+    small_requests: int = 0
+    large_requests: int = 0
+    huge_requests: int = 0
+
+
+Layer = Literal["policy", "allocator"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,12 @@ class OOMEvent:
     largest_free_bytes: int
     cause: Cause
     owner: str = ""
+    # where a caching allocator holds the KV: free bytes inside its segments, and under the cap outside them
+    cached_free_bytes: int = 0
+    device_free_bytes: int = 0
+    # which layer failed: the policy's (the live KV did not fit under the cap) or the allocator's (cached and
+    # never-reserved bytes together would hold it, but no block does and the segment it asks for does not fit)
+    layer: Layer = "policy"
 
     @staticmethod
     def classify(requested_bytes: int, free_bytes: int, largest_free_bytes: int, owner: str = "") -> OOMEvent:
@@ -52,9 +79,11 @@ class OOMEvent:
 
 class OutOfMemory(RuntimeError):
     def __init__(self, event: OOMEvent):
+        layer = (f"; the allocator's: {event.cached_free_bytes} B cached free in its segments, "
+                 f"{event.device_free_bytes} B free under the cap" if event.layer == "allocator" else "")
         super().__init__(
             f"out of memory ({event.cause}): requested {event.requested_bytes} B, "
-            f"free {event.free_bytes} B, largest free extent {event.largest_free_bytes} B"
+            f"free {event.free_bytes} B, largest free extent {event.largest_free_bytes} B{layer}"
         )
         self.event = event
 
@@ -339,19 +368,6 @@ class BuddyHeap:
             if region_offset <= offset < region_offset + size:
                 return size
         raise ValueError(f"offset {offset} lies outside the buddy regions")
-
-
-def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: Placement = "best-fit",
-                headroom_bytes: int = 0):
-    """`device` is where the model runs: the KV lives on the same one (cuda memory on a CPU model would put
-    every K/V row on another device than the activations that write it)."""
-    if kind == "arena":
-        return Arena(capacity_bytes, placement, backing_device=device)
-    if kind == "cuda":
-        from engines.cuda import CudaMemory  # torch.cuda's side, apart
-
-        return CudaMemory(capacity_bytes, device, headroom_bytes)
-    raise ValueError(f"memory backend must be arena or cuda, not {kind!r}")
 
 
 def resolve_device(requested: str = "auto") -> str:

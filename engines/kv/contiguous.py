@@ -8,7 +8,7 @@ from collections import deque
 import torch
 
 from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
-from engines.memory import Allocation, Arena, DeviceMemory
+from engines.memory import Allocation, DeviceMemory
 
 RECENT_ALLOCATIONS = 256  # allocations whose median stands for the next one when no request waits
 
@@ -73,9 +73,9 @@ class ContiguousKV(KVPolicy):
 
     def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
         """A view of every row index of the store: nothing is built per step."""
-        if self._all_rows is None:
-            self._all_rows = torch.arange(self.memory.capacity_bytes // self.kv_bytes_per_token,
-                                          device=self.memory.device)
+        if self._all_rows is None:  # every row an allocation may start at: the arena's, or caching's addresses
+            span = getattr(self.memory, "address_bytes", self.memory.capacity_bytes)
+            self._all_rows = torch.arange(span // self.kv_bytes_per_token, device=self.memory.device)
         base = self._base_row(seq)
         return self._all_rows[base : base + n]
 
@@ -83,9 +83,10 @@ class ContiguousKV(KVPolicy):
         return self._base_row(seq) + position
 
     def store(self) -> torch.Tensor:
-        if not isinstance(self.memory, Arena) or self.memory.backing is None:
-            raise RuntimeError("contiguous KV on real tensors needs a backed arena")
-        return self.memory.backing
+        backing = getattr(self.memory, "backing", None)  # one tensor of bytes: the arena's, or caching's address space
+        if backing is None:
+            raise RuntimeError("contiguous KV on real tensors needs a backed arena (or caching memory)")
+        return backing
 
     def breakdown(self, seqs: list[SeqLike]) -> Breakdown:
         kvb = self.kv_bytes_per_token

@@ -28,9 +28,24 @@ def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> No
     p.add_argument("--max-num-seqs", type=positive_int, default=64, help="scheduled engines: sequences run at once")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="paged: never share a prompt's blocks with an earlier one's")
-    p.add_argument("--memory", choices=["arena", "cuda"], default="arena",
-                   help="arena: one pre-allocated buffer carved exactly; cuda: PyTorch's caching allocator")
+    p.add_argument("--memory", choices=["arena", "cuda", "caching"], default="arena",
+                   help="arena: one pre-allocated buffer carved exactly; cuda: PyTorch's caching allocator; caching: "
+                        "PyTorch's caching allocator emulated rule for rule under a cap of the KV budget (any machine)")
+    p.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF",
+                   help="PYTORCH_CUDA_ALLOC_CONF's syntax, e.g. expandable_segments:True: the emulator's settings "
+                        "under --memory caching, the real allocator's under --memory cuda (default: PyTorch's)")
     p.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
+
+
+def alloc_conf_arg(text: str) -> str:
+    """A PYTORCH_CUDA_ALLOC_CONF string, checked as PyTorch checks it (the bad key or value, named)."""
+    from engines.allocconf import AllocConfError, parse_alloc_conf
+
+    try:
+        parse_alloc_conf(text)
+    except AllocConfError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def engine_from_flags(args: argparse.Namespace):
@@ -50,16 +65,31 @@ def engine_from_flags(args: argparse.Namespace):
         max_batch=args.max_batch,
         prefix_caching=not args.no_prefix_caching,
         memory=args.memory,
+        alloc_conf=args.alloc_conf,
         device=device_of(args.device),
         kv_fault=getattr(args, "inject_kv_fault", None),
     )
     quiet_transformers()
+    if args.alloc_conf and args.memory == "cuda":
+        use_real_alloc_conf(args.alloc_conf)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     with usage_errors(EngineConfigError, RuntimeError):
         return make_engine(spec)
+
+
+def use_real_alloc_conf(conf: str) -> None:
+    """The real allocator reads PYTORCH_CUDA_ALLOC_CONF when it starts (bench sets it in the server's environment);
+    a server started by hand sets it here, before the model touches CUDA, and in the allocator if it already runs."""
+    import os
+
+    import torch
+
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(conf)
 
 
 def quiet_transformers() -> None:

@@ -13,229 +13,39 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from engines.kv import KVPolicy, PagedKV, make_policy
-from engines.kv.base import CATEGORIES, Breakdown
-from engines.memory import Arena
+from engines.kv.base import CATEGORIES
 from engines.percentile import percentile
+from engines.registry import entry, policies
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
-from engines.sequence import FinishReason, SeqStatus
+from engines.sequence import FinishReason
 from engines.shapes import DTYPE_BYTES, ModelShape
 from harness.analysis.capacity import SLO, capacity_block, request_metrics, sweep_rates
 from harness.gpus import GPU
 from harness.plan import Plan
+from harness.sim.allocator import AllocatorTrack, placement_of, sim_memory
+from harness.sim.roofline import StepModel
+from harness.sim.state import Accumulator, DecodeClock, SimSequence, Tracks, stale
 from harness.sim.stepfit import FittedStepModel
 from workloads.generate import TraceRequest, at_rate, has_shared_prefixes, iter_requests
 from workloads.spec import WorkloadSpec
 
 DEFAULT_SLO = SLO()
-PAPER_PLACEMENT = {"static-max": "buddy", "static-pow2": "buddy", "static-oracle": "best-fit", "growth": "best-fit",
-                   "paged": "best-fit"}
-
-
-@dataclass(frozen=True)
-class StepModel:
-    """Roofline: a step takes the longer of moving its bytes (weights + KV read) over HBM and doing its
-    FLOPs (2 x params per token + attention) at peak."""
-
-    weights_bytes: int
-    kv_bytes_per_token: int
-    params: int
-    attn_flops_per_ctx_token: int  # 4 x layers x heads x head_dim per (query, key) pair
-    hbm_bytes_per_s: float
-    peak_flops: float
-
-    @classmethod
-    def of(cls, shape: ModelShape, dtype: str, gpu: GPU) -> StepModel:
-        return cls(shape.weights_bytes(dtype), shape.kv_bytes_per_token(dtype), shape.num_params,
-                   4 * shape.num_layers * shape.num_heads * shape.head_dim, gpu.hbm_bytes_per_s, gpu.peak_bf16_flops)
-
-    def step_s(self, decodes, prefills, tokens: np.ndarray | float, context_read: np.ndarray | float,
-               attn_pairs: np.ndarray | float) -> np.ndarray | float:
-        """A step of `decodes` one-token sequences and `prefills` chunks computing `tokens` positions, reading
-        `context_read` keys (attention over `attn_pairs` query-key pairs). The roofline counts bytes and
-        FLOPs alone; a fitted model (harness/sim/stepfit.py) also the cost per sequence and per chunk."""
-        memory = (self.weights_bytes + self.kv_bytes_per_token * context_read) / self.hbm_bytes_per_s
-        compute = (2 * self.params * tokens + self.attn_flops_per_ctx_token * attn_pairs) / self.peak_flops
-        return np.maximum(memory, compute)
-
-    def constants(self) -> dict:
-        return {"weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "params": self.params, "attn_flops_per_query_key": self.attn_flops_per_ctx_token,
-                "hbm_bytes_per_s": self.hbm_bytes_per_s, "peak_flops": self.peak_flops}
 
 
 def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, block_size: int,
-                    placement: str | None, preflight: bool = True) -> KVPolicy:
-    """The engines' own policy on a bookkeeping-only arena."""
-    arena = Arena(budget_bytes, placement=placement or PAPER_PLACEMENT[name], backing_device=None)
-    return make_policy(name, arena, kvb, max_seq_len, block_size, preflight)
-
-
-class Tracks:
-    """What the figures need of every request, by column: arrival, first token and end (NaN until they
-    happen), output tokens and outcome. A day of traffic is millions of requests: 30 bytes each."""
-
-    OUTCOMES = ("unfinished", "ok", "oom")
-
-    def __init__(self, capacity: int = 1024):
-        self.n = 0
-        self.arrival_s = np.empty(capacity)
-        self.first_s = np.full(capacity, np.nan)
-        self.end_s = np.full(capacity, np.nan)
-        self.target = np.empty(capacity, dtype=np.int64)
-        self.outcome = np.zeros(capacity, dtype=np.int8)  # an index into OUTCOMES
-
-    def add(self, arrival_s: float, target: int) -> int:
-        if self.n == len(self.arrival_s):
-            self._grow()
-        i, self.n = self.n, self.n + 1
-        self.arrival_s[i], self.target[i] = arrival_s, target
-        return i
-
-    def end(self, i: int, t: float, outcome: str) -> None:
-        self.end_s[i], self.outcome[i] = t, self.OUTCOMES.index(outcome)
-
-    def _grow(self) -> None:
-        for name in ("arrival_s", "first_s", "end_s", "target", "outcome"):
-            old = getattr(self, name)
-            new = np.full(2 * len(old), np.nan) if name in ("first_s", "end_s") else np.zeros(2 * len(old), old.dtype)
-            new[: len(old)] = old
-            setattr(self, name, new)
-
-    def frame(self) -> pd.DataFrame:
-        """Request rows with the columns capacity.request_metrics reads."""
-        n, first, end, target = self.n, self.first_s[: self.n], self.end_s[: self.n], self.target[: self.n]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(target > 1, (end - first) / np.maximum(target - 1, 1), np.nan)
-        status = pd.Categorical.from_codes(self.outcome[:n], self.OUTCOMES)
-        return pd.DataFrame({"status": status, "arrival_s": self.arrival_s[:n], "output_tokens": target,
-                             "ttft_s": first - self.arrival_s[:n], "tpot_s": tpot, "e2e_s": end - self.arrival_s[:n]})
-
-
-@dataclass
-class Accumulator:
-    """Time integrals of the breakdown and of the running count."""
-
-    capacity: int
-    # None: the integrals cover the time the engine is serving (the paper's figures); a (start, end) window of
-    # simulated seconds: the wall-clock time inside it, idle included, as a sampler sees it (a twin's point)
-    window: tuple[float, float] | None = None
-    seconds: float = 0.0
-    bytes_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
-    running_s: float = 0.0
-    max_running: int = 0
-    timeline: list[tuple] = field(default_factory=list)
-    next_sample_s: float = 0.0
-    # the same integrals over each of these spans of simulated time (a twin's points' judged spans)
-    spans: list[tuple[float, float]] = field(default_factory=list)
-    span_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    span_bytes_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
-    span_running_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    def __post_init__(self) -> None:
-        n = len(self.spans)
-        self._lo = np.array([a for a, _ in self.spans], dtype=float)
-        self._hi = np.array([b for _, b in self.spans], dtype=float)
-        self.span_seconds, self.span_bytes_s, self.span_running_s = np.zeros(n), np.zeros((n, 5)), np.zeros(n)
-
-    def idle(self, now: Breakdown, t: float, until: float, every_s: float) -> float:
-        """Nothing runs from t until `until` (the next arrival): memory as it is, no sequence running."""
-        if self.window is not None:
-            self.add(now, now, 0, until - t, until, every_s)
-        return until
-
-    def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
-        end = np.array(after.astuple())
-        lo, hi = self.window or (-np.inf, np.inf)
-        inside = max(0.0, min(t, hi) - max(t - dt, lo))  # of the interval [t - dt, t]
-        mean = (np.array(before.astuple()) + end) / 2
-        self.bytes_s += mean * inside
-        self.seconds += inside
-        self.running_s += running * inside
-        if len(self.spans):
-            part = np.clip(np.minimum(t, self._hi) - np.maximum(t - dt, self._lo), 0.0, None)
-            self.span_seconds += part
-            self.span_bytes_s += part[:, None] * mean[None, :]
-            self.span_running_s += running * part
-        self.max_running = max(self.max_running, running)
-        if t >= self.next_sample_s:
-            self.timeline.append((t, *(end / self.capacity).tolist(), running))
-            self.next_sample_s = t + every_s
-
-
-class DecodeClock:
-    """Decode steps taken by the running set, and the sum of the running sequences' tokens in O(1): each
-    running sequence holds (tokens when it started running - steps then), and gains one token per step."""
-
-    def __init__(self):
-        self.steps = 0
-        self.running = 0
-        self._base = 0  # sum over running sequences of (tokens at start - steps at start)
-
-    def live_tokens(self) -> int:
-        return self._base + self.running * self.steps
-
-    def join(self, tokens: int) -> None:
-        self.running += 1
-        self._base += tokens - self.steps
-
-    def leave(self, tokens: int) -> None:
-        self.running -= 1
-        self._base -= tokens - self.steps
-
-
-class SimSequence:
-    """A simulated sequence, as the scheduler and the KV policies see a Sequence: its prompt ids (what prefix
-    caching hashes) and a token count that runs on the decode clock while the scheduler keeps it RUNNING.
-    Output token values never matter to a memory policy, so none is stored and no step touches it."""
-
-    __slots__ = ("seq_id", "token_ids", "prompt_len", "max_tokens", "final_len", "num_computed_tokens",
-                 "num_preemptions", "finish_reason", "track", "_clock", "_tokens", "_since", "_status")
-
-    def __init__(self, req: TraceRequest, max_seq_len: int, clock: DecodeClock, track: int, keep_ids: bool):
-        self.seq_id = req.request_id
-        # only prefix caching reads the ids: without it a queue of millions keeps none
-        self.token_ids = req.prompt_ids if keep_ids else ()
-        self.prompt_len = len(req.prompt_ids)
-        self.max_tokens = req.max_tokens
-        self.final_len = min(self.prompt_len + req.max_tokens, max_seq_len)
-        self.num_computed_tokens = 0
-        self.num_preemptions = 0
-        self.finish_reason: FinishReason | None = None
-        self.track = track  # its row in Tracks
-        self._clock = clock
-        self._tokens = self.prompt_len  # while not running; while running, at `_since` steps
-        self._since = 0
-        self._status = SeqStatus.WAITING
-
-    @property
-    def num_tokens(self) -> int:
-        if self._status is SeqStatus.RUNNING:
-            return self._tokens + self._clock.steps - self._since
-        return self._tokens
-
-    @property
-    def status(self) -> SeqStatus:
-        return self._status
-
-    @status.setter
-    def status(self, value: SeqStatus) -> None:
-        tokens = self.num_tokens
-        if self._status is SeqStatus.RUNNING:
-            self._clock.leave(tokens)
-        if value is SeqStatus.RUNNING:
-            self._clock.join(tokens)
-        self._tokens, self._since, self._status = tokens, self._clock.steps, value
-
-    @property
-    def finish_step(self) -> int:
-        """The decode clock's value when it holds all its tokens, if it keeps running."""
-        return self._since + self.prompt_len + self.max_tokens - self._tokens
+                    placement: str | None, preflight: bool = True, memory: str = "arena",
+                    alloc_conf: str | None = None) -> KVPolicy:
+    """The engines' own policy on a bookkeeping-only arena, placed as the paper places it (its registry entry,
+    engines/registry.py) unless `placement` says otherwise; or, `memory` "caching", on PyTorch's caching allocator
+    emulated under a cap of the budget (harness/sim/allocator.py)."""
+    store = sim_memory(memory, budget_bytes, placement or paper_placement(name), alloc_conf)
+    return make_policy(name, store, kvb, max_seq_len, block_size, preflight)
 
 
 def sim_config(plan: Plan, max_num_seqs: int, preflight: bool) -> SchedulerConfig:
@@ -261,6 +71,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
     admissions = itertools.count()
     tracks = Tracks()
     acc = Accumulator(capacity, window, spans=list(spans or []))
+    track = AllocatorTrack(kv.memory)  # the caching allocator over time, where it holds the KV
     failures: list[tuple[float, str]] = []
     preempted: list[float] = []
     t, started = 0.0, time.perf_counter()
@@ -274,7 +85,9 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         if not sched.has_work():
             if pending is None:
                 break
-            t = acc.idle(kv.breakdown_of(0), t, pending.arrival_s, sample_every_s)
+            t_idle = acc.idle(kv.breakdown_of(0), t, pending.arrival_s, sample_every_s)
+            track.add(t_idle - t)
+            t = t_idle
             continue
         seen_ooms, seen_preempted = len(sched.oom_events), sched.preempted_total
         step = sched.schedule()
@@ -287,7 +100,9 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
             if pending is None:
                 break
-            t = acc.idle(before, t, max(t, pending.arrival_s), sample_every_s)
+            t_idle = acc.idle(before, t, max(t, pending.arrival_s), sample_every_s)
+            track.add(t_idle - t)
+            t = t_idle
             continue
         # the first step: prefills and decodes as scheduled
         live = clock.live_tokens()
@@ -325,6 +140,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         # the interval ends with every sequence still holding its memory: retire the finished after
         acc.add(before, kv.breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
                 sample_every_s)
+        track.add(dt)
         while finishing and finishing[0][0] <= clock.steps:
             entry = heapq.heappop(finishing)
             if not stale(entry):
@@ -332,7 +148,8 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
                 tracks.end(entry[2].track, t, "ok")
     wall_s = time.perf_counter() - started
     frame = tracks.frame()
-    res = result(kv.name, sched, frame, acc, t, wall_s, kv.memory.placement)
+    res = result(kv.name, sched, frame, acc, t, wall_s, placement_of(kv.memory))
+    res["allocator"] = track.block([e.layer for _, e, _ in sched.oom_events])
     if spans:
         res["spans"] = span_figures(acc, failures, preempted)
     return res, frame, acc.timeline
@@ -350,11 +167,6 @@ def span_figures(acc: Accumulator, failures: list[tuple[float, str]], preempted:
                     "oom_fragmentation": sum(c == "fragmentation" for c in ooms),
                     "preemptions": sum(lo <= t <= hi for t in preempted), "seconds": float(acc.span_seconds[len(out)])})
     return out
-
-
-def stale(entry: tuple[int, int, SimSequence]) -> bool:
-    """A finish entry of a sequence that was preempted (and may run again, later) since it was pushed."""
-    return entry[2].status is not SeqStatus.RUNNING or entry[2].finish_step != entry[0]
 
 
 def result(name: str, sched: Scheduler, requests: pd.DataFrame, acc: Accumulator, t: float,
@@ -390,19 +202,22 @@ def run_simulation(shape: ModelShape, gpu: GPU, plan: Plan, spec: WorkloadSpec, 
                    max_num_seqs: int = 256, dtype: str = "float16", preflight: bool = True, n_jobs: int = 1,
                    sweep_points: int = 0, slo: SLO = DEFAULT_SLO, rates: list[float] | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   step_model: FittedStepModel | None = None) -> Simulation:
+                   step_model: FittedStepModel | None = None, memory: str = "arena",
+                   alloc_conf: str | None = None) -> Simulation:
     """Each policy at the workload's own rate; with sweep_points, also a capacity sweep. Independent
     simulations run in a pool of n_jobs processes; the result does not depend on n_jobs. Steps take the
-    roofline's time on `gpu`, or `step_model`'s (fitted on a bench run's steps)."""
+    roofline's time on `gpu`, or `step_model`'s (fitted on a bench run's steps). The KV lives in `memory`: the
+    arena, or the caching allocator under `alloc_conf`."""
     model = step_model or StepModel.of(shape, dtype, gpu)
     shared = has_shared_prefixes(spec)
     out = {"model": shape.name, "gpu": gpu.name, "dtype": dtype, "dtype_bytes": DTYPE_BYTES[dtype],
            "kv_budget_bytes": plan.kv_budget_bytes, "max_seq_len": plan.max_seq_len, "block_size": block_size,
            "requests": num_requests, "workload": spec.name, "seed": seed, "prefix_caching": shared,
-           "static_preflight": preflight,
+           "static_preflight": preflight, "memory": memory,
+           "alloc_conf": (alloc_conf or "default") if memory == "caching" else None,
            "step_model": model.to_json() if step_model else model.constants(), "policies": {}}
     jobs = [SimJob(name, plan, model, spec, seed, num_requests, shape.vocab_size, shared, block_size, placement,
-                   max_num_seqs, preflight) for name in policies]
+                   max_num_seqs, preflight, memory=memory, alloc_conf=alloc_conf) for name in policies]
     timelines = {}
     for job, (res, _, timeline) in zip(jobs, pool_map(run_job, jobs, n_jobs, progress), strict=True):
         out["policies"][job.policy], timelines[job.policy] = res, timeline
@@ -434,6 +249,8 @@ class SimJob:
     max_num_seqs: int
     preflight: bool
     rate_rps: float | None = None
+    memory: str = "arena"  # or "caching": PyTorch's caching allocator emulated, configured by alloc_conf
+    alloc_conf: str | None = None
 
 
 def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
@@ -442,7 +259,7 @@ def run_job(job: SimJob) -> tuple[dict, pd.DataFrame, list[tuple]]:
     if job.rate_rps is not None:
         requests = iter(at_rate(list(requests), job.rate_rps))
     kv = make_sim_policy(job.policy, job.plan.kv_budget_bytes, job.plan.kv_bytes_per_token, job.plan.max_seq_len,
-                         job.block_size, job.placement, job.preflight)
+                         job.block_size, job.placement, job.preflight, job.memory, job.alloc_conf)
     return simulate_policy(kv, sim_config(job.plan, job.max_num_seqs, job.preflight), requests, job.plan.max_seq_len,
                            job.model, job.shared, sample_every_s=1.0)
 
@@ -491,4 +308,12 @@ def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rate
     return {policy: capacity_block(pts, slo) for policy, pts in per_policy.items()}
 
 
-__all__ = ["PAPER_PLACEMENT", "StepModel", "run_simulation"]
+def paper_placement(policy: str) -> str:
+    """The arena placement the vLLM paper's baselines use for a policy (buddy for static-max and pow2)."""
+    placement = entry(policy).placement
+    if placement is None:
+        raise ValueError(f"{policy} is not simulated; policies: {', '.join(policies())}")
+    return placement
+
+
+__all__ = ["StepModel", "paper_placement", "run_simulation"]

@@ -10,6 +10,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from harness.analysis.summary import SHARE_COLUMNS
+from harness.views.allocator import sim_allocator_lines
 from harness.views.capacity import capacity_section, capacity_sentence
 from harness.views.html import (
     CATEGORY_COLORS,
@@ -62,6 +63,7 @@ def render_text(out: dict) -> str:
     for name, r in out["policies"].items():
         if r["first_oom_running"] is not None:
             lines.append(f"  {name}: first OOM with {r['first_oom_running']} sequences running")
+    lines += sim_allocator_lines(out["policies"])  # --memory caching (harness/views/allocator.py)
     if out.get("capacity"):
         lines.append("  " + capacity_sentence({"capacity": out["capacity"]}))
         for name, c in out["capacity"].items():

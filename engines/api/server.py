@@ -25,14 +25,17 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from engines.allocstats import allocator_stats
+from engines.api.metrics import MetricsCollector
 from engines.api.openai import MAX_BODY_BYTES, OpenAIRoutes, error_response
 from engines.api.validation import InvalidRequest
 from engines.cuda import device_snapshot
 from engines.engine import Engine, Request, TokenEvent
 from engines.oom import EngineCrash
 from engines.percentile import percentile
+from engines.procs import serve_app
+from engines.snapshot import write_state
 
 CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
 ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
@@ -55,7 +58,7 @@ class EngineThread:
     def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
                  fail_at_step: int | None = None, oom_snapshot: Path | None = None):
         self.engine = engine
-        self.oom_snapshot = oom_snapshot  # where the CUDA allocator's segments at the first OOM go, once
+        self.oom_snapshot = oom_snapshot  # where the (emulated) CUDA allocator's segments at the first OOM go, once
         self.on_crash = on_crash
         self.on_fatal = on_fatal
         self.fail_at_step = fail_at_step
@@ -68,6 +71,8 @@ class EngineThread:
         engine.poll = self.poll
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.stopping = False
+        self.observe: Callable[[TokenEvent], None] = lambda event: None  # the request histograms (metrics.py)
+        self.stepped: Callable[[], None] = lambda: None  # after each step: the step's batch gauge
 
     def start(self) -> None:
         self.thread.start()
@@ -102,6 +107,7 @@ class EngineThread:
                 self.poll()
                 if self.engine.has_work():
                     self.engine.step()
+                    self.stepped()
                     self.save_oom_snapshot()
                     if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
                         raise InjectedFault(f"injected engine error at step {self.engine.steps}")
@@ -120,14 +126,18 @@ class EngineThread:
                 self._fail("the engine thread ended")
 
     def save_oom_snapshot(self) -> None:
-        """The cuda memory's snapshot at its first OOM, to its file (serve --oom-snapshot), written once:
+        """The cuda (or caching) memory's snapshot at its first OOM, to its file (serve --oom-snapshot; a .pickle
+        name: PyTorch's format), written once:
         an engine that crashes on that OOM (--on-oom crash) writes it before it goes down."""
         segments = getattr(self.engine.memory, "first_oom_snapshot", None)
         if self.oom_snapshot is None or segments is None or self.oom_snapshot.exists():
             return
         self.oom_snapshot.parent.mkdir(parents=True, exist_ok=True)
-        self.oom_snapshot.write_text(json.dumps({"t_s": round(time.monotonic() - self.started_s, 3),
-                                                 "segments": segments}))
+        t_s = round(time.monotonic() - self.started_s, 3)
+        if self.oom_snapshot.suffix == ".pickle":  # torch.cuda.memory._snapshot()'s format: _memory_viz reads it
+            write_state({"segments": segments, "device_traces": [[]], "t_s": t_s}, self.oom_snapshot)
+            return
+        self.oom_snapshot.write_text(json.dumps({"t_s": t_s, "segments": segments}))
 
     def _fail(self, message: str) -> None:
         self.failure = message[:500]
@@ -174,6 +184,7 @@ class EngineThread:
     def _stats(self) -> dict:
         stats = self.engine.stats().to_json()
         stats.update(device_snapshot(getattr(self.engine, "device", "cpu")))
+        stats.update(allocator_stats(self.engine, stats))  # the caching emulator's figures (engines/allocstats.py)
         releases = sorted(self.engine.abort_release_s)
         stats.update(
             t_s=time.monotonic() - self.started_s,
@@ -194,61 +205,13 @@ class EngineThread:
         return stats
 
     def _deliver(self, event: TokenEvent) -> None:
+        self.observe(event)
         stream = self.streams.get(event.seq.request_id)
         if stream is None:
             return
         if event.request_done:
             del self.streams[event.seq.request_id]
         stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
-
-
-class MetricsCollector:
-    """Prometheus metrics named after vLLM's, read from the last snapshot at scrape time."""
-
-    def __init__(self, ignored: dict[str, int]) -> None:
-        self.stats: dict = {}
-        self.ignored = ignored  # request fields in neither the OpenAI nor the vLLM schema, by name
-
-    def collect(self):
-        s = self.stats
-        if not s:
-            return
-        cap = s.get("kv_capacity_bytes") or 1
-
-        def gauge(name: str, doc: str, value: float):
-            return GaugeMetricFamily(f"fragbench:{name}", doc, value=value)
-
-        yield gauge("kv_cache_usage_perc", "KV capacity in use, 0-1 (as vllm:kv_cache_usage_perc)",
-                    s["allocated_bytes"] / cap)
-        if s["running"] is not None:  # an engine that cannot tell (hf-cb on an old transformers) says nothing
-            yield gauge("num_requests_running", "sequences running", s["running"])
-            yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
-        yield gauge("kv_capacity_bytes", "KV capacity", s["kv_capacity_bytes"])
-        yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s["token_states_bytes"])
-        yield gauge("kv_allocated_bytes", "KV held by live sequences", s["allocated_bytes"])
-        yield gauge("kv_free_bytes", "KV free", s["free_bytes"])
-        yield gauge("kv_largest_free_bytes", "largest free extent", s["largest_free_bytes"])
-        yield CounterMetricFamily("fragbench:num_preemptions", "preemptions", value=s["preempted_total"])
-        yield CounterMetricFamily("fragbench:prefix_cache_hits", "prefix-cache hit tokens",
-                                  value=s.get("prefix_cache_hit_tokens", 0))
-        yield CounterMetricFamily("fragbench:prefix_cache_queries", "prefix-cache queried tokens",
-                                  value=s.get("prefix_cache_query_tokens", 0))
-        oom = CounterMetricFamily("fragbench:oom", "failed KV allocations by cause", labels=["cause"])
-        oom.add_metric(["capacity"], s["oom_total"] - s["oom_fragmentation"])
-        oom.add_metric(["fragmentation"], s["oom_fragmentation"])
-        yield oom
-        yield CounterMetricFamily("fragbench:engine_errors", "errors that stopped the engine (it then exits)",
-                                  value=s.get("engine_errors", 0))
-        done = CounterMetricFamily("fragbench:request_success", "finished samples by reason",
-                                   labels=["finished_reason"])
-        for reason, count in s["finished_total"].items():
-            done.add_metric([reason], count)
-        yield done
-        ignored = CounterMetricFamily("fragbench:ignored_request_fields", "request fields in neither the OpenAI "
-                                      "nor the vLLM schema, ignored", labels=["field"])
-        for name, count in self.ignored.items():
-            ignored.add_metric([name[:64]], count)
-        yield ignored
 
 
 class CompletionServer:
@@ -264,7 +227,8 @@ class CompletionServer:
         self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
-        self.metrics = MetricsCollector(self.routes.ignored)
+        self.metrics = MetricsCollector(self.routes.ignored, engine)
+        self.thread.observe, self.thread.stepped = self.metrics.requests.on_event, self.metrics.requests.on_step
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
 
@@ -360,13 +324,4 @@ class CompletionServer:
 
 
 async def serve(server: CompletionServer, host: str, port: int, ready: Callable[[int], None]) -> None:
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]
-    ready(bound)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    await serve_app(server.app(), host, port, ready)

@@ -110,8 +110,11 @@ stress: setup model
 	$(BIN)/python benchmarks/stress.py
 	FRAGBENCH_FUZZ_EXAMPLES=500 $(BIN)/python -m pytest -q tests/test_bad_input.py -k hostile
 
+# --durations=15: the slowest tests at the end of the log, so that the next slow one is seen
 test: setup
-	$(BIN)/python -m pytest -q
+	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
+		|| echo "prometheus could not be installed: the rules' tests will skip"
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: setup
 	$(BIN)/ruff check engines workloads harness tests benchmarks scripts

@@ -1,10 +1,19 @@
 """What serves the traffic: device memory, KV-cache policies, the model runner, schedulers and engines."""
 
-# The in-house engines by name (torch-free, so the CLI can list them before it imports anything heavy):
-# `static` is `static-max`, whose --reserve flag still picks another reservation.
-ENGINES = ("hf", "hf-cb", "static", "static-max", "static-pow2", "static-oracle", "growth", "paged")
-SCHEDULED = ("static", "static-max", "static-pow2", "static-oracle", "growth", "paged")  # fragbench's scheduler
-SERVED = (*ENGINES, "vllm")  # what `serve` and `bench` start: the in-house engines and the vLLM peer
+from engines.registry import IN_HOUSE, Kind, names
+
+# The engines by name, read from their one table (engines/registry.py; torch-free, so the CLI can list them
+# before it imports anything heavy): `static` is `static-max`, whose --reserve flag picks another reservation.
+# ENGINES: served by fragbench's own server; SCHEDULED: fragbench's scheduler over a KV policy; SERVED: what
+# `serve` and `bench` start, the in-house engines and the peers. Read from the table when asked, not at import:
+# an entry added at start-up (tests/test_registry.py adds a throwaway policy so) is in every list.
+_LISTS = {"ENGINES": IN_HOUSE, "SCHEDULED": (Kind.SCHEDULED,), "SERVED": ()}
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name in _LISTS:
+        return names(*_LISTS[name])
+    raise AttributeError(f"module 'engines' has no attribute {name!r}")
 
 
 class UnknownName(ValueError):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from engines import ENGINES
 from engines.kv import make_policy
-from engines.memory import make_memory
+from engines.memories import make_memory
 from engines.oom import OnOOM
+from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
 from engines.scheduled.scheduler import SchedulerConfig
 from engines.shapes import ModelShape
 
@@ -33,6 +33,7 @@ class EngineSpec:
     max_batch: int = 8  # hf: requests per static batch
     prefix_caching: bool = True
     memory: str = "arena"
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF's syntax: the caching emulator's settings
     device: str = "cpu"
     kv_fault: str | None = None  # fault injection (engines/kv/faults.py): tests of the integrity check only
 
@@ -44,7 +45,8 @@ def cfg_shape(spec: EngineSpec, hf_model) -> ModelShape:
 def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
     """The KV's memory on the model's device; one line where it cannot be (no CUDA, a CPU model)."""
     try:
-        return make_memory(spec.memory, capacity_bytes, spec.device, headroom_bytes=headroom_bytes)
+        return make_memory(spec.memory, capacity_bytes, spec.device, headroom_bytes=headroom_bytes,
+                           alloc_conf=spec.alloc_conf)
     except (ValueError, RuntimeError) as e:
         raise EngineConfigError(f"--memory {spec.memory}: {e}") from None
 
@@ -52,8 +54,13 @@ def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
 def make_engine(spec: EngineSpec):
     from engines.scheduled.model import attention_temporaries_bytes, load_hf_model
 
-    if spec.engine not in ENGINES:
-        raise EngineConfigError(f"unknown engine {spec.engine!r}; engines: {', '.join(ENGINES)}")
+    known = REGISTRY.get(spec.engine)
+    if known is None or not known.in_house:
+        raise EngineConfigError(f"unknown engine {spec.engine!r}; engines: {', '.join(names(*IN_HOUSE))}")
+    if refused := memory_refusal([spec.engine], spec.memory):
+        # a contiguous policy's rows index one store; the caching allocator hands every sequence a tensor of
+        # its own, which the runner cannot read as rows of one buffer
+        raise EngineConfigError(refused)
     if not (Path(spec.model_dir) / "config.json").is_file():
         raise EngineConfigError(f"model directory {spec.model_dir!r} has no config.json")
     hf_model = load_hf_model(spec.model_dir, spec.device)
@@ -64,12 +71,8 @@ def make_engine(spec: EngineSpec):
             f"--max-seq-len {max_seq_len} exceeds the model's context of {cfg.max_position_embeddings}"
         )
     kvb = cfg_shape(spec, hf_model).kv_bytes_per_token(str(hf_model.dtype).split(".")[-1])
-    need = max_seq_len * kvb
-    if spec.kv_budget_bytes < need:
-        raise EngineConfigError(
-            f"KV budget {spec.kv_budget_bytes} B cannot hold one sequence of max_seq_len {max_seq_len} "
-            f"({need} B at {kvb} B per token)"
-        )
+    if refused := known.budget.refusal(spec.kv_budget_bytes, max_seq_len, kvb):
+        raise EngineConfigError(f"KV budget {spec.kv_budget_bytes} B is {refused}")
     if spec.kv_fault and spec.engine != "paged":
         raise EngineConfigError(f"--inject-kv-fault {spec.kv_fault} frees a block early: it needs the paged engine, "
                                 f"not {spec.engine}")
@@ -86,11 +89,6 @@ def make_engine(spec: EngineSpec):
     from engines.scheduled.engine import ScheduledEngine
 
     policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine
-    if spec.memory == "cuda" and policy != "paged":
-        # a contiguous policy's rows index one store; the caching allocator hands every sequence a tensor of
-        # its own, which the runner cannot read as rows of one buffer
-        raise EngineConfigError(f"{policy} keeps contiguous reservations in one arena: it runs with --memory arena "
-                                "(on the GPU too); --memory cuda serves paged and hf")
     batched = spec.max_num_batched_tokens or max(2048, max_seq_len)
     shape = cfg_shape(spec, hf_model)
     # what one forward allocates beside the KV: the activations, and the attention's gathered context and
@@ -120,4 +118,4 @@ def make_engine(spec: EngineSpec):
     return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)
 
 
-__all__ = ["ENGINES", "EngineConfigError", "EngineSpec", "make_engine"]
+__all__ = ["EngineConfigError", "EngineSpec", "make_engine"]

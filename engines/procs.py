@@ -1,10 +1,12 @@
-"""Child processes that end with their parent, a free loopback port, and Prometheus text as numbers.
+"""Child processes that end with their parent, a free loopback port, Prometheus text as numbers, and the
+listening loop every fragbench server runs (the in-house server and a peer's proxy).
 
 The lowest layer that needs these is the engines' (the vLLM peer); the harness imports them from here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -12,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -95,5 +98,21 @@ def metric_values(text: str) -> dict[str, float]:
     return out
 
 
-__all__ = ["exit_on_sigterm", "free_port", "group_alive", "metric_samples", "metric_values", "spawn", "stop",
-           "wait_group_gone"]
+async def serve_app(app, host: str, port: int, ready: Callable[[int], None]) -> None:
+    """Serve an aiohttp app on host:port until cancelled; `ready` gets the bound port (port 0 picks a free one).
+    A handler's task is cancelled when its client goes away (the in-house server aborts the request then)."""
+    from aiohttp import web  # only the servers need it; the harness imports this module for the rest
+
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        ready(site._server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+__all__ = ["exit_on_sigterm", "free_port", "group_alive", "metric_samples", "metric_values", "serve_app", "spawn",
+           "stop", "wait_group_gone"]

@@ -30,6 +30,37 @@ def swept(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
     return out / "sweep", out / "sweep.html"
 
 
+class Servers:
+    """One `fragbench serve` per engine (budget and flags) for the whole session, started when a test first
+    asks for it and stopped at the end: a start costs seconds (torch, transformers, the model), and the
+    server tests only read what they change (each measures its own requests, or counters before and after).
+    A server a test brought down is started again for the next one."""
+
+    def __init__(self, model: Path, logs: Path):
+        self.model, self.logs, self.running = model, logs, {}
+
+    def __call__(self, engine: str, budget: str = "32MiB", *extra: str):
+        from harness.run.servers import start_server
+
+        key = (engine, budget, extra)
+        srv = self.running.get(key)
+        if srv is None or not srv.alive():
+            log = self.logs / f"{engine}-{budget}-{len(self.running)}.log"
+            srv = self.running[key] = start_server(engine, str(self.model), budget, log, extra=list(extra))
+        return srv
+
+    def stop(self) -> None:
+        for srv in self.running.values():
+            srv.stop()
+
+
+@pytest.fixture(scope="session")
+def servers(tiny_model, tmp_path_factory):
+    pool = Servers(tiny_model, tmp_path_factory.mktemp("servers"))
+    yield pool
+    pool.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The tiny model, built once per test session (seeded: the same weights every time)."""

@@ -21,6 +21,7 @@ ROOMS = {
     "harness.foundation": 5,  # units, GPU presets, the results files
     "harness.analysis": 6,
     "harness.plan": 6,
+    "harness.monitoring": 6,  # Prometheus rules for the seeds' alerts, the check's capacity envelope
     "harness.sim": 7,
     "harness.run": 8,  # bench simulates its own run (the twin)
     "harness.views": 9,
@@ -29,8 +30,10 @@ ROOMS = {
 }
 FOUNDATION = {
     "engines": {"engines", "engines.memory", "engines.cuda", "engines.nvml", "engines.procs", "engines.percentile",
-                "engines.shapes", "engines.sequence", "engines.sampler", "engines.modelbuild"},
-    "harness": {"harness", "harness.units", "harness.gpus", "harness.results"},
+                "engines.shapes", "engines.sequence", "engines.sampler", "engines.modelbuild", "engines.registry",
+                "engines.memories", "engines.caching", "engines.expandable", "engines.allocconf",
+                "engines.caching_memory", "engines.snapshot", "engines.allocstats"},
+    "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch", "harness.allocreplay"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}
 LAYERS = ("workloads", "engines", "harness")  # the top level: each may import only those before it

@@ -24,10 +24,10 @@ def by_id(result: dict) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("engine, layout", [("static", "contiguous"), ("paged", "blocks")])
-def test_check_infers_the_layout_and_prompt_release(engine, layout, tiny_model, tmp_path):
+def test_check_infers_the_layout_and_prompt_release(engine, layout, tiny_model, tmp_path, servers):
     capacity = ("--capacity-time", "12") if engine == "paged" else ()  # the ninth question once, on one server
-    with start_server(engine, str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
-        code, result = check(srv.url, str(tiny_model), "--report", str(tmp_path / "check.html"), *capacity)
+    srv = servers(engine)  # the session's server of that engine (tests/conftest.py)
+    code, result = check(srv.url, str(tiny_model), "--report", str(tmp_path / "check.html"), *capacity)
     q = by_id(result)
     assert sorted(q) == list(range(1, 11))
     tenth = q[10]  # KV integrity: the probes sent into the churn against their idle answers
@@ -76,11 +76,17 @@ def test_a_release_read_before_the_last_token_is_not_growth():
     assert layout == "contiguous", evidence
 
 
-def test_check_speaks_chat_to_a_server(tiny_model, tmp_path):
+def test_check_speaks_chat_to_a_server(tiny_model, servers):
     """--api chat: the probe and the churn go to /v1/chat/completions, and the answers are the same kind."""
-    with start_server("paged", str(tiny_model), "32MiB", tmp_path / "s.log") as srv:
-        code, result = check(srv.url, str(tiny_model), "--api", "chat")
+    code, result = check(servers("paged").url, str(tiny_model), "--api", "chat")
     q = by_id(result)
     assert q[3]["answer"] == "blocks", q[3]["evidence"]
     assert q[6]["status"] == "PASS", q[6]["evidence"]
 
+
+
+def test_the_questions_are_records_each_with_the_function_that_answers_it():
+    from harness.check import QUESTIONS
+
+    assert [q.id for q in QUESTIONS] == list(range(1, 11))
+    assert all(q.text.endswith("?") and callable(q.answer) for q in QUESTIONS)

@@ -14,7 +14,8 @@ import torch
 import engines.cuda as cuda
 import engines.nvml
 from engines.factory import EngineConfigError, EngineSpec, make_engine
-from engines.memory import Arena, make_memory
+from engines.memories import make_memory
+from engines.memory import Arena
 from tests.conftest import ROOT, run_cli
 
 MiB = 2**20
@@ -46,7 +47,7 @@ def cuda_headroom_of_paged(tiny_model, monkeypatch) -> int:
     """The activation headroom the factory asks of cuda memory for a 16 MiB paged engine (memory faked)."""
     seen = {}
 
-    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0):
+    def fake_memory(kind, capacity, device, placement="best-fit", headroom_bytes=0, alloc_conf=None):
         seen["headroom"] = headroom_bytes
         return Arena(capacity, backing_device="cpu")
 
@@ -104,7 +105,7 @@ def test_6_the_snapshot_reads_the_engines_gpu_by_its_uuid(fake_cuda, monkeypatch
     assert snap["device_used_bytes"] == 222 and snap["torch_allocated_bytes"] == 5
     assert cuda.device_snapshot("cpu")["torch_allocated_bytes"] is None  # an engine on the CPU: no GPU figures
     # check, which cannot know the server's GPU, reads the fullest one rather than NVML's index 0
-    import harness.check as check
+    import harness.check.measures as check
 
     answer = check.headroom(SimpleNamespace(target="http://127.0.0.1:1"), {})
     assert answer.answer == 1000 - 222 and "NVML index 1" in answer.evidence

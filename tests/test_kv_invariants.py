@@ -6,8 +6,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engines.kv import GrowthKV, PagedKV, StaticKV
+from engines.kv import PagedKV, make_policy
 from engines.memory import Arena, OutOfMemory
+from engines.registry import entry, policies
 from engines.sequence import SamplingParams, Sequence
 
 KVB = 512
@@ -144,32 +145,30 @@ class ArenaPolicyMachine(PolicyMachine):
         assert end == self.kv.memory.capacity_bytes
 
 
-class StaticMaxMachine(ArenaPolicyMachine):
-    def make_policy(self):
-        return StaticKV(Arena(200 * KVB, backing_device=None), KVB, MAX_SEQ_LEN, "max")
+def machine(name: str, placement: str) -> type[PolicyMachine]:
+    """The machine for one registered policy on one arena placement: a block pool's invariants for the paged
+    policy, an arena's (no byte owned twice) for the contiguous ones."""
+    known = entry(name)
+    base = PagedMachine if issubclass(known.policy_class(), PagedKV) else \
+        ArenaPolicyMachine if known.kv == "contiguous" else PolicyMachine
+    tokens = 64 if known.kv == "blocks" else 256 if placement == "buddy" else 150  # buddy: a power of two
 
+    class Machine(base):
+        def make_policy(self):
+            return make_policy(name, Arena(tokens * KVB, placement, backing_device=None), KVB, MAX_SEQ_LEN,
+                               block_size=4)
 
-class StaticPow2BuddyMachine(ArenaPolicyMachine):
-    def make_policy(self):
-        return StaticKV(Arena(256 * KVB, "buddy", backing_device=None), KVB, MAX_SEQ_LEN, "pow2")
-
-
-class StaticOracleMachine(ArenaPolicyMachine):
-    def make_policy(self):
-        return StaticKV(Arena(150 * KVB, backing_device=None), KVB, MAX_SEQ_LEN, "oracle")
-
-
-class GrowthMachine(ArenaPolicyMachine):
-    def make_policy(self):
-        return GrowthKV(Arena(150 * KVB, backing_device=None), KVB, MAX_SEQ_LEN)
+    Machine.__name__ = f"{name}-{placement}"
+    return Machine
 
 
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
-TestPaged = PagedMachine.TestCase
-TestStaticMax = StaticMaxMachine.TestCase
-TestStaticPow2Buddy = StaticPow2BuddyMachine.TestCase
-TestStaticOracle = StaticOracleMachine.TestCase
-TestGrowth = GrowthMachine.TestCase
-for case in (TestPaged, TestStaticMax, TestStaticPow2Buddy, TestStaticOracle, TestGrowth):
-    case.settings = SETTINGS
-del case
+# every policy the registry lists (engines/registry.py), on its own placement and, for contiguous reservations,
+# on the other too (a block pool is one allocation: its placement does not matter)
+for _name in policies():
+    for _placement in dict.fromkeys([entry(_name).placement, *(("best-fit", "buddy") if entry(_name).kv ==
+                                                                 "contiguous" else ())]):
+        _case = machine(_name, _placement).TestCase
+        _case.settings = SETTINGS
+        globals()[f"Test_{_name.replace('-', '_')}_{_placement.replace('-', '_')}"] = _case
+del _name, _placement, _case

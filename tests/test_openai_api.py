@@ -9,16 +9,13 @@ import urllib.request
 import openai
 import pytest
 
-from harness.run.servers import start_server
-
 GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module", params=["paged", "static-oracle", "hf", "hf-cb"])
-def client(request, tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("sdk") / f"{request.param}.log"
-    with start_server(request.param, str(tiny_model), "32MiB", log) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
+def client(request, servers):
+    srv = servers(request.param)  # the session's server of that engine (tests/conftest.py)
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def model_of(client: openai.OpenAI) -> str:

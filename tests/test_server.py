@@ -7,16 +7,12 @@ import re
 import aiohttp
 import pytest
 
-from harness.run.servers import start_server
-
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module", params=["paged", "static", "hf"])
-def server(request, tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / f"{request.param}.log"
-    with start_server(request.param, str(tiny_model), "32MiB", log) as srv:
-        yield srv
+def server(request, servers):
+    return servers(request.param)  # the session's server of that engine (tests/conftest.py)
 
 
 async def stream_tokens(session, url, body, cut_after=None):
@@ -142,3 +138,18 @@ def test_the_oom_snapshot_is_absent_outside_the_cuda_memory_mode(server):
     status, body = asyncio.run(go())
     assert status == 404 and body["error"]["param"] == "memory_snapshot"
     assert get_json(f"{server.url}/stats")["oom_snapshot"] is False
+
+
+METRICS_CONTRACT = ("fragbench:time_to_first_token_seconds", "fragbench:e2e_request_latency_seconds",
+                    "fragbench:request_prompt_tokens", "fragbench:request_generation_tokens")
+
+
+def test_every_engines_metrics_carry_the_monitoring_contract(server):
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 4, **GREEDY}
+    assert post(f"{server.url}/v1/completions", json.dumps(body))[0] == 200
+    text = get_text(f"{server.url}/metrics")
+    for name in METRICS_CONTRACT:  # histograms, observed by the request just served
+        assert f"# TYPE {name} histogram" in text, name
+        assert float(re.search(rf"^{name}_count (\S+)", text, re.M).group(1)) >= 1, name
+    assert re.search(r"^fragbench:kv_live_tokens \S+", text, re.M)
+    assert re.search(r'^fragbench:kv_failed_allocation_bytes_total\{cause="fragmentation"\} \S+', text, re.M)

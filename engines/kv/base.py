@@ -85,6 +85,15 @@ def seq_accounting(allocated_tokens: int, live_tokens: int, final_len: int) -> t
     return live_tokens, used_eventually - live_tokens, allocated_tokens - used_eventually
 
 
+@dataclass(frozen=True)
+class KVOptions:
+    """What an engine's flags say of its policy; each policy reads those it has (`KVPolicy.build`)."""
+
+    block_size: int = 16
+    preflight: bool = True  # wait for free bytes before admitting (Orca); False: try, and OOM
+    prefix_caching: bool = True
+
+
 class KVPolicy(ABC):
     """Holds KV slots for sequences. `allocate` raises OutOfMemory; the scheduler decides what follows."""
 
@@ -94,6 +103,13 @@ class KVPolicy(ABC):
     # The store is laid out [planes, rows, kv_bytes_per_token / planes]: the runner uses one plane per layer
     # and K/V (as vLLM keeps one cache tensor per layer), so one layer's rows gather contiguously.
     planes: int = 1
+
+    @classmethod
+    def build(cls, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, options: KVOptions,
+              **params) -> KVPolicy:
+        """The policy as a registry entry names it (engines/registry.py): the entry's own `params`, and the
+        options this policy reads (none here; a policy that reads some says which)."""
+        return cls(memory, kv_bytes_per_token, max_seq_len, **params)
 
     @abstractmethod
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engines.kv.base import SeqLike
+from engines.kv.base import KVOptions, SeqLike
 from engines.kv.contiguous import ContiguousKV
 from engines.memory import DeviceMemory
 
@@ -17,6 +17,11 @@ class GrowthKV(ContiguousKV):
         super().__init__(memory, kv_bytes_per_token, max_seq_len)
         self.grow_tokens = grow_tokens
         self.preflight = preflight  # False: grow without looking at free bytes, as torch.cat does
+
+    @classmethod
+    def build(cls, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, options: KVOptions,
+              **params) -> GrowthKV:
+        return cls(memory, kv_bytes_per_token, max_seq_len, preflight=options.preflight, **params)
 
     def _target(self, num_tokens: int) -> int:
         return -(-num_tokens // self.grow_tokens) * self.grow_tokens

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.kv.base import Breakdown, HeldTotals, KVOptions, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
 
 
@@ -118,6 +118,11 @@ class SeqBlocks:
 
 class PagedKV(KVPolicy):
     name = "paged"
+
+    @classmethod
+    def build(cls, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, options: KVOptions,
+              **params) -> PagedKV:
+        return cls(memory, kv_bytes_per_token, max_seq_len, options.block_size, options.prefix_caching, **params)
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from engines.kv.base import SeqLike
+from engines.kv.base import KVOptions, SeqLike
 from engines.kv.contiguous import ContiguousKV
 from engines.memory import DeviceMemory, next_pow2
 
@@ -31,6 +31,11 @@ class StaticKV(ContiguousKV):
             raise ValueError(f"reserve must be max, pow2 or oracle, not {reserve!r}")
         self.reserve = reserve
         self.name = f"static-{reserve}"
+
+    @classmethod
+    def build(cls, memory: DeviceMemory, kv_bytes_per_token: int, max_seq_len: int, options: KVOptions,
+              **params) -> StaticKV:
+        return cls(memory, kv_bytes_per_token, max_seq_len, preflight=options.preflight, **params)
 
     def reservation_tokens(self, seq: SeqLike) -> int:
         if self.reserve == "max":

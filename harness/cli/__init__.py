@@ -5,10 +5,26 @@ from __future__ import annotations
 
 import sys
 
-from harness.cli import bench, check, compare, generate, history, load, model, plan, report, serve, simulate, workload
+from harness.cli import (
+    allocator,
+    bench,
+    check,
+    compare,
+    generate,
+    history,
+    load,
+    model,
+    plan,
+    report,
+    rules,
+    serve,
+    simulate,
+    workload,
+)
 from harness.cli.args import Parser, UsageError
 
-VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check)
+VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
+         allocator)
 
 
 def build_parser() -> Parser:

@@ -15,13 +15,17 @@ from harness.cli.args import (
     trace_of,
     usage_errors,
 )
+from harness.cli.engine_flags import alloc_conf_arg
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report")
+    from engines.registry import described, listing
+
+    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report",
+                           epilog=described())
     bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
-                       help="engines to run, comma-separated, one after another on the same traffic (static-max, "
-                            "static-pow2, static-oracle, growth, paged, hf, hf-cb, vllm); \"\" runs --target alone")
+                       help=f"engines to run, comma-separated, one after another on the same traffic ({listing()}); "
+                            "\"\" runs --target alone")
     bench.add_argument("--workload", default="mixed-churn",
                        help="a workload name (fragbench workload list) or a spec's YAML path")
     bench.add_argument("--model", default="models/tiny-llama", help="model directory (fragbench model build)")
@@ -42,9 +46,13 @@ def register(sub) -> None:
     bench.add_argument("--reports", default="reports", help="directory the HTML report is written to")
     bench.add_argument("--run-id", help="the run's folder name (default: the start time and the workload)")
     bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
-    bench.add_argument("--memory", choices=["arena", "cuda"], default="arena",
+    bench.add_argument("--memory", choices=["arena", "cuda", "caching"], default="arena",
                        help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
-                            "cuda: every KV allocation a real tensor from PyTorch's caching allocator")
+                            "cuda: every KV allocation a real tensor from PyTorch's caching allocator; caching: that "
+                            "allocator emulated rule for rule under a cap of the KV budget (any machine)")
+    bench.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF",
+                       help="PYTORCH_CUDA_ALLOC_CONF's syntax: the emulator's settings under --memory caching, the "
+                            "servers' real allocator's under --memory cuda (default: PyTorch's)")
     bench.add_argument("--target", action="append", default=[], metavar="NAME=URL",
                        help="a running OpenAI-compatible server (vLLM, SGLang, TGI, fragbench) benched as one more "
                             "engine; fragbench never starts, stops or restarts it (repeatable)")
@@ -91,7 +99,7 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def kv_budgets(args: argparse.Namespace) -> list[str]:
+def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[str]:
     """--kv-budget, or --kv-budgets' list: each a size that holds one max-length sequence of the model."""
     from engines.shapes import load_shape
     from harness.units import parse_size
@@ -100,21 +108,24 @@ def kv_budgets(args: argparse.Namespace) -> list[str]:
     flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
     if not any(texts):
         raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
+    from engines.registry import entry
+
     shape = load_shape(args.model)
-    one = args.max_seq_len * shape.kv_bytes_per_token(shape.dtype or "float16")
+    kvb = shape.kv_bytes_per_token(shape.dtype or "float16")
     for text in texts:
         try:
             size = parse_size(text)
         except ValueError as e:
             raise UsageError(f"{flag}: {e}") from None
-        if size < one:
-            raise UsageError(f"{flag}: {text} is smaller than one max-length sequence of this model "
-                             f"({args.max_seq_len} tokens x {one // args.max_seq_len} B = {one / 2**20:.1f} MiB)")
+        for engine in engines:  # each engine's own rule (engines/registry.py), as its server will check it
+            if refused := entry(engine).budget.refusal(size, args.max_seq_len, kvb):
+                raise UsageError(f"{flag}: {text} is {refused}")
     return list(dict.fromkeys(texts))
 
 
 def config(args: argparse.Namespace):
-    from engines import SCHEDULED, SERVED, UnknownName, pick
+    from engines import SERVED, UnknownName, pick
+    from engines.registry import entry, memory_refusal
     from harness.cli.args import device_of, model_dir
     from harness.run.bench import BenchConfig
     from harness.run.targets import TargetRefused, open_targets
@@ -124,24 +135,19 @@ def config(args: argparse.Namespace):
                                                                            "engines")
     with usage_errors(TargetRefused):  # before any load is sent
         targets = open_targets(args.target, args.metrics_url, engines, args.api_key)
-    if "vllm" in engines:
-        from engines.peers.vllm import vllm_python
-
-        if vllm_python() is None:
-            raise UsageError("--engines vllm: vLLM is not installed: run `make vllm`")
+    for name in engines:
+        if not entry(name).installed():
+            raise UsageError(f"--engines {name}: {name} is not installed: run `{entry(name).install}`")
     device = device_of(args.device)
-    if args.memory == "cuda":
-        if not device.startswith("cuda"):
-            raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
-                             f"on a GPU), not {device}")
-        contiguous = [e for e in engines if e in SCHEDULED and e != "paged"]
-        if contiguous:
-            raise UsageError(f"--memory cuda: {', '.join(contiguous)} keep contiguous reservations in one arena; run "
-                             "them with --memory arena (on the GPU too), or bench hf and paged in cuda mode")
+    if args.memory == "cuda" and not device.startswith("cuda"):
+        raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
+                         f"on a GPU), not {device}")
+    if refused := memory_refusal(engines, args.memory):
+        raise UsageError(refused)
     if engines:  # targets bring their own model and memory
         model_dir(args.model, "run `make model`")
     check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
-    budgets = kv_budgets(args) if engines else [args.kv_budget]
+    budgets = kv_budgets(args, engines) if engines else [args.kv_budget]
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
                        duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                        threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
@@ -152,7 +158,7 @@ def config(args: argparse.Namespace):
                        point_requests=args.point_requests, search_s=args.search_time,
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
                        time_s=args.time, precision=args.precision,
-                       memory=args.memory, api=args.api, api_key=args.api_key,
+                       memory=args.memory, alloc_conf=args.alloc_conf, api=args.api, api_key=args.api_key,
                        targets={name: t.describe() for name, t in targets.items()})
 
 

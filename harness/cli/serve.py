@@ -1,4 +1,4 @@
-"""`fragbench serve`: the OpenAI-compatible server for any engine (vLLM's own for `--engine vllm`)."""
+"""`fragbench serve`: the OpenAI-compatible server for any engine (a peer's own behind a proxy, e.g. vLLM's)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from harness.cli.engine_flags import add_engine_flags, engine_from_flags
 
 
 def register(sub) -> None:
-    from engines import ENGINES
+    from engines import SERVED
+    from engines.registry import described
 
-    srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine")
-    add_engine_flags(srv, (*ENGINES, "vllm"))
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine", epilog=described())
+    add_engine_flags(srv, SERVED)
     srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: none, open)")
@@ -37,11 +38,14 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    if args.engine == "vllm":
-        from engines.peers.vllm import VLLMUnavailable, serve_vllm
+    from engines.registry import Kind, entry
 
-        with usage_errors(VLLMUnavailable):
-            return serve_vllm(args.model, args.kv_budget, args.max_seq_len, args.block_size, args.host, args.port)
+    if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
+        from engines.peers.base import PeerUnavailable, serve_peer
+
+        with usage_errors(PeerUnavailable):
+            return serve_peer(args.engine, args.model, args.kv_budget, args.max_seq_len, args.block_size, args.host,
+                              args.port)
     from transformers import AutoTokenizer
 
     from engines.api.server import CompletionServer, serve

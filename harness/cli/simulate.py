@@ -20,19 +20,28 @@ from harness.cli.args import (
     trace_of,
     usage_errors,
 )
+from harness.cli.engine_flags import alloc_conf_arg
 
 
 def register(sub) -> None:
+    from engines.registry import described, entry, listing, policies
     from engines.shapes import DTYPE_BYTES
 
-    sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model")
+    sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model",
+                         epilog=described(policies()))
     sim.add_argument("--model", required=True, help="model preset or directory")
     add_gpu_flags(sim, required=True, speed=True)
     sim.add_argument("--workload", required=True, help="preset, spec file or trace file")
-    sim.add_argument("--policy", required=True, help="static-max,static-pow2,static-oracle,growth,paged")
+    sim.add_argument("--policy", required=True, help=f"KV policies, comma-separated ({listing(policies())})")
     sim.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block of the paged policy")
     sim.add_argument("--placement", choices=["best-fit", "buddy"],
-                     help="arena placement for every policy (default: buddy for static-max/pow2, as the paper)")
+                     help="arena placement for every policy (default: each policy's as the paper places it: "
+                          + ", ".join(f"{p} {entry(p).placement}" for p in policies()) + ")")
+    sim.add_argument("--memory", choices=["arena", "caching"], default="arena",
+                     help="where the KV lives: arena (placed as --placement says), or caching: PyTorch's CUDA caching "
+                          "allocator emulated under a cap of the KV budget, each policy's `allocator` its figures")
+    sim.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF",
+                     help="PYTORCH_CUDA_ALLOC_CONF's syntax, for --memory caching (default: PyTorch's)")
     sim.add_argument("--requests", type=positive_int,
                      help="requests simulated (default: the workload's own count, or its spec's)")
     sim.add_argument("--max-seq-len", type=positive_int,
@@ -58,7 +67,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engines import UnknownName, pick
-    from engines.kv import POLICIES
+    from engines.registry import policies
     from harness.analysis.capacity import SLO
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress
@@ -69,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     shape = shape_of(args.model)
     with usage_errors(UnknownName):
-        policies = pick(args.policy, POLICIES, "--policy", "policies")
+        chosen = pick(args.policy, policies(), "--policy", "policies")
     gpu = gpu_of(args)
     spec = spec_of(args.workload)
     max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
@@ -80,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     check_sweep_args(args, trace_of(args.workload, args.seed, max_seq_len, shape.vocab_size))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.memory != "caching" and args.alloc_conf:
+        raise UsageError("--alloc-conf configures the caching allocator: it needs --memory caching")
+    if args.memory == "caching" and args.placement:
+        raise UsageError("--placement places the arena's extents: under --memory caching the allocator places them")
     if args.step_engine and not args.step_model:
         raise UsageError("--step-engine needs --step-model RUN_DIR")
     step_model = None
@@ -87,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
         with usage_errors(StepModelError):
             step_model = load(args.step_model, args.step_engine)
     with SimulationProgress() as progress:
-        sim = run_simulation(shape, gpu, plan, spec, policies, args.block_size, args.placement,
+        sim = run_simulation(shape, gpu, plan, spec, chosen, args.block_size, args.placement,
                              args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
                              preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
                              sweep_points=args.points if args.sweep or args.rates else 0,
                              slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
-                             progress=progress, step_model=step_model)
+                             progress=progress, step_model=step_model, memory=args.memory,
+                             alloc_conf=args.alloc_conf)
     if args.report:
         render_simulation(sim, Path(args.report))
     print(json.dumps(sim.out, indent=2) if args.json else render_text(sim.out))

@@ -6,35 +6,35 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from engines.kv.base import CATEGORY_COLUMNS
+from harness.analysis.allocator import STATS_COLUMNS as ALLOCATOR_BLOCK_COLUMNS
+from harness.fetch import json_or_none as fetch_json  # bench and the samplers read /stats through it
 from harness.results import SAMPLE_COLUMNS, Journal
 
+# the samples columns read from /stats' `allocator` block (the caching allocator's figures), by its keys
+ALLOCATOR_COLUMNS = {column: key for key, column in ALLOCATOR_BLOCK_COLUMNS.items()}
 # /stats fields copied into every sample row: the samples columns, then what the report needs beside them
 FIELDS = (
-    *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s")),
+    *(c for c in SAMPLE_COLUMNS if c not in ("engine", "t_s") and c not in ALLOCATOR_COLUMNS),
     *(c for c in CATEGORY_COLUMNS.values() if c not in SAMPLE_COLUMNS), "live_tokens",
     "oom_total", "oom_fragmentation", "abort_release_p99_s", "abort_release_count", "steps", "waiting_for_memory",
     "kv_bytes_per_token", "kv_cache_usage_perc",
 )
 
 
-def fetch_json(url: str, timeout_s: float = 5.0) -> dict | None:
-    """A JSON body, or None when the server is gone or answers with an error or garbage."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return json.load(r)
-    except (OSError, ValueError):
-        return None
-
-
 def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
     return fetch_json(f"{url}/stats", timeout_s)
+
+
+def allocator_fields(stats: dict) -> dict:
+    """The allocator's figures as samples columns; every one None where no caching allocator holds the KV."""
+    figures = stats.get("allocator") or {}
+    return {column: figures.get(key) for column, key in ALLOCATOR_COLUMNS.items()}
 
 
 def waste(stats: dict) -> int:
@@ -109,6 +109,7 @@ class Sampler:
         now = time.time()
         row = {"engine": self.engine, "t_s": round(now - self.t0, 4), "t_wall": now}
         row.update({k: stats.get(k) for k in FIELDS})
+        row.update(allocator_fields(stats))
         try:
             row["process_rss_bytes"] = self.process.memory_info().rss if self.process else None
         except psutil.Error:

@@ -7,12 +7,12 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.procs import spawn
 from engines.procs import stop as stop_process
+from harness.fetch import ok
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: servers run from it, as the CLI does
 
@@ -51,6 +51,7 @@ def start_server(
     extra: list[str] | None = None,
     threads: int | None = None,
     timeout_s: float = 600,
+    alloc_conf: str | None = None,
 ) -> ServerProcess:
     """Port 0: the server picks a free port and prints its URL, which we read from its log."""
     cmd = [sys.executable, "-m", "harness.cli", "serve", "--engine", engine, "--model", model,
@@ -58,6 +59,8 @@ def start_server(
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if alloc_conf:  # the real caching allocator reads it when CUDA starts in the server's process
+        env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     since = log_path.stat().st_size  # an earlier server's lines (a restart, a calibration) are not this one's
@@ -77,11 +80,7 @@ def start_server(
 
 
 def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
+    return ok(f"{url}/health")
 
 
 def tail(path: Path, lines: int = 3) -> str:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from engines.nvml import fullest_gpu
+from harness.fetch import HTTPError, answers, bearer, request
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -20,12 +19,6 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # load tests target loopback only
 
 class TargetRefused(ValueError):
     """A target that cannot be benched, said in one line before any load is sent."""
-
-
-def get(url: str, api_key: str | None, timeout_s: float) -> bytes:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as r:
-        return r.read()
 
 
 @dataclass
@@ -41,13 +34,7 @@ class Target:
     log_path = None
 
     def alive(self, timeout_s: float = 5.0) -> bool:
-        try:
-            get(f"{self.url}/v1/models", self.api_key, timeout_s)
-            return True
-        except urllib.error.HTTPError:
-            return True  # it answered
-        except OSError:
-            return False
+        return answers(f"{self.url}/v1/models", bearer(self.api_key), timeout_s)  # an error status is an answer
 
     def stats(self) -> dict | None:
         stats = self.telemetry.stats() if self.telemetry else {"source": "no metrics"}
@@ -95,8 +82,8 @@ def check_url(url: str, flag: str) -> None:
 def model_id(url: str, api_key: str | None) -> str:
     """The first model /v1/models lists: what every request names. Unreachable and not-OpenAI are refused."""
     try:
-        body = get(f"{url}/v1/models", api_key, 10)
-    except urllib.error.HTTPError as e:
+        body = request(f"{url}/v1/models", headers=bearer(api_key), timeout_s=10)
+    except HTTPError as e:
         raise TargetRefused(f"target {url}: /v1/models answered HTTP {e.code}: not an OpenAI-compatible server"
                             + (" (or --api-key is wrong)" if e.code in (401, 403) else "")) from None
     except OSError as e:

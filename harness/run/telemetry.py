@@ -10,10 +10,10 @@ names, `vllm:gpu_cache_usage_perc` before them); SGLang's `sglang:` metrics with
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import dataclass
 
 from engines.procs import metric_values
+from harness.fetch import text_or_none
 
 # sample column -> what it means, for the report's line on what a target could and could not show
 SEEN = {"kv_cache_usage_perc": "KV usage", "running": "running requests", "waiting": "waiting requests",
@@ -83,10 +83,10 @@ class NoTelemetry(ValueError):
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
     """Every metric of a Prometheus page summed over its labels; None when it does not answer or parse."""
+    text = text_or_none(url, timeout_s)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return metric_values(r.read().decode(errors="replace"))
-    except (OSError, ValueError):
+        return metric_values(text) if text is not None else None
+    except ValueError:
         return None
 
 

@@ -1,5 +1,5 @@
-"""`fragbench check`: the pre-deployment sanity check against any OpenAI-compatible server (vLLM, SGLang,
-TGI or ours). Every answer comes from a measurement in this run, with its evidence and time window."""
+"""The measurements behind `fragbench check`'s questions (harness/check/__init__.py ties each question to its
+function): the target's metrics sampled, one probe alone, the churn, and what each shows."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -22,32 +20,19 @@ import pandas as pd
 from engines.nvml import fullest_gpu
 from engines.procs import metric_samples
 from harness.analysis.integrity import sentence
-from harness.run.integrity import Integrity
+from harness.fetch import answers, request, stream, text_or_none
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.telemetry import detect, family_named, scrape
-
-QUESTIONS = {
-    1: "How many bytes does one token of KV cost for this model and precision?",
-    2: "What is the maximum live-token budget?",
-    3: "Does the server keep KV in contiguous buffers or fixed-size blocks?",
-    4: "What share of the workload's requests approach the configured sequence limit?",
-    5: "How much headroom is left for temporary kernels at peak concurrency?",
-    6: "Do cancellations and finished streams release KV promptly?",
-    7: "Are failures under churn capacity or fragmentation?",
-    8: "How much preemption and queueing does the load cause, against the admitted-token budget?",
-    9: "What request rate does the server sustain at the SLO on this workload?",
-    10: "Does the KV cache give back the right numbers under churn (probes against their idle answers)?",
-}
 
 
 class Unreachable(RuntimeError):
     pass
 
 
-@dataclass
-class Answer:
-    id: int
-    question: str
+@dataclass(frozen=True)
+class Found:
+    """What the measurement behind one question found."""
+
     status: str  # PASS | WARN | FAIL | UNKNOWN
     answer: object
     evidence: str
@@ -75,22 +60,9 @@ class Metrics:
         return row
 
 
-def fetch(url: str, body: dict | None = None, timeout: float = 10) -> bytes:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read()
-
-
 def reachable(target: str) -> None:
-    for path in ("/health", "/v1/models"):
-        try:
-            fetch(f"{target}{path}", timeout=5)
-            return
-        except urllib.error.HTTPError:
-            return  # it answered
-        except OSError:
-            continue
+    if any(answers(f"{target}{path}") for path in ("/health", "/v1/models")):  # an error status is an answer
+        return
     raise Unreachable(f"target {target} does not answer (tried /health and /v1/models)")
 
 
@@ -119,11 +91,9 @@ def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int
         body["model"] = model_name
     token_times: list[float] = []
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    req = urllib.request.Request(f"{target}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
     error = None
     try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
+        with stream(f"{target}{path}", body) as resp:
             for line in resp:
                 if line.startswith(b"data: {"):
                     token_times.append(time.time() - t0)
@@ -188,66 +158,15 @@ class CheckConfig:
     capacity_s: float = 60.0  # seconds of arrivals the ninth question's knee search may spend; 0 skips it
 
 
-def run_check(cfg: CheckConfig) -> dict:
-    from engines.shapes import load_shape
-    from harness.plan import make_plan
-    from workloads.generate import trace
-    from workloads.spec import load_spec
-
-    reachable(cfg.target)
-    shape = load_shape(cfg.model)
-    metrics = Metrics(cfg.metrics_url)
-    family = metrics.detect()
-    model_name = served_model(cfg.target)
-    answers: dict[int, Answer] = {}
-
-    kvb = shape.kv_bytes_per_token(cfg.dtype)
-    answers[1] = Answer(1, QUESTIONS[1], "PASS", kvb,
-                        f"2 x {shape.num_layers} layers x {shape.num_kv_heads} KV heads x {shape.head_dim} head dim "
-                        f"x {cfg.dtype} bytes = {kvb:,} B per token")
-    plan = make_plan(shape, cfg.gpu.memory_bytes, cfg.dtype, max_seq_len=cfg.max_seq_len) if cfg.gpu else None
-    answers[2] = live_budget(plan, metrics, family, kvb)
-
-    layout_probe = (probe(cfg.target, metrics, model_name, max_tokens=min(96, cfg.max_seq_len // 4), api=cfg.api)
-                    if family else None)
-    capacity = answers[2].answer.get("server_tokens") if isinstance(answers[2].answer, dict) else None
-    layout, evidence = classify_layout(layout_probe, capacity) if layout_probe else (None, "no known KV metrics")
-    answers[3] = Answer(3, QUESTIONS[3], {"blocks": "PASS", "contiguous": "WARN"}.get(layout, "UNKNOWN"), layout,
-                        evidence)
-
-    t = trace(load_spec(cfg.workload), cfg.seed, cfg.max_seq_len, shape.vocab_size)
-    totals = np.array([len(r.prompt_ids) + r.max_tokens for r in t.requests])
-    near = float((totals >= 0.9 * cfg.max_seq_len).mean())
-    answers[4] = Answer(4, QUESTIONS[4], "PASS" if near < 0.05 else "WARN", round(near, 4),
-                        f"{near:.1%} of {len(totals)} requests of {cfg.workload} need >= 90% of max_seq_len "
-                        f"{cfg.max_seq_len} (p99 total {np.percentile(totals, 99):.0f} tokens)")
-
-    # the probes alone, on the still idle server, then one at a time into the churn (harness/run/integrity.py)
-    probes = Integrity(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name,
-                       state=lambda: family_named(family).row(scrape(cfg.metrics_url) or {}) if family else None)
-    probes.idle()
-    with probes:
-        load = churn(cfg, metrics, model_name)
-    answers[5] = headroom(cfg, load)
-    answers[6] = release(load, metrics)
-    answers[7] = failures(load, family)
-    answers[8] = queueing(load, metrics, family, plan)
-    answers[9] = sustained(cfg, model_name)
-    answers[10] = kv_integrity(probes.result())
-    return {"target": cfg.target, "metrics_url": cfg.metrics_url,
-            "metrics_found": family or "none (no fragbench:, vllm:, sglang: or tgi_ metrics)",
-            "window_s": [0.0, load["end_s"]], "questions": [asdict(answers[i]) for i in sorted(answers)]}
-
-
 def served_model(target: str) -> str | None:
     try:
-        data = json.loads(fetch(f"{target}/v1/models"))
+        data = json.loads(request(f"{target}/v1/models"))
         return data["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError):
         return None
 
 
-def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
+def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Found:
     samples = scrape_samples(metrics.url)  # one scrape serves both servers' ways of saying it
     server_tokens = None
     capacity = [v for name, _, v in samples if name == "fragbench:kv_capacity_bytes"]
@@ -265,19 +184,19 @@ def live_budget(plan, metrics: Metrics, family: str | None, kvb: int) -> Answer:
     if server_tokens is not None:
         parts.append(f"server: {server_tokens:,} tokens of KV capacity (its own metrics)")
     if plan is None and server_tokens is None:
-        return Answer(2, QUESTIONS[2], "UNKNOWN", None, "no --gpu/--gpu-mem given and the server exports no capacity")
+        return Found("UNKNOWN", None, "no --gpu/--gpu-mem given and the server exports no capacity")
     if plan is not None and not plan.fits:
-        return Answer(2, QUESTIONS[2], "FAIL", plan.max_live_tokens, "; ".join(parts) + f"; {plan.reason}")
+        return Found("FAIL", plan.max_live_tokens, "; ".join(parts) + f"; {plan.reason}")
     answer = {"plan_tokens": plan.max_live_tokens if plan else None, "server_tokens": server_tokens}
-    return Answer(2, QUESTIONS[2], "PASS", answer, "; ".join(parts))
+    return Found("PASS", answer, "; ".join(parts))
 
 
 def scrape_samples(url: str) -> list[tuple[str, dict, float]]:
     """The labelled samples of one scrape; nothing when the server does not answer or answers garbage."""
+    text = text_or_none(url)
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return metric_samples(r.read().decode())
-    except (OSError, ValueError):
+        return metric_samples(text) if text is not None else []
+    except ValueError:
         return []
 
 
@@ -305,39 +224,39 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
             "metrics_after": scrape_samples(cfg.metrics_url)}
 
 
-def headroom(cfg: CheckConfig, load: dict) -> Answer:
+def headroom(cfg: CheckConfig, load: dict) -> Found:
     host = urlparse(cfg.target).hostname or ""
     if host not in ("127.0.0.1", "localhost", "::1"):
-        return Answer(5, QUESTIONS[5], "UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
+        return Found("UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
     fullest = fullest_gpu()  # which GPU the server runs on is its own business: the fullest is where it binds
     if fullest is None:
-        return Answer(5, QUESTIONS[5], "UNKNOWN", None, "NVML unavailable on this machine, or it sees no GPU")
+        return Found("UNKNOWN", None, "NVML unavailable on this machine, or it sees no GPU")
     index, mem = fullest
     free = mem.total - mem.used
     status = "PASS" if free >= 0.05 * mem.total else "WARN"
-    return Answer(5, QUESTIONS[5], status, int(free),
+    return Found(status, int(free),
                   f"NVML after the churn, the fullest GPU (NVML index {index}): {mem.used:,} B used of "
                   f"{mem.total:,} B; {free:,} B free for temporaries")
 
 
-def release(load: dict, metrics: Metrics) -> Answer:
+def release(load: dict, metrics: Metrics) -> Found:
     rows = load["requests"]
     cancelled = int((rows.status == "cancelled").sum()) if len(rows) else 0
     samples = [s for s in metrics.samples if s["usage"] is not None]
     if not samples:
-        return Answer(6, QUESTIONS[6], "UNKNOWN", None, "no KV usage metric to watch")
+        return Found("UNKNOWN", None, "no KV usage metric to watch")
     last_end = float(rows.end_s.max()) if len(rows) and rows.end_s.notna().any() else load["end_s"]
     after = [s for s in samples if s["t_s"] >= last_end]
     back = next((s["t_s"] for s in after if s["usage"] <= 1e-9), None)
     peak = max(s["usage"] for s in samples)
     if back is None:
         final = after[-1]["usage"] if after else samples[-1]["usage"]
-        return Answer(6, QUESTIONS[6], "FAIL", None,
+        return Found("FAIL", None,
                       f"{cancelled} requests cancelled mid-stream; KV usage still {final:.4f} 15 s after the last "
                       f"request ended at t={last_end:.1f} s (peak {peak:.4f})")
     delay = max(0.0, back - last_end)
     status = "PASS" if delay <= 2.0 else "WARN"
-    return Answer(6, QUESTIONS[6], status, round(delay, 3),
+    return Found(status, round(delay, 3),
                   f"{cancelled} requests cancelled mid-stream, {len(rows)} in all; KV usage back to 0 at "
                   f"t={back:.2f} s, {delay:.2f} s after the last request ended (peak usage {peak:.4f}); window "
                   f"0-{back:.1f} s")
@@ -351,7 +270,7 @@ def oom_by_cause(load: dict) -> dict[str, float]:
     return {cause: after[cause] - before.get(cause, 0) for cause in after}
 
 
-def failures(load: dict, family: str | None) -> Answer:
+def failures(load: dict, family: str | None) -> Found:
     rows = load["requests"]
     by_status = rows.status.value_counts().to_dict() if len(rows) else {}
     http = rows[rows.http_status.fillna(200) >= 400].http_status.value_counts().to_dict() if len(rows) else {}
@@ -361,18 +280,18 @@ def failures(load: dict, family: str | None) -> Answer:
         evidence += "; OOMs during the load: " + ", ".join(f"{v:.0f} {k}" for k, v in sorted(ooms.items()))
     errors = by_status.get("error", 0) + sum(v for k, v in http.items() if k >= 500)
     if errors:
-        return Answer(7, QUESTIONS[7], "FAIL", "errors", evidence)
+        return Found("FAIL", "errors", evidence)
     if ooms.get("fragmentation", 0) > 0:
-        return Answer(7, QUESTIONS[7], "FAIL", "fragmentation", evidence + ": free memory existed but did not fit")
+        return Found("FAIL", "fragmentation", evidence + ": free memory existed but did not fit")
     if by_status.get("oom", 0) or ooms.get("capacity", 0) > 0:
-        return Answer(7, QUESTIONS[7], "WARN", "capacity", evidence + ": the KV budget ran out")
-    return Answer(7, QUESTIONS[7], "PASS", "none", evidence)
+        return Found("WARN", "capacity", evidence + ": the KV budget ran out")
+    return Found("PASS", "none", evidence)
 
 
-def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
+def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Found:
     samples = [s for s in metrics.samples if s["running"] is not None]
     if not samples:
-        return Answer(8, QUESTIONS[8], "UNKNOWN", None, "no running/waiting metrics")
+        return Found("UNKNOWN", None, "no running/waiting metrics")
     counts = [s["preemptions"] for s in samples if s["preemptions"] is not None]
     preemptions = counts[-1] - counts[0] if counts else None  # unknown where the server exports none
     max_running = max(s["running"] for s in samples)
@@ -388,17 +307,17 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Answer:
         evidence += (f"; the plan admits {plan.paged_expected_concurrency} paged or {plan.static_max_concurrency} "
                      "max-reserved requests at once")
     status = "WARN" if (preemptions or 0) > 0 or waited > 0.5 else "PASS"
-    return Answer(8, QUESTIONS[8], status, answer, evidence)
+    return Found(status, answer, evidence)
 
 
-def kv_integrity(result: dict) -> Answer:
+def kv_integrity(result: dict) -> Found:
     answer = {k: result[k] for k in ("probes", "diverged", "max_abs_logprob_diff")}
     if not result["probes"]:
-        return Answer(10, QUESTIONS[10], "UNKNOWN", answer, sentence(result))
-    return Answer(10, QUESTIONS[10], "FAIL" if result["diverged"] else "PASS", answer, sentence(result))
+        return Found("UNKNOWN", answer, sentence(result))
+    return Found("FAIL" if result["diverged"] else "PASS", answer, sentence(result))
 
 
-def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
+def sustained(cfg: CheckConfig, model_name: str | None) -> Found:
     """The bench's own knee search (calibration, then bracketing and bisection) with the target as its one
     engine: the same search, SLO and interval as `bench --target`'s capacity."""
     from harness.run.bench import Bench, BenchConfig
@@ -407,9 +326,9 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
     from workloads.spec import load_spec
 
     if cfg.capacity_s <= 0:
-        return Answer(9, QUESTIONS[9], "UNKNOWN", None, "skipped: --capacity-time 0")
+        return Found("UNKNOWN", None, "skipped: --capacity-time 0")
     if load_spec(cfg.workload).arrival.process == "closed":
-        return Answer(9, QUESTIONS[9], "UNKNOWN", None, f"{cfg.workload} is closed-loop: it has no rate to offer")
+        return Found("UNKNOWN", None, f"{cfg.workload} is closed-loop: it has no rate to offer")
     try:
         telemetry = Telemetry.of(cfg.metrics_url)
     except NoTelemetry:
@@ -425,7 +344,7 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
     run_dir = Bench(bench).run()
     cap = json.loads((run_dir / "summary.json").read_text()).get("capacity", {}).get("target")
     if not cap:
-        return Answer(9, QUESTIONS[9], "UNKNOWN", None, f"the knee search measured no point (rows in {run_dir})")
+        return Found("UNKNOWN", None, f"the knee search measured no point (rows in {run_dir})")
     ci, rates = cap.get("sustained_rps_ci"), [p["offered_rps"] for p in cap["points"]]
     slo = cap["slo"]
     judged = ", ".join(f"{p['judged']}" for p in cap["points"])
@@ -436,5 +355,5 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Answer:
                 + (f", 90 % interval [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
                 + f"; bound by {cap.get('bound')} ({cap.get('bound_evidence')}); rows in {run_dir}")
     status = "PASS" if cap["sustained_rps"] > 0 else "FAIL"
-    return Answer(9, QUESTIONS[9], status, {"sustained_rps": cap["sustained_rps"], "sustained_rps_ci": ci,
+    return Found(status, {"sustained_rps": cap["sustained_rps"], "sustained_rps_ci": ci,
                                             "bound": cap.get("bound")}, evidence)

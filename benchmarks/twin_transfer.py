@@ -16,7 +16,7 @@ import itertools
 import json
 from pathlib import Path
 
-from harness.analysis.summary import load_meta
+from harness.analysis.rundir import load_meta
 from harness.sim.stepfit import run_steps
 from harness.sim.twin import run_twin
 

@@ -19,6 +19,9 @@ SAMPLE_COLUMNS = [
     "largest_free_bytes", "running", "waiting", "preempted_total", "device_used_bytes",
     "torch_allocated_bytes", "torch_reserved_bytes", "torch_active_bytes", "torch_inactive_split_bytes",
     "torch_segments", "torch_alloc_retries", "torch_ooms",
+    # /stats' `allocator` (the caching allocator's own figures, --memory caching); null where none holds the KV
+    "alloc_allocated_bytes", "alloc_reserved_bytes", "alloc_active_bytes", "alloc_inactive_split_bytes",
+    "alloc_segments", "alloc_retries", "alloc_small_requests", "alloc_large_requests", "alloc_huge_requests",
 ]
 EVENT_COLUMNS = ["engine", "t_s", "kind", "requested_bytes", "free_bytes", "largest_free_bytes", "cause", "detail"]
 COLUMNS = {"requests": REQUEST_COLUMNS, "samples": SAMPLE_COLUMNS, "events": EVENT_COLUMNS}
@@ -110,7 +113,8 @@ def token_times(r) -> list[float]:
 def request_row(engine: str, outcome) -> dict:
     """One requests.parquet row from a load-generator outcome."""
     req = outcome.request
-    ttft = outcome.first_token_s - outcome.sent_s if outcome.first_token_s is not None else None
+    due = outcome.due_s  # the schedule's time, not the send's: a late send's wait counts (coordinated omission)
+    ttft = outcome.first_token_s - due if outcome.first_token_s is not None else None
     times = outcome.token_times_s
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
     gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
@@ -120,8 +124,22 @@ def request_row(engine: str, outcome) -> dict:
         "prompt_tokens": len(req.prompt_ids), "output_tokens_target": req.max_tokens * req.n,
         "output_tokens": outcome.output_tokens, "n": req.n, "stream": req.stream, "status": outcome.status,
         "error": outcome.error, "ttft_s": ttft, "tpot_s": tpot,
-        "e2e_s": outcome.end_s - outcome.sent_s if outcome.end_s is not None else None,
+        "e2e_s": outcome.end_s - due if outcome.end_s is not None else None,
         "late_s": outcome.late_s, "finish_reason": outcome.finish_reason, "http_status": outcome.http_status,
         "cancel_after_tokens": req.cancel_after_tokens, "read_delay_s": req.read_delay_s,
         "inter_token_s": json.dumps(gaps),
     }
+
+
+def write_restarts(path: Path, restarts: dict[str, int]) -> None:
+    """`fragbench:engine_restarts_total{engine}` in Prometheus' text format, as node_exporter's textfile
+    collector reads it (RUN_DIR/metrics/supervisor.prom): the restarts bench's supervisor made."""
+    from prometheus_client import CollectorRegistry, Counter, write_to_textfile
+
+    registry = CollectorRegistry()
+    counter = Counter("fragbench:engine_restarts", "Times bench restarted an engine's server after it died",
+                      ["engine"], registry=registry)
+    for engine, n in restarts.items():
+        counter.labels(engine).inc(n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry)

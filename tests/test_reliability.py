@@ -45,12 +45,12 @@ def drained(url: str, timeout_s: float = 10) -> dict:
 
 
 @pytest.mark.parametrize("engine", ["paged", "static", "hf"])
-def test_cancel_storm_leaves_nothing_behind(engine, tiny_model, tmp_path):
-    # a short context, so that even static reservations fit several at once
-    with start_server(engine, str(tiny_model), "32MiB", tmp_path / "server.log", extra=["--max-seq-len", "256"]) as srv:
-        _, before = get(f"{srv.url}/stats")
-        result = asyncio.run(cancel_storm(srv.url, requests=200, concurrency=32, seed=1))
-        stats = drained(srv.url)
+def test_cancel_storm_leaves_nothing_behind(engine, servers):
+    # a short context, so that even static reservations fit several at once; the session's server of that engine
+    srv = servers(engine, "32MiB", "--max-seq-len", "256")
+    _, before = get(f"{srv.url}/stats")
+    result = asyncio.run(cancel_storm(srv.url, requests=200, concurrency=32, seed=1))
+    stats = drained(srv.url)
     assert result.sent == 200 and result.status_5xx == 0 and not result.errors and result.oom == 0
     assert 60 < result.cancelled < 140 and result.cancelled + result.completed == 200
     assert stats["allocated_bytes"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
@@ -70,10 +70,8 @@ BODY = st.dictionaries(
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tiny_model, tmp_path_factory):
-    with start_server("paged", str(tiny_model), "32MiB", tmp_path_factory.mktemp("fuzz") / "s.log",
-                      extra=["--max-seq-len", "256"]) as srv:
-        yield srv
+def fuzz_server(servers):
+    return servers("paged", "32MiB", "--max-seq-len", "256")  # the session's (tests/conftest.py)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -149,3 +147,6 @@ def test_sigkilled_engine_is_restarted_and_its_requests_are_crashed(tiny_model, 
     assert len(requests) == journal  # no row lost
     summary = json.loads((tmp_path / "chaos" / "summary.json").read_text())
     assert summary["engines"]["paged"]["crashes"] == 1
+    # the supervisor exports the restart where it runs, as node_exporter's textfile collector reads it
+    exported = (tmp_path / "chaos" / "metrics" / "supervisor.prom").read_text()
+    assert 'fragbench:engine_restarts_total{engine="paged"} 1.0' in exported

@@ -13,7 +13,10 @@ UNFINISHED = "still in flight at the end of the run"
 class Outcome:
     request: TraceRequest
     sent_s: float
-    late_s: float
+    late_s: float  # how long after its due time the load generator sent it (0 in a closed loop)
+    # when the schedule meant it to leave (its arrival; a closed loop's send): latency counts from here, so that
+    # a late send cannot hide its wait from the SLO (coordinated omission)
+    due_s: float | None = None
     first_token_s: float | None = None
     end_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
@@ -23,3 +26,7 @@ class Outcome:
     http_status: int | None = None
     error: str = ""
     tags: dict = field(default_factory=dict)  # what the rows carry beside the request: its point, rate, stream
+
+    def __post_init__(self) -> None:
+        if self.due_s is None:
+            self.due_s = self.sent_s - self.late_s

@@ -130,7 +130,8 @@ class ReplayUser(User):
     def send(self, plan: ReplayPlan, req: TraceRequest, tags: dict | None = None) -> None:
         sent = now(plan)
         late = 0.0 if plan.closed_concurrency else max(0.0, sent - req.arrival_s)
-        out = Outcome(req, sent, late, tags=tags or {})
+        due = sent if plan.closed_concurrency else req.arrival_s
+        out = Outcome(req, sent, late, due_s=due, tags=tags or {})
         body = request_body(plan, req)
         path = f"{self.base_path}/v1/{'chat/completions' if plan.api == 'chat' else 'completions'}"
         headers = {"Content-Type": "application/json"}

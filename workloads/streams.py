@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 
+import numpy as np
+
 from workloads.generate import TraceRequest, iter_requests, native_rate, trace_rows
 from workloads.spec import WorkloadSpec
 
@@ -73,6 +75,19 @@ def stream(spec: WorkloadSpec, seed: int, key: str, max_seq_len: int = 2048, voc
     for i, r in enumerate(reqs):
         row = first + i
         yield replace(r, request_id=f"t{row % rows:06d}.{row // rows}")
+
+
+def dispersion(spec: WorkloadSpec, seed: int, per_window: int, windows: int = 160, key: str = "g0") -> float:
+    """The index of dispersion of the workload's arrivals: the variance over the mean of the arrival counts in
+    consecutive windows that hold `per_window` arrivals on average (1 for a Poisson stream; a bursty one more).
+    Rescaling a stream's clock to a rate leaves it as it is, so one stream's first arrivals tell every rate's."""
+    arrivals = np.array([r.arrival_s for r in islice(stream(spec, seed, key, token_ids=False),
+                                                     per_window * windows + 1)])
+    if len(arrivals) < 3 * per_window or arrivals[-1] <= arrivals[0]:
+        return 1.0
+    width = per_window * (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+    counts = np.bincount(((arrivals - arrivals[0]) // width).astype(int))[:-1]  # the last window is partial
+    return float(counts.var(ddof=1) / counts.mean()) if len(counts) > 2 and counts.mean() > 0 else 1.0
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@ time) by rules the report prints, not tuned so that a figure comes out: how many
 when it stops, how narrow a bracket the search bisects to, how the time is shared.
 
 - A point judges at least `min_judged` requests: the fewest at which a point every one of whose requests
-  met the SLO can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9).
+  met the SLO can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9), times the workload's
+  index of dispersion D (the variance over the mean of its arrival counts in windows that hold that many
+  arrivals on average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty
+  stream's requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
 - It goes on (more requests at the same rate, before the search moves past it) while its Wilson 90 %
   interval, at the effective size (judged requests over the engine's design effect, harness/analysis/knee.py),
   holds the target, up to `max_judged` (4 x min_judged) in the search and twice that in the decision; a point
@@ -42,23 +45,29 @@ class Design:
     step: float = 1.6  # the bracketing factor
     max_points: int = 8
     early_judged: int = EARLY_JUDGED
+    dispersion: float = 1.0  # the workload's index of dispersion of arrivals (1: Poisson), as measured
 
     @classmethod
     def of(cls, time_s: float, precision: float, target: float, point_requests: int | None = None,
-           point_s: float | None = None, tolerance: float | None = None, max_points: int = 8) -> Design:
-        n = point_requests or fewest_to_pass(target)
+           point_s: float | None = None, tolerance: float | None = None, max_points: int = 8,
+           dispersion: float = 1.0) -> Design:
+        n = point_requests or math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
         tol = tolerance if tolerance is not None else round(precision ** (1 / (2 * math.sqrt(2))) - 1, 4)
         return cls(time_s, precision, target, n, 4 * n, tol, point_s or 0.0, max_points=max_points,
-                   early_judged=min(EARLY_JUDGED, n))
+                   early_judged=min(EARLY_JUDGED, n), dispersion=round(dispersion, 3))
 
     def to_json(self) -> dict:
         return {**asdict(self), "rules": self.rules()}
 
     def rules(self) -> list[str]:
         z = Z90
+        fewest = fewest_to_pass(self.target)
+        bursts = (f" x the workload's index of dispersion {self.dispersion:g} (its arrival counts' variance over "
+                  f"their mean in windows of {fewest} arrivals; 1 is Poisson), so that a point holds its bursts"
+                  if self.dispersion > 1 and self.min_judged > fewest else "")
         return [
             f"a point judges at least {self.min_judged} requests (the fewest at which a point that met the SLO for "
-            f"every request is told from the {100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z})"
+            f"every request is told from the {100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})"
             + (f" and {self.min_judged_s:g} s of arrivals" if self.min_judged_s else ""),
             f"it goes on at the same rate while its Wilson 90 % interval (at the effective size: judged requests over "
             f"the engine's design effect) holds the target, up to {self.max_judged} judged requests ("

@@ -16,10 +16,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.registry import in_blocks
 from harness.analysis.capacity import SLO, sustained_rate
-from harness.analysis.knee import REPLICATES, Judged, bracket_of, central, ratio_replicates, replicate_knees
+from harness.analysis.knee import (
+    REPLICATES,
+    Judged,
+    bracket_of,
+    central,
+    knee_points,
+    ratio_replicates,
+    replicate_knees,
+)
 
-PAGED = ("paged", "hf-cb", "vllm")  # engines that keep KV in blocks; every other one reserves contiguously
+PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
 METHOD = ("90 % percentile interval of {replicates} joint replicates: each point's attainment drawn from its "
           "Jeffreys posterior at its effective size (judged requests over the engine's design effect: 1 + 2 x the "
@@ -40,12 +49,25 @@ def best_contiguous(knees: dict[str, float]) -> str | None:
     return max((e for e in knees if e not in PAGED), key=lambda e: knees[e], default=None)
 
 
+def rows_of(points: list[Judged]) -> list[dict]:
+    return [{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in points]
+
+
 def point_estimate(points: list[Judged], slo: SLO) -> float:
-    return sustained_rate([{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in points], slo)[0]
+    """The sustained rate, interpolated between the points a knee rests on (knee.knee_points)."""
+    return sustained_rate(rows_of(knee_points(points)), slo)[0]
 
 
 def bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
-    lo, hi = bracket_of([{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in points], slo)
+    """The knee's bracket ends among the points a knee rests on."""
+    pts = knee_points(points)
+    lo, hi = bracket_of(rows_of(pts), slo)
+    return [p for p in pts if p.offered_rps in (lo, hi)]
+
+
+def raw_bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
+    """The bracket ends of every point, steady or not: where an unsteady point would place the knee."""
+    lo, hi = bracket_of(rows_of(points), slo)
     return [p for p in points if p.offered_rps in (lo, hi)]
 
 
@@ -70,8 +92,8 @@ class Headline:
 def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: float,
              replicates: int = REPLICATES, knees: dict[str, np.ndarray] | None = None) -> Headline | None:
     """The paged engine against the best contiguous one, or None when either is missing."""
-    ref = reference_of(e for e, p in points.items() if p)
-    estimates = {e: point_estimate(p, slo) for e, p in points.items() if p}
+    ref = reference_of(e for e, p in points.items() if knee_points(p))
+    estimates = {e: point_estimate(p, slo) for e, p in points.items() if knee_points(p)}
     rival = best_contiguous(estimates)
     if ref is None or rival is None or estimates[rival] <= 0:
         return None

@@ -104,16 +104,38 @@ def bracket_of(points: list[dict], slo: SLO) -> tuple[float | None, float | None
 @dataclass(frozen=True)
 class Judged:
     """One point's judged requests, as the intervals resample them: each one's verdict (1 met the SLO, 0
-    missed it) and its index in the point's stream, in arrival order."""
+    missed it) and its index in the point's stream, in arrival order; and what a knee may make of it
+    (harness/analysis/steady.knee_use): `steady` (its halves agree), `over_knee` (its second half collapsed
+    while its running count climbed: the queue grew without bound, a miss), or `unsteady` (its halves
+    disagree otherwise: no knee rests on it)."""
 
     offered_rps: float
     key: str  # the stream (workloads/streams.key_of): points of two engines with one key judged the same requests
     met: np.ndarray
     index: np.ndarray
+    use: str = "steady"
 
     @property
     def attainment(self) -> float:
         return float(self.met.mean()) if len(self.met) else 0.0
+
+
+def knee_points(points: list[Judged]) -> list[Judged]:
+    """The points a knee rests on: the steady ones as they are, one over its knee by its second half (the
+    state its queue was heading to), none that is unsteady otherwise. An engine none of whose points settled
+    (the time ran out first) has only those: its knee rests on them, and says so (`rests_on_unsteady`)."""
+    out = []
+    for p in points:
+        if p.use == "over_knee":
+            half = len(p.met) // 2
+            out.append(Judged(p.offered_rps, p.key, p.met[half:], p.index[half:], p.use))
+        elif p.use != "unsteady":
+            out.append(p)
+    return out if out else list(points)
+
+
+def rests_on_unsteady(points: list[Judged]) -> bool:
+    return bool(points) and all(p.use == "unsteady" for p in points)
 
 
 def design_effect(points: list[Judged]) -> float:
@@ -190,14 +212,19 @@ def crossings(rates: np.ndarray, att: np.ndarray, target: float, step: float,
 
 def replicate_knees(points: dict[str, list[Judged]], slo: SLO, step: float,
                     replicates: int = REPLICATES, seed: int = 0) -> dict[str, np.ndarray]:
-    """Per engine, its knee in each joint replicate (engines without points are left out)."""
+    """Per engine, its knee in each joint replicate, on the points a knee rests on (`knee_points`; a point over
+    its knee misses the target in every replicate); engines without such points are left out."""
+    points = {e: knee_points(p) for e, p in points.items()}
     reps = replicate_attainments({e: p for e, p in points.items() if p}, replicates, seed)
     rng = np.random.default_rng(seed + 1)
     out = {}
     for engine, att in reps.items():
-        order = np.argsort([p.offered_rps for p in points[engine]], kind="stable")
-        rates = np.array([points[engine][i].offered_rps for i in order])
-        weights = np.array([len(points[engine][i].met) for i in order], dtype=float)
+        pts = points[engine]
+        over = np.array([p.use == "over_knee" for p in pts])
+        att = np.where(over, np.minimum(att, slo.attainment - 1e-9), att)
+        order = np.argsort([p.offered_rps for p in pts], kind="stable")
+        rates = np.array([pts[i].offered_rps for i in order])
+        weights = np.array([len(pts[i].met) for i in order], dtype=float)
         out[engine] = crossings(rates, monotone(att[:, order], weights), slo.attainment, step, rng)
     return out
 
@@ -247,8 +274,11 @@ def binding_constraint(knee: dict, failed: int, missed: int) -> tuple[str, str]:
 
 
 def knee_point(points: list[dict], slo: SLO) -> dict:
-    """The lowest rate that missed the SLO (where the binding constraint shows), else the highest measured."""
-    _, hi = bracket_of(points, slo)
+    """The lowest rate that missed the SLO (where the binding constraint shows), else the highest measured;
+    among the points a knee rests on (one over its knee by its second half), where there are any."""
+    usable = [{**p, "slo_attainment": p["halves"][1]} if p.get("knee_use") == "over_knee" else p
+              for p in points if p.get("knee_use", "steady") != "unsteady"]
+    _, hi = bracket_of(usable or points, slo)
     return next((p for p in points if p["offered_rps"] == hi), max(points, key=lambda p: p["offered_rps"]))
 
 

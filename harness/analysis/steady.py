@@ -10,6 +10,11 @@ the binomial intervals the search and the report use.
 - Stationarity (`halves`): the judged requests split in two by arrival; each half's SLO attainment with its
   Wilson 90 % interval, and each half's mean running count with a batch-means 90 % interval (10 batches).
   The halves agree when both pairs of intervals overlap; a point whose halves disagree is not `steady`.
+- What a knee makes of a point (`knee_use`): a steady point is used as it is. One whose second half's
+  attainment interval lies wholly under the target while its running count climbed is `over_knee`: its
+  queue grew without bound inside the point, so at steady state it would miss by more still (a miss, not an
+  uncertain attainment). Any other point whose halves disagree is `unsteady`: no knee rests on it, and the
+  decision phase extends it at the same rate until its halves agree.
 """
 
 from __future__ import annotations
@@ -92,3 +97,13 @@ def halves(met: np.ndarray, running_first: np.ndarray, running_second: np.ndarra
     runs = (running_first, running_second)
     return Halves(att, att_ci, tuple(float(np.mean(r)) if len(r) else None for r in runs),
                   tuple(batch_mean_interval(r) for r in runs))
+
+
+def knee_use(h: Halves, target: float) -> str:
+    """`steady`, `over_knee` or `unsteady` (the module's docstring says why)."""
+    if h.steady:
+        return "steady"
+    (a1, a2), (_, ci2), (r1, r2) = h.attainment, h.attainment_ci, h.running
+    collapsed = a1 is not None and a2 is not None and a2 < a1 and ci2 is not None and ci2[1] < target
+    climbing = r1 is not None and r2 is not None and r2 > r1
+    return "over_knee" if collapsed and climbing else "unsteady"

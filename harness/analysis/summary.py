@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,127 +13,42 @@ import pandas as pd
 
 from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
-from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
-from harness.analysis.headline import headline
+from harness.analysis.allocator import allocator_block
+from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
+from harness.analysis.headline import headline, rows_of
 from harness.analysis.integrity import integrity
-from harness.analysis.knee import Judged, central, design_effect, knee_block, ratio_replicates, replicate_knees
-from harness.analysis.steady import halves
-from harness.results import read_journals, read_rows
+from harness.analysis.knee import (
+    Judged,
+    central,
+    design_effect,
+    knee_block,
+    knee_points,
+    ratio_replicates,
+    replicate_knees,
+    rests_on_unsteady,
+)
+from harness.analysis.rundir import (
+    arrived_in,
+    in_point,
+    judged_spans,
+    load_frames,
+    load_meta,
+    load_steps,
+    segments,
+    slo_of,
+    spans,
+    warmup_s,
+)
+from harness.analysis.steady import halves, knee_use
+from harness.results import read_rows
 from harness.units import parse_size
 from workloads.outcome import UNFINISHED
 
 SHARE_COLUMNS = {f"{c}_share": column for c, column in CATEGORY_COLUMNS.items()}  # summary key -> samples column
 
 
-def warmup_s(cfg: dict) -> float:
-    """Seconds of churn before memory is sampled into the shares: the given warm-up, else a tenth."""
-    if cfg.get("warmup_s") is not None:
-        return float(cfg["warmup_s"])
-    return 0.1 * float(cfg.get("duration_s") or 0.0)
-
-
-def load_meta(run_dir: Path) -> dict:
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
-    return json.loads(path.read_text())
-
-
-def rebase(df: pd.DataFrame, engine_t0: dict) -> pd.DataFrame:
-    """Times relative to each engine's churn start (rows written before it come out negative)."""
-    if "t_wall" in df and len(df):
-        t0 = df.engine.map(engine_t0)
-        df["t_s"] = np.where(t0.notna(), df.t_wall - t0, df.t_s)
-    return df
-
-
-def label_crashed(requests: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """A request that failed while its engine was down (crashed, restarting) is `crashed`, not `error`."""
-    for engine, ev in events[events.kind.isin(["crash", "restart"])].groupby("engine"):
-        crashes = ev[ev.kind == "crash"].t_s.tolist()
-        restarts = ev[ev.kind == "restart"].t_s.tolist()
-        for i, t_crash in enumerate(crashes):
-            t_back = restarts[i] if i < len(restarts) else np.inf
-            hit = ((requests.engine == engine) & (requests.status == "error")
-                   & (requests.sent_s <= t_back) & (requests.end_s >= t_crash - 1.0))
-            requests.loc[hit, "status"] = "crashed"
-    return requests
-
-
-def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
-    meta = load_meta(run_dir)
-    t0 = meta.get("engine_t0", {})
-    requests = read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
-    samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), t0)
-    events = rebase(read_journals([run_dir / "events.jsonl"], "events"), t0)
-    debug = pd.DataFrame([json.loads(x) for x in (run_dir / "debug.jsonl").read_text().splitlines() if x.strip()]
-                         ) if (run_dir / "debug.jsonl").exists() else pd.DataFrame()
-    requests = label_crashed(requests, events)
-    return {"requests": requests, "samples": samples, "events": events, "debug": debug}
-
-
-def load_steps(run_dir: Path, meta: dict) -> pd.DataFrame:
-    """Every scheduled engine's step rows (engines/ENGINE/steps-BUDGET.csv, written by the server), each with
-    its engine, budget, engine time, and the sweep point whose window (and grace) it fell in: `point` indexes
-    run.json's sweep points of that engine, -1 outside every window (debugging pass, calibration, drain)."""
-    frames = []
-    for path in sorted(run_dir.glob("engines/*/steps-*.csv")):
-        df = pd.read_csv(path)
-        if not len(df):
-            continue
-        engine, budget = path.parent.name, path.stem.removeprefix("steps-")
-        df.insert(0, "engine", engine)
-        df.insert(1, "kv_budget", budget)
-        df["t_s"] = df.t_wall - meta.get("engine_t0", {}).get(engine, df.t_wall.iloc[0])
-        df["point"] = -1
-        df["offered_rps"] = np.nan
-        grace = meta.get("config", {}).get("grace_s", 0.0)
-        for i, w in enumerate((meta.get("sweep") or {}).get("points", {}).get(engine, [])):
-            if w.get("kv_budget", budget) != budget:
-                continue
-            for lo, hi in spans(w, grace):
-                inside = (df.t_s >= lo) & (df.t_s <= hi)
-                df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w["offered_rps"]
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
 def pct(series: pd.Series, q: float) -> float | None:
     return percentile(pd.to_numeric(series, errors="coerce"), q)
-
-
-def slo_of(cfg: dict) -> SLO:
-    """The run's SLO; the defaults for a run.json written before it recorded one."""
-    default = SLO()
-    return SLO(cfg.get("slo_ttft_s", default.ttft_s), cfg.get("slo_tpot_s", default.tpot_s),
-               cfg.get("slo_attainment", default.attainment))
-
-
-def point_warmup_s(meta: dict) -> float:
-    """A point's warm-up where run.json does not record one per point (runs made before it did)."""
-    cfg = meta.get("config", {})
-    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * (meta["sweep"].get("point_s") or 0)
-
-
-def segments(point: dict, meta: dict | None = None) -> list[dict]:
-    """A point's segments (workloads/streams.Segment, with its warm-up and judged end); a run that recorded
-    windows alone gives one, judged from its warm-up to its end."""
-    if point.get("segments"):
-        return point["segments"]
-    warm = point_warmup_s(meta) if meta else 0.0
-    return [{"start_s": point["start_s"], "end_s": point["end_s"], "warmup_s": warm, "judged_end_s": point["end_s"]}]
-
-
-def judged_spans(point: dict, meta: dict | None = None) -> list[tuple[float, float]]:
-    """Where a point's judged requests arrived: each segment past its warm-up, up to its judged end."""
-    return [(s["start_s"] + s["warmup_s"], s["judged_end_s"]) for s in segments(point, meta)]
-
-
-def spans(point: dict, grace: float = 0.0) -> list[tuple[float, float]]:
-    """Where a point's load ran: each segment from its start to its end (plus `grace` after the last, for a
-    run whose points were separate windows)."""
-    segs = segments(point)
-    return [(s["start_s"], s["end_s"] + (0.0 if point.get("segments") else grace)) for s in segs]
 
 
 def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
@@ -146,26 +62,6 @@ def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
     for w in windows:
         inside |= in_point(smp, w, meta).to_numpy()
     return smp[inside]
-
-
-def arrived_in(req: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.DataFrame:
-    """The requests one sweep point judged: its own (tagged with it, where the rows say) arriving in its judged
-    spans."""
-    arrival = pd.to_numeric(req.arrival_s, errors="coerce")
-    mine = (pd.to_numeric(req["point"], errors="coerce") == window["point"]) \
-        if "point" in req and "point" in window and window.get("segments") else pd.Series(True, index=req.index)
-    inside = pd.Series(False, index=req.index)
-    for lo, hi in judged_spans(window, meta):
-        inside |= (arrival >= lo - 1e-6) & (arrival < hi + (1e-6 if not window.get("segments") else 0))
-    return req[mine & inside]
-
-
-def in_point(smp: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.Series:
-    """Samples of one sweep point's judged spans."""
-    inside = pd.Series(False, index=smp.index)
-    for lo, hi in judged_spans(window, meta):
-        inside |= (smp.t_s >= lo) & (smp.t_s <= hi)
-    return inside
 
 
 def known(churn: pd.DataFrame, column: str) -> bool:
@@ -212,6 +108,10 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
     out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
     out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
+    # the load generator's lateness (send after due time): latency counts from the due time, so this is the
+    # part of each wait that the client, not the engine, added
+    late = req["late_s"] if "late_s" in req else pd.Series(dtype=float)
+    out["late_p99_s"], out["late_max_s"] = pct(late, 0.99), pct(late, 1.0)
     out["crashes"] = int((ev.kind == "crash").sum())
     out["cancelled"] = int((req.status == "cancelled").sum())
     releases = ev[ev.kind == "cancel_release"]
@@ -226,6 +126,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["window_s"] = window
     kvb = pd.to_numeric(smp.get("kv_bytes_per_token", pd.Series(dtype=float)), errors="coerce").dropna()
     out["kv_bytes_per_token"] = int(kvb.iloc[0]) if len(kvb) else None
+    out["allocator"] = allocator_block(smp, churn)  # harness/analysis/allocator.py: --memory caching's figures
     return out
 
 
@@ -250,10 +151,11 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
     split = arrivals[len(arrivals) // 2] if len(arrivals) else 0.0
     running = pd.to_numeric(in_window.running, errors="coerce")
     first, second = running[in_window.t_s < split].dropna(), running[in_window.t_s >= split].dropna()
-    halves_of = halves(met, first.to_numpy(), second.to_numpy()).to_json()
+    split_halves = halves(met, first.to_numpy(), second.to_numpy())
+    halves_of, use = split_halves.to_json(), knee_use(split_halves, slo.attainment)
     segs = segments(window, meta)
     point = {"offered_rps": window["offered_rps"], "key": window.get("key"), **metrics, "judged": metrics["requests"],
-             "warmup_s": segs[0]["warmup_s"], **halves_of,
+             "warmup_s": segs[0]["warmup_s"], **halves_of, "knee_use": use,
              "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
              "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
              "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
@@ -261,7 +163,7 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
              "crashes": int((ev.kind == "crash").sum()),
              "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
              "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0)))}
-    return point, Judged(window["offered_rps"], window.get("key") or f"{window['offered_rps']:g}", met, index)
+    return point, Judged(window["offered_rps"], window.get("key") or f"{window['offered_rps']:g}", met, index, use)
 
 
 def waiting_for_memory(smp: pd.DataFrame) -> float | None:
@@ -306,12 +208,16 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         points.append(point)
         judged.append(j)
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
+    order = np.argsort([p.offered_rps for p in judged], kind="stable")
+    judged = [judged[i] for i in order]
     block = capacity_block(points, slo)
+    # the sustained rate rests on the points a knee may use (knee.knee_points), as its interval does
+    block["sustained_rps"], block["sustained_where"] = sustained_rate(rows_of(knee_points(judged)), slo)
+    block["rests_on_unsteady"] = rests_on_unsteady(judged)
     block["judged_total"] = int(sum(p["judged"] for p in points))
     block["distinct_requests"] = len(set(ids))
     block["steady_points"] = int(sum(bool(p["steady"]) for p in points))
-    order = np.argsort([p.offered_rps for p in judged], kind="stable")
-    return block, [judged[i] for i in order]
+    return block, judged
 
 
 def step_of(meta: dict) -> float:
@@ -358,14 +264,22 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
     if h is None:
         return None
     more_s = time_to_resolve(h, pts, slo, precision)
-    ends = {e: [{"offered_rps": p.offered_rps, "judged": len(p.met)} for p in bracket_ends(pts[e], slo)]
-            for e in (h.engine, h.against)}
+    ends = {e: [{"offered_rps": p.offered_rps, "judged": judged_at(pts[e], p.offered_rps), "steady": p.use == "steady",
+                 "use": p.use} for p in bracket_ends(pts[e], slo)] for e in (h.engine, h.against)}
+    # what the knees do not rest on (their halves disagree): the report says so, and whether time ran out first
+    left_out = {e: [p.offered_rps for p in pts[e] if p.use == "unsteady"] for e in (h.engine, h.against)}
     spent = float(meta.get("bench_s") or cfg.get("time_s") or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
-    return {**h.to_json(), "precision": precision, "bracket_ends": ends, "time_s": search.get("time_s"),
+    return {**h.to_json(), "precision": precision, "bracket_ends": ends, "unsteady_rates": left_out,
+            "time_s": search.get("time_s"),
             "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
             "resolvable_ratio": round(resolvable(h, 1.0), 3),
             "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}
+
+
+def judged_at(points: list[Judged], rate: float) -> int:
+    """The requests a point judged (all of them: one over its knee rests on its second half alone)."""
+    return int(sum(len(p.met) for p in points if p.offered_rps == rate))
 
 
 def integrity_of(engine_dir: Path) -> dict | None:
@@ -377,25 +291,41 @@ def integrity_of(engine_dir: Path) -> dict | None:
     return integrity(json.loads(idle.read_text()), rows)
 
 
+def engines_of(req: pd.DataFrame, meta: dict) -> list[str]:
+    return list(dict.fromkeys([*meta.get("config", {}).get("engines", []), *req.engine.dropna().unique()]))
+
+
+def blocks_of(frames: dict[str, pd.DataFrame], meta: dict,
+              engines: list[str] | None = None) -> dict[str, dict[str, tuple[dict, list[Judged]]]]:
+    """Every engine's capacity block and judged points, by KV budget: what the intervals, the ratios and the
+    headline are computed from (the bench's decision phase computes them from the same, while it runs)."""
+    req, smp, ev = frames["requests"], frames["samples"], frames["events"]
+    cfg, by_budget = meta.get("config", {}), {}
+    for engine in engines or engines_of(req, meta):
+        r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
+        if not (len(r) or len(s)):
+            continue
+        for budget in dict.fromkeys(w.get("kv_budget", cfg.get("kv_budget"))
+                                    for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])):
+            block = capacity(engine, r, s, e, meta, budget)
+            if block is not None:
+                by_budget.setdefault(budget, {})[engine] = block
+    return by_budget
+
+
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
     meta = load_meta(run_dir)
     frames = frames or load_frames(run_dir)
     req, smp, ev = frames["requests"], frames["samples"], frames["events"]
     cfg = meta.get("config", {})
-    engines = list(dict.fromkeys([*cfg.get("engines", []), *req.engine.dropna().unique()]))
     summary = {"run_id": meta.get("run_id", run_dir.name), "status": meta.get("status", "partial"),
                "max_seq_len": cfg.get("max_seq_len"), "engines": {}}
-    by_budget: dict[str, dict] = {}
-    for engine in engines:
+    for engine in engines_of(req, meta):
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
             summary["engines"][engine]["integrity"] = integrity_of(run_dir / "engines" / engine)
-            for budget in dict.fromkeys(w.get("kv_budget", cfg.get("kv_budget"))
-                                        for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])):
-                block = capacity(engine, r, s, e, meta, budget)
-                if block is not None:
-                    by_budget.setdefault(budget, {})[engine] = block
+    by_budget = blocks_of(frames, meta)
     own = cfg.get("kv_budget")
     if own in by_budget:
         summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta)
@@ -406,8 +336,10 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
     return summary
 
 
-def finalize(run_dir: Path) -> dict:
-    """Parquet files and summary.json from the journals; safe to repeat."""
+def finalize(run_dir: Path, twin: Callable[[dict], dict | None] | None = None) -> dict:
+    """Parquet files and summary.json from the journals, written once, whole; safe to repeat. `twin` computes
+    the twin's block from the summary (the simulator lives above this room: the caller hands it in); without
+    it, a twin an earlier finalize wrote is kept."""
     frames = load_frames(run_dir)
     for kind in ("requests", "samples", "events"):
         frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
@@ -416,7 +348,18 @@ def finalize(run_dir: Path) -> dict:
         steps.to_parquet(run_dir / "steps.parquet", index=False)
     summary = summarize(run_dir, frames)
     path = run_dir / "summary.json"
-    if path.is_file() and "twin" in (before := json.loads(path.read_text())):
+    block = twin(summary) if twin is not None else None
+    if block is not None:
+        summary["twin"] = block
+    elif path.is_file() and "twin" in (before := json.loads(path.read_text())):
         summary["twin"] = before["twin"]  # simulated from this run's rows once they were all written
-    path.write_text(json.dumps(summary, indent=2))
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(path)  # a reader never sees half a summary
     return summary
+
+
+def read_summary(run_dir: Path) -> dict:
+    """summary.json as finalize wrote it (a run never finalized is finalized first)."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else finalize(run_dir)

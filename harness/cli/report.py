@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from harness.cli.args import run_dir
@@ -16,14 +17,18 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.analysis.summary import finalize, load_meta
-    from harness.sim.twin import write_twin
+    from harness.analysis.rundir import load_meta
+    from harness.analysis.summary import finalize
+    from harness.sim.twin import twin_of
     from harness.views.report import render
 
     directory = run_dir(args.run_dir)
-    summary = finalize(directory)  # a partial run gets its parquet files and summary from what it wrote
-    if "twin" not in summary and load_meta(directory).get("status") == "complete":
-        write_twin(directory)  # a run bench finished before it simulated its twin
+    before = directory / "summary.json"
+    simulated = before.is_file() and "twin" in json.loads(before.read_text())
+    # a partial run gets its parquet files and summary from what it wrote; a complete one that bench finished
+    # before it simulated its twin gets its twin, in the same one write
+    complete = load_meta(directory).get("status") == "complete"
+    finalize(directory, twin_of(directory) if complete and not simulated else None)
     out = Path(args.out) if args.out else Path("reports") / f"{directory.name}.html"
     print(render(directory, out))
     return 0

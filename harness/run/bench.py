@@ -5,13 +5,12 @@ Everything is written as it is produced: a killed bench leaves a readable partia
 from __future__ import annotations
 
 import json
-import platform
 import re
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,92 +19,39 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engines import SCHEDULED
-from engines.cuda import device_info, device_note
 from engines.procs import free_port
+from engines.registry import entry
 from engines.shapes import load_shape
 from harness.analysis.capacity import SLO
 from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
-from harness.results import Journal, read_journals, token_times
+from harness.analysis.steady import fewest_to_pass
+from harness.results import Journal, read_journals, token_times, write_restarts
+from harness.run.config import BenchConfig
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.integrity import Integrity
-from harness.run.loadargs import LoadArgs, Traffic, start_loadgen, stop_loadgen
+from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
+from harness.run.provenance import git_sha, hardware, versions
 from harness.run.sampler import Sampler, fetch_json, fetch_stats
 from harness.run.search import SEARCH_START, KneeSearching
 from harness.run.servers import ServerFailed, ServerProcess, start_server
 from harness.run.targets import Target
+from harness.run.verdicts import decision_line
 from harness.run.visits import EngineRun, Visits
-from harness.sim.twin import write_twin
+from harness.sim.twin import twin_of
 from workloads.spec import load_spec
-from workloads.streams import Streams
+from workloads.streams import Streams, dispersion
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
+SNAPSHOT_SUFFIX = {"cuda": ".json", "caching": ".pickle"}  # the emulator's: PyTorch's own _snapshot() pickle
+OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or allocator, and the bytes that tell
 LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
 
 
-@dataclass(kw_only=True)
-class BenchConfig(Traffic):
-    """A bench run: the traffic every engine is given (`Traffic`'s fields), and what it runs it on."""
-
-    engines: list[str]
-    model: str
-    kv_budget: str
-    out_dir: Path
-    threads: int = 2
-    run_id: str = ""
-    slo_ttft_s: float = 2.0
-    slo_tpot_s: float = 0.25
-    slo_attainment: float = 0.9
-    device: str = "cpu"  # resolved: cpu or cuda[:N]
-    memory: str = "arena"  # arena: one buffer carved exactly; cuda: PyTorch's caching allocator
-    # capacity sweep: the workload offered at several rates, one server per engine (and budget) for all of them
-    sweep: bool = False
-    rates: list[float] | None = None  # the same given rates for every engine; else each engine's knee search
-    points: int = 8  # the knee search's most points per engine and budget
-    point_s: float | None = None  # seconds of judged arrivals per point, at least (--rates: per point)
-    point_requests: int | None = None  # judged requests per point, at least (default: the design's rule)
-    search_s: float | None = None  # seconds one engine's knee search may spend (per budget), at most
-    knee_tolerance: float | None = None  # bisect until hi <= lo x (1 + this) (default: the design's rule)
-    time_s: float = 900.0  # the whole bench's time: set-up, every search and the decision
-    precision: float = 1.5  # the headline ratio's interval asked: hi / lo at most this
-    calibrate_s: float = 12.0  # seconds of one saturating calibration window
-    kv_budgets: list[str] = field(default_factory=list)  # more budgets, each searched like kv_budget
-    warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
-    kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
-    engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
-    targets: dict[str, dict] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
-    api_key: str | None = None  # the targets'; never written to run.json
-
-
-def git_sha() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "aiohttp", "locust", "plotly", "fragbench"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def hardware(device: str) -> dict:
-    return {"machine": platform.machine(), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-            "device": device_note(device), **{f"device_{k}": v for k, v in device_info(device).items()}}
-
-
-class Bench(KneeSearching, Visits):
+class Bench:
     """One bench run: its engines one after another (harness/run/visits.py: how a point is measured on one;
     harness/run/search.py: which points)."""
 
@@ -113,10 +59,15 @@ class Bench(KneeSearching, Visits):
         self.cfg = cfg
         self.started = time.time()
         self.console = console or Console(stderr=True)
+        searching = cfg.sweep and not cfg.rates
+        spec = load_spec(cfg.workload)
+        bursts = dispersion(spec, cfg.seed, fewest_to_pass(cfg.slo_attainment)) if searching else 1.0
         self.design = Design.of(cfg.time_s, cfg.precision, cfg.slo_attainment, cfg.point_requests, cfg.point_s,
-                                cfg.knee_tolerance, cfg.points)
-        self.streams = Streams(load_spec(cfg.workload), cfg.seed, cfg.max_seq_len) if cfg.sweep else None
+                                cfg.knee_tolerance, cfg.points, dispersion=bursts)
+        self.streams = Streams(spec, cfg.seed, cfg.max_seq_len) if cfg.sweep else None
         self.runs: dict[str, EngineRun] = {}
+        self.visits = Visits(self)  # servers, load generators and points (harness/run/visits.py)
+        self.searching = KneeSearching(self, self.visits)  # which points: the search and the decision
         cfg.run_id = cfg.run_id or datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
         self.dir = cfg.out_dir / cfg.run_id
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -158,15 +109,16 @@ class Bench(KneeSearching, Visits):
                 self.run_meta["engines_done"].append(engine)
                 self.write_meta()
             if self.cfg.sweep and not self.cfg.rates:
-                self.decide(runs, shower)
+                self.searching.decide(runs, shower)
         self.run_meta["status"] = "complete"
         self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
         self.run_meta["bench_s"] = round(time.time() - self.started, 1)
         self.write_meta()
-        finalize(self.dir)
         if self.cfg.sweep:
             self.plain("simulating the run's twin")
-            write_twin(self.dir)
+        summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep else None)  # written once, whole
+        if self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's own headline
+            self.say(decision_line(summary.get("headline"), "as summary.json and the report say"))
         return self.dir
 
     def order(self) -> list[str]:
@@ -183,18 +135,22 @@ class Bench(KneeSearching, Visits):
     # -- one engine
     def server_args(self, engine: str, port: int) -> list[str]:
         args = ["--port", str(port), "--max-seq-len", str(self.cfg.max_seq_len), *self.cfg.engine_args.get(engine, [])]
-        return args if engine == "vllm" else [*args, "--threads", str(self.cfg.threads), "--device", self.cfg.device,
-                                              "--memory", self.cfg.memory]
+        return args if not entry(engine).in_house else [*args, "--threads", str(self.cfg.threads), "--device",
+                                                        self.cfg.device, "--memory", self.cfg.memory,
+                                                        *(["--alloc-conf", self.cfg.alloc_conf] if self.cfg.alloc_conf
+                                                          else [])]
 
     def start(self, run: EngineRun) -> ServerProcess:
         log = self.dir / "logs" / f"{run.engine}.log"
         extra = self.server_args(run.engine, run.port)
         if run.engine in SCHEDULED:  # the rows the twin's step model is fitted on (harness/sim/twin.py)
             extra += ["--step-log", str(self.dir / "engines" / run.engine / f"steps-{run.budget}.csv")]
-        if self.cfg.memory == "cuda" and run.engine != "vllm":  # the allocator's segments at the first OOM
-            name = f"cuda_snapshot-{run.engine}" + ("" if run.budget == self.cfg.kv_budget else f"-{run.budget}")
-            extra += ["--oom-snapshot", str(self.dir / f"{name}.json")]
-        server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads)
+        if self.cfg.memory in SNAPSHOT_SUFFIX and entry(run.engine).in_house:  # the allocator at the first OOM
+            name = f"{self.cfg.memory}_snapshot-{run.engine}" + ("" if run.budget == self.cfg.kv_budget
+                                                                else f"-{run.budget}")
+            extra += ["--oom-snapshot", str(self.dir / f"{name}{SNAPSHOT_SUFFIX[self.cfg.memory]}")]
+        server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads,
+                              alloc_conf=self.cfg.alloc_conf if self.cfg.memory == "cuda" else None)
         config = (fetch_stats(server.url) or {}).get("engine_config")
         if config:
             self.run_meta.setdefault("engine_config", {}).setdefault(run.engine, {})[run.budget] = config
@@ -252,6 +208,7 @@ class Bench(KneeSearching, Visits):
     def run_engine(self, engine: str, shower) -> EngineRun:
         """Every budget of one engine on one clock: a server per budget, the debugging pass on the first."""
         run = self.runs[engine] = EngineRun(engine, time.time(), free_port())
+        self.export_restarts()  # every engine from zero, so that a rate() over it starts at its first scrape
         # a target serves from its own memory: it is run once, its windows labelled with the run's budget
         for budget in self.budgets if engine not in self.targets else [self.cfg.kv_budget]:
             run.budget = budget
@@ -294,15 +251,15 @@ class Bench(KneeSearching, Visits):
             run.setup_s += time.time() - began
             self.run_meta.setdefault("setup_s", {})[engine] = round(run.setup_s, 1)
             if self.cfg.sweep:
-                visit = self.open_visit(run)
+                visit = self.visits.open_visit(run)
                 try:
                     if calibrated is not None:
-                        self.search(visit, show, calibrated)
+                        self.searching.search(visit, show, calibrated)
                     else:
                         with check or nullcontext():  # --rates: no calibration; the probes run beside the points
-                            self.fixed_rates(visit, show)
+                            self.searching.fixed_rates(visit, show)
                 finally:
-                    self.close_visit(visit)
+                    self.visits.close_visit(visit)
             else:
                 with check or nullcontext():
                     self.churn(run, sampler, show, self.load_args(run, start_at_s=LOADGEN_STARTUP_S))
@@ -393,6 +350,13 @@ class Bench(KneeSearching, Visits):
         return (f"{last.get('oom_total', 'n/a')} OOMs ({last.get('oom_fragmentation', 'n/a')} fragmentation) so far, "
                 f"{run.crashes} crashes, {last.get('preempted_total', 'n/a')} preemptions")
 
+    def say(self, line: str) -> None:
+        """A line every console shows, a terminal's too (the verdict)."""
+        if self.console.is_terminal:
+            self.console.print(line, markup=False, highlight=False)
+        else:
+            self.plain(line)
+
     def plain(self, line: str) -> None:
         """Progress where no terminal shows the bars (cron, CI logs): one line per phase."""
         if not self.console.is_terminal:
@@ -434,6 +398,7 @@ class Bench(KneeSearching, Visits):
         self.event(run, "crash", crashed_at, detail=f"exit code {run.server.proc.returncode}",
                    cause=detail.get("cause"))
         run.crashes += 1
+        self.export_restarts()
         run.oom_seen = 0  # a new process counts from zero
         try:
             run.server = self.start(run)
@@ -448,6 +413,10 @@ class Bench(KneeSearching, Visits):
         (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
         with open(self.dir / "engines" / run.engine / "down.json", "w") as f:
             json.dump(run.down, f)
+
+    def export_restarts(self) -> None:
+        """A server cannot count its own deaths, its supervisor can (results.write_restarts)."""
+        write_restarts(self.dir / "metrics" / "supervisor.prom", {name: r.crashes for name, r in self.runs.items()})
 
     def collect_ooms(self, run: EngineRun, stats: dict | None) -> None:
         """OOM events the server recorded since the last look (it keeps its latest 100)."""
@@ -464,9 +433,11 @@ class Bench(KneeSearching, Visits):
         state = {k: ev.get(k) for k in OOM_STATE}
         words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
                           for k, v in state.items() if v is not None)
+        # which layer failed, where a caching allocator holds the KV (engines/caching_memory.py); null elsewhere
+        layer = {k: ev.get(k) if self.cfg.memory == "caching" else None for k in OOM_LAYER}
         self.event(run, "oom", t_s, requested_bytes=ev.get("requested_bytes"), free_bytes=ev.get("free_bytes"),
                    largest_free_bytes=ev.get("largest_free_bytes"), cause=ev.get("cause"),
-                   detail=f"{outcome}; {words}", **state)
+                   detail=f"{outcome}; {words}", **state, **layer)
 
     def releases(self, run: EngineRun) -> None:
         stats = fetch_json(f"{run.server.url}/stats?releases=1", timeout_s=10)

@@ -120,7 +120,7 @@ def first_tokens(args: argparse.Namespace):
     missed TTFTs are known long before those requests end."""
     journal = Journal(Path(args.out) / "progress.jsonl")
     return lambda o: journal.write({"request_id": o.request.request_id, "first_token_s": o.first_token_s,
-                                    "sent_s": o.sent_s})
+                                    "sent_s": o.sent_s, "due_s": o.due_s})
 
 
 def deadline(args: argparse.Namespace) -> float:

@@ -28,6 +28,7 @@ from harness.analysis.knee import Judged, design_effect
 from harness.analysis.steady import warmup_s, wilson
 from harness.results import JournalTail
 from workloads.generate import TraceRequest
+from workloads.outcome import UNFINISHED
 from workloads.schedule import ScheduleWriter
 from workloads.streams import Segment, Streams
 
@@ -116,6 +117,7 @@ class PointRunner:
     rows: dict[str, dict] = field(default_factory=dict)  # completed rows of this load generator, by id
     before: list[TraceRequest] = field(default_factory=list)  # what the points before sent on this visit
     first_token: dict[str, float] = field(default_factory=dict)  # request id -> TTFT, as streamed
+    segments: list[Segment] = field(default_factory=list)  # every segment this load generator was given
 
     def run(self, job: PointJob, show: Callable[[str], None] = lambda text: None) -> PointResult:
         start = round(max(self.clock(), self.writer.current.end_s if self.writer.current else 0.0) + LEAD_S, 3)
@@ -124,6 +126,7 @@ class PointRunner:
         plan = (job.warmup_guess_s if job.warm else 0.0) + judging_s
         segs = [self.writer.start(Segment(job.point, job.key, job.rate_rps, start, job.first,
                                           round(start + plan, 3)))]
+        self.segments.append(segs[0])
         while True:
             now = self.wait_until(segs[-1].end_s - DECIDE_S)
             state = self.state(segs, start, now, warm=job.warm)
@@ -134,12 +137,14 @@ class PointRunner:
                 nxt = Segment(job.point, job.key, job.rate_rps, round(now + LEAD_S, 3), self.next_index(segs),
                               round(now + LEAD_S + DECIDE_S + 2.0, 3))
                 segs.append(self.writer.start(nxt))
+                self.segments.append(segs[-1])
                 continue
             short = max(job.min_judged - len(state.judged), 1) / job.rate_rps / judged_share
-            segs[-1] = self.writer.end_at(segs[-1].end_s + max(2.0, short))
+            segs[-1] = self.segments[-1] = self.writer.end_at(segs[-1].end_s + max(2.0, short))
         judged_end = round(max(now, segs[-1].start_s), 3)
         if now < segs[-1].end_s - LATE_S:  # the tail guard: the judged requests finish under their own load
-            segs[-1] = self.writer.end_at(max(judged_end + guard_s(state.e2e_median_s), now + LATE_S))
+            segs[-1] = self.segments[-1] = self.writer.end_at(max(judged_end + guard_s(state.e2e_median_s),
+                                                                  now + LATE_S))
         self.wait_until(segs[-1].end_s)
         final = self.state(segs, start, self.clock(), judged_end, warm=job.warm)
         self.before += [r for r, _ in self.sent(segs, float("inf"))]
@@ -148,6 +153,32 @@ class PointRunner:
         records[0]["judged"] = len(final.judged)
         return PointResult(records, float(final.met.mean()) if final.known else None, len(final.judged), final.met,
                            final.index, self.next_index(segs), final.warmup_s, final.e2e_median_s)
+
+    def in_flight(self, engine: str) -> list[dict]:
+        """A requests row for each request sent and not yet ended, as the load generator writes one it cuts off at
+        the run's end (status error, `UNFINISHED`, judged on what it showed: harness/analysis/capacity.py), so
+        that what the run says now judges it by the rule the summary will."""
+        self.refresh()
+        now, rows = self.clock(), []
+        for seg in self.segments:
+            for i, r in enumerate(self.streams.arrivals(seg, now)):
+                if r.request_id in self.rows:
+                    continue
+                ttft = self.first_token.get(r.request_id)
+                rows.append({"engine": engine, "request_id": r.request_id, "class": r.cls, "arrival_s": r.arrival_s,
+                             "sent_s": r.arrival_s, "end_s": now, "prompt_tokens": len(r.prompt_ids),
+                             "output_tokens_target": r.max_tokens * r.n, "output_tokens": 0, "n": r.n,
+                             "stream": r.stream, "status": "cancelled" if cancelled(r) else "error",
+                             "error": UNFINISHED, "ttft_s": ttft, "tpot_s": None, "e2e_s": now - r.arrival_s,
+                             "late_s": 0.0, "point": seg.point, "offered_rps": seg.rate_rps, "stream_key": seg.key,
+                             "stream_index": seg.first + i})
+        return rows
+
+    def refresh(self) -> None:
+        for row in self.tail.read():
+            self.rows[row["request_id"]] = row
+        for row in self.progress.read():
+            self.first_token[row["request_id"]] = row["first_token_s"] - row.get("due_s", row["sent_s"])
 
     # -- waiting, supervised
     def wait_until(self, t_s: float) -> float:
@@ -168,10 +199,7 @@ class PointRunner:
 
     def state(self, segs: list[Segment], start: float, now: float, judged_end: float | None = None,
               warm: bool = True) -> State:
-        for row in self.tail.read():
-            self.rows[row["request_id"]] = row
-        for row in self.progress.read():
-            self.first_token[row["request_id"]] = row["first_token_s"] - row["sent_s"]
+        self.refresh()
         sent = self.sent(segs, now)
         e2e = [self.rows[r.request_id]["e2e_s"] for r, _ in sent if r.request_id in self.rows
                and self.rows[r.request_id].get("e2e_s") is not None]

@@ -8,17 +8,21 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
+from harness.analysis.capacity import SLO
+from harness.analysis.design import Design
 from harness.analysis.knee import Judged, KneeSearch
 from harness.results import JournalTail
-from harness.run.loadargs import start_loadgen, stop_loadgen
+from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
 from harness.run.points import PointJob, PointResult, PointRunner
 from harness.run.sampler import Sampler
 from harness.run.servers import ServerFailed, ServerProcess
 from workloads.schedule import ScheduleWriter
-from workloads.streams import key_of
+from workloads.streams import Streams, key_of
 
 
 @dataclass
@@ -73,29 +77,81 @@ class Visit:
     missed: bool = False  # its last point missed the SLO: its backlog drains before the next point begins
 
 
+class Host(Protocol):
+    """What the visits and the search need of the run that holds them (harness/run/bench.Bench): its
+    configuration and design, its results folder and run.json, the engines' servers and their supervision, and
+    the console. Nothing else of the bench is read."""
+
+    cfg: Any  # the BenchConfig (harness/run/bench.py): time, grace, engines, budgets
+    design: Design
+    dir: Path
+    run_meta: dict
+    targets: dict
+    streams: Streams | None
+    started: float  # wall clock of the bench's start
+
+    @property
+    def slo(self) -> SLO: ...
+
+    @property
+    def left_s(self) -> float: ...
+
+    @property
+    def budgets(self) -> list[str]: ...
+
+    def order(self) -> list[str]: ...
+
+    def write_meta(self) -> None: ...
+
+    def plain(self, line: str) -> None: ...
+
+    def say(self, line: str) -> None: ...
+
+    def load_args(self, run: EngineRun, **changes) -> LoadArgs: ...
+
+    def start(self, run: EngineRun) -> ServerProcess: ...
+
+    def restart(self, run: EngineRun, sampler: Sampler | None) -> None: ...
+
+    def watch(self, run: EngineRun) -> None: ...
+
+    def collect_ooms(self, run: EngineRun, stats: dict | None) -> None: ...
+
+    def stats_of(self, run: EngineRun) -> dict | None: ...
+
+    def figures(self, run: EngineRun, sampler: Sampler | None) -> str: ...
+
+    def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None: ...
+
+
 class Visits:
-    """Servers and load generators for the search, on a Bench (its configuration, streams, journals)."""
+    """Servers and load generators for the search: each visit an engine's server under one load generator, each
+    point measured on it. Everything else it needs of the run (its configuration, streams, journals, clock and
+    the engine's supervision) it asks of its `host`, whose contract `Host` states."""
+
+    def __init__(self, host: Host):
+        self.host = host
 
     def open_visit(self, run: EngineRun) -> Visit:
-        n = sum(1 for _ in (self.dir / "engines" / run.engine).glob(f"schedule-{run.budget}-*.jsonl")) \
-            if (self.dir / "engines" / run.engine).exists() else 0
-        path = self.dir / "engines" / run.engine / f"schedule-{run.budget}-{n}.jsonl"
+        n = sum(1 for _ in (self.host.dir / "engines" / run.engine).glob(f"schedule-{run.budget}-*.jsonl")) \
+            if (self.host.dir / "engines" / run.engine).exists() else 0
+        path = self.host.dir / "engines" / run.engine / f"schedule-{run.budget}-{n}.jsonl"
         writer = ScheduleWriter(path)
         # the generator's own bound: the bench's time left, on the engine's clock
-        bound_s = time.time() - run.t0 + max(self.left_s, 0.0) + 120.0
-        load = self.load_args(run, duration_s=round(bound_s, 1), start_at_s=0.0, schedule=path)
+        bound_s = time.time() - run.t0 + max(self.host.left_s, 0.0) + 120.0
+        load = self.host.load_args(run, duration_s=round(bound_s, 1), start_at_s=0.0, schedule=path)
         out = load.out
         with open(out / "loadgen.log", "ab") as log:
             loadgen = start_loadgen(load, stdout=log, stderr=subprocess.STDOUT)
         runner = PointRunner(writer, JournalTail(out / "requests.jsonl"),
-                             JournalTail(out / "progress.jsonl"), self.streams, self.slo,
+                             JournalTail(out / "progress.jsonl"), self.host.streams, self.host.slo,
                              clock=lambda: time.time() - run.t0, supervise=lambda: self.supervise(run))
         return Visit(run, runner, writer, loadgen, n)
 
     def close_visit(self, visit: Visit) -> None:
         """The schedule stops; what is in flight has the grace period; the load generator then ends."""
         visit.writer.stop()
-        deadline = time.time() + self.cfg.grace_s + 15
+        deadline = time.time() + self.host.cfg.grace_s + 15
         while visit.loadgen.poll() is None and time.time() < deadline:
             self.supervise(visit.run)
             time.sleep(0.3)
@@ -105,15 +161,15 @@ class Visits:
         """Called between a point's looks: OOMs the server recorded, a crashed server restarted, a target's
         down time."""
         if run.sampler is not None:
-            self.collect_ooms(run, run.sampler.last)
-        if run.engine in self.targets:
-            self.watch(run)
+            self.host.collect_ooms(run, run.sampler.last)
+        if run.engine in self.host.targets:
+            self.host.watch(run)
         elif not run.server.alive():
-            self.restart(run, run.sampler)
+            self.host.restart(run, run.sampler)
 
     def searched(self, run: EngineRun) -> Searched:
         if run.budget not in run.searched:
-            points = self.run_meta["sweep"]["points"].setdefault(run.engine, [])
+            points = self.host.run_meta["sweep"]["points"].setdefault(run.engine, [])
             run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == run.budget])
         return run.searched[run.budget]
 
@@ -124,34 +180,35 @@ class Visits:
         at = st.of_rate(rate)
         key = key_of(rate)
         if at is None:
-            record = {"point": len(self.run_meta["sweep"]["points"].setdefault(run.engine, [])), "offered_rps": rate,
-                      "key": key, "kv_budget": run.budget, "segments": []}
-            self.run_meta["sweep"]["points"][run.engine].append(record)
+            mine = self.host.run_meta["sweep"]["points"].setdefault(run.engine, [])
+            record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": run.budget, "segments": []}
+            mine.append(record)
             st.points.append(record)
             at = len(st.points) - 1
         record = st.points[at]
         if visit.missed and visit.last_rate != rate:
             self.drain_visit(visit)
-        job = PointJob(record["point"], rate, key, st.cursors.get(key, 0), target=self.slo.attainment,
+        job = PointJob(record["point"], rate, key, st.cursors.get(key, 0), target=self.host.slo.attainment,
                        warmup_guess_s=st.warmup_s, warm=visit.last_rate != rate,
                        earlier=tuple(p for p in st.judged_points() if p.offered_rps != rate), **rules)
-        res = visit.runner.run(job, lambda text: show(f"{run.engine:<6} {text}", self.cfg.time_s - self.left_s))
+        res = visit.runner.run(job, lambda text: show(f"{run.engine:<6} {text}",
+                                                      self.host.cfg.time_s - self.host.left_s))
         visit.last_rate = rate
         record["segments"] += [{**seg, "visit": visit.number} for seg in res.segments]
         record["start_s"], record["end_s"] = record["segments"][0]["start_s"], record["segments"][-1]["end_s"]
         record["warmup_s"] = record["segments"][0]["warmup_s"]
-        self.write_meta()
+        self.host.write_meta()
         met, index = st.judged.get(at, (np.zeros(0), np.zeros(0, dtype=int)))
         st.judged[at] = (np.concatenate([met, res.met]), np.concatenate([index, res.index]))
         st.cursors[key] = res.next_index
         st.warmup_s = max(res.warmup_s, 1.0)
         att = float(st.judged[at][0].mean()) if len(st.judged[at][0]) else None
-        visit.missed = att is None or att < self.slo.attainment
+        visit.missed = att is None or att < self.host.slo.attainment
         known = len(st.judged[at][0])
-        self.plain(f"{run.engine}: {rate:g} req/s: {res.judged} judged after a {res.warmup_s:.1f} s warm-up, SLO "
+        self.host.plain(f"{run.engine}: {rate:g} req/s: {res.judged} judged after a {res.warmup_s:.1f} s warm-up, SLO "
                    f"attainment {'n/a' if att is None else f'{100 * att:.0f} %'} of the {known} verdicts known at "
                    "this rate; "
-                   + self.figures(run, run.sampler))
+                   + self.host.figures(run, run.sampler))
         return res
 
     def drain_visit(self, visit: Visit, timeout_s: float = 60.0) -> None:
@@ -160,7 +217,7 @@ class Visits:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             self.supervise(visit.run)
-            stats = self.stats_of(visit.run) if visit.run.server.alive() else None
+            stats = self.host.stats_of(visit.run) if visit.run.server.alive() else None
             if stats and not stats.get("running") and not stats.get("waiting"):
                 break
             time.sleep(0.3)
@@ -173,14 +230,15 @@ class Visits:
 
     def revisit(self, run: EngineRun) -> Visit | None:
         """The engine's server again (a target is still running), a sampler and a load generator on it."""
-        if run.engine not in self.targets:
+        if run.engine not in self.host.targets:
             try:
-                run.server = self.start(run)
+                run.server = self.host.start(run)
             except ServerFailed as e:
-                self.event(run, "crash", detail=f"did not start again at {run.budget}: {e}")
+                self.host.event(run, "crash", detail=f"did not start again at {run.budget}: {e}")
                 return None
         run.sampler = run.sampler.resumed(run.server.url, run.server.proc.pid if run.server.proc else None)
-        run.sampler.fetch = self.targets[run.engine].stats if run.engine in self.targets else run.sampler.fetch
+        targets = self.host.targets
+        run.sampler.fetch = targets[run.engine].stats if run.engine in targets else run.sampler.fetch
         run.sampler.start()
         return self.open_visit(run)
 
@@ -190,7 +248,7 @@ class Visits:
             self.close_visit(visit)
         finally:
             run.sampler.stop()
-            self.collect_ooms(run, run.sampler.last)
-            if run.engine not in self.targets:
+            self.host.collect_ooms(run, run.sampler.last)
+            if run.engine not in self.host.targets:
                 run.server.stop()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.summary import load_meta, load_steps
+from harness.analysis.rundir import load_meta, load_steps
 
 # coefficient -> the step row's column it multiplies (None: the constant)
 TERMS = {"fixed_s": None, "per_decode_s": "decodes", "per_prefill_s": "prefills", "per_token_s": "tokens",

@@ -21,9 +21,9 @@ beside what bench measured; then the curves bench cannot afford to measure.
 
 from __future__ import annotations
 
-import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,8 +33,9 @@ import pandas as pd
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
+from harness.analysis.rundir import judged_spans, load_meta, segments, slo_of
 from harness.analysis.steady import warmup_s
-from harness.analysis.summary import SHARE_COLUMNS, judged_spans, load_meta, segments, slo_of
+from harness.analysis.summary import SHARE_COLUMNS, finalize
 from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
 from harness.units import parse_size
@@ -334,12 +335,20 @@ def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None 
     return out
 
 
-def write_twin(run_dir: Path, n_jobs: int | None = None) -> dict:
-    """The twin of a finished run into its summary.json (a sweep's runs only: the twin replays points)."""
+def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[dict], dict | None]:
+    """What finalize calls for the twin's block: the run simulated from its own steps and its summary (None: no
+    sweep, or no engine fragbench schedules, targets alone)."""
     run_dir = Path(run_dir)
-    meta, summary = load_meta(run_dir), json.loads((run_dir / "summary.json").read_text())
-    if not (meta.get("sweep") or {}).get("points") or not meta.get("engine_config"):
-        return summary  # no sweep, or no engine fragbench schedules (targets alone)
-    summary["twin"] = run_twin(meta, run_steps(run_dir), summary, n_jobs)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+
+    def block(summary: dict) -> dict | None:
+        meta = load_meta(run_dir)
+        if not (meta.get("sweep") or {}).get("points") or not meta.get("engine_config"):
+            return None
+        return run_twin(meta, run_steps(run_dir), summary, n_jobs)
+
+    return block
+
+
+def write_twin(run_dir: Path, n_jobs: int | None = None) -> dict:
+    """The run's summary.json written again, its twin included (a run finished before it simulated one)."""
+    return finalize(Path(run_dir), twin_of(run_dir, n_jobs))

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from harness.analysis.headline import PAGED
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
-from harness.views.html import PALETTE, fig_html, fmt, section, table
+from harness.views.html import ESC, PALETTE, fig_html, fmt, section, table
 
 MiB = 2**20
 
@@ -21,7 +21,9 @@ def where_words(c: dict) -> str:
 
 def rate_words(c: dict) -> str:
     ci = c.get("sustained_rps_ci")
-    return f"{c['sustained_rps']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c)
+    unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.get("rests_on_unsteady") \
+        else ""
+    return f"{c['sustained_rps']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
 def best_contiguous(capacity: dict) -> str | None:
@@ -51,8 +53,9 @@ def headline_sentence(summary: dict) -> str | None:
         return None
     lo, hi = h["ratio_ci"]
     judged = ", ".join(f"{e} on {n} judged requests" for e, n in h["judged"].items())
-    ends = "; ".join(f"{e}'s bracket ends " + " and ".join(f"{p['offered_rps']:g} req/s ({p['judged']} judged)"
-                                                          for p in pts) for e, pts in h["bracket_ends"].items())
+    ends = "; ".join(f"{e}'s bracket ends " + " and ".join(f"{p['offered_rps']:g} req/s ({p['judged']} judged"
+                                                          f"{end_words(p)})" for p in pts)
+                     for e, pts in h["bracket_ends"].items())
     line = f"Headline: {h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the rate of {h['against']}"
     if h["decided"]:
         line += (", the best contiguous engine, with the same memory: decided (the 90 % interval excludes 1.0"
@@ -61,15 +64,28 @@ def headline_sentence(summary: dict) -> str | None:
         line += (", the best contiguous engine: an interval that holds 1.0: no measurable difference at this run's "
                  "resolution")
     line += f". The knees rest on {judged} ({ends})"
+    left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}
+    if left:
+        line += (". Left out of the knees, their halves disagreeing (the load was still moving) when the time ran "
+                 "out: " + "; ".join(f"{e} at {', '.join(f'{r:g}' for r in rates)} req/s" for e, rates in left.items()))
     if not (h["decided"] and h["precise"]):
         more, longer = h.get("more_arrival_s_to_precision"), h["resolvable_ratio_with_20_more_minutes"]
         spent = f" ({h['time_s']:g} s of bench)" if h.get("time_s") else ""
         line += (f". A low-resolution run{spent}: it can tell a difference of {h['resolvable_ratio']:.2f}x from "
                  f"none; a run 20 minutes longer would resolve a {longer:.2f}x difference")
-        if more is not None:
+        if more is not None and more > 0:
             line += (f", and about {minutes(more)} more of arrivals at the bracket ends would narrow the interval to "
                      f"{h['precision']:g}x")
+        elif more is not None:
+            line += (f"; the interval is already as narrow as asked ({h['precision']:g}x) and still holds 1.0: any "
+                     "difference is smaller than this run can tell")
     return line + "."
+
+
+def end_words(p: dict) -> str:
+    if p.get("use") == "over_knee":
+        return ", over its knee: its second half collapsed while the running count climbed, a miss"
+    return "" if p.get("steady", True) else ", not steady"
 
 
 def capacity_sentence(summary: dict) -> str:
@@ -99,16 +115,25 @@ def bound_sentence(capacity: dict) -> str:
 
 def steady_sentence(capacity: dict) -> str | None:
     """The points whose halves disagree: not a steady state (the queue still moved through the window)."""
-    unsteady = [f"{e} at {p['offered_rps']:g} req/s ({fmt(p['halves'][0], '%')} then {fmt(p['halves'][1], '%')} "
-                f"met the SLO; mean running {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})"
-                for e, c in capacity.items() for p in c["points"] if p.get("steady") is False]
-    if not any("steady" in p for c in capacity.values() for p in c["points"]):
+    def words(e: str, p: dict) -> str:
+        return (f"{e} at {p['offered_rps']:g} req/s ({fmt(p['halves'][0], '%')} then {fmt(p['halves'][1], '%')} met "
+                f"the SLO; mean running {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})")
+
+    points = [(e, p) for e, c in capacity.items() for p in c["points"]]
+    if not any("steady" in p for _, p in points):
         return None
-    total = sum(len(c["points"]) for c in capacity.values())
-    if not unsteady:
-        return f"Every one of the {total} judged points is steady: its two halves agree."
-    return (f"{len(unsteady)} of {total} judged points are not steady (their halves disagree: the load was still "
-            "moving when it was judged): " + "; ".join(unsteady) + ".")
+    over = [words(e, p) for e, p in points if p.get("knee_use") == "over_knee"]
+    left = [words(e, p) for e, p in points if p.get("steady") is False and p.get("knee_use") != "over_knee"]
+    if not over and not left:
+        return f"Every one of the {len(points)} judged points is steady: its two halves agree."
+    line = f"{len(over) + len(left)} of {len(points)} judged points are not steady (their halves disagree)"
+    if over:
+        line += (f". Over the knee, counted as misses ({len(over)}: the second half collapsed under the target "
+                 "while the running count climbed, a queue growing without bound): " + "; ".join(over))
+    if left:
+        line += (f". Left out of every knee and interval ({len(left)}: the load was still moving when judged): "
+                 + "; ".join(left))
+    return line + "."
 
 
 def knee_cells(c: dict) -> list[str]:
@@ -120,7 +145,8 @@ def knee_cells(c: dict) -> list[str]:
 
 
 def point_words(p: dict) -> str:
-    mark = "" if p.get("steady", True) else " (not steady)"
+    mark = " (over its knee: a miss)" if p.get("knee_use") == "over_knee" else \
+        "" if p.get("steady", True) else " (not steady: left out)"
     return f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')} of {p.get('judged', p.get('requests', '?'))}{mark}"
 
 
@@ -233,4 +259,8 @@ def capacity_section(summary: dict, budget_bytes: int | None = None, design: dic
     body = words + fig_html(curves(cap)) + capacity_table(summary)
     if summary.get("capacity_by_budget"):
         body += budget_curve(summary["capacity_by_budget"])
-    return section("capacity", "Capacity at the SLO: what the memory buys", how, body)
+    # the method's long paragraph after the figures: what it shows first, how it was measured below
+    body += f"<h3>How this was measured</h3><p class='how'>{ESC(how)}</p>"
+    return section("capacity", "Capacity at the SLO: what the memory buys",
+                   "Each engine's sustained rate, the points it rests on and what bound it; the method is below the "
+                   "figures.", body)

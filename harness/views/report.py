@@ -13,10 +13,13 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from engines.percentile import percentile
+from engines.snapshot import read_snapshot
 from harness.analysis.integrity import sentence
-from harness.analysis.summary import SHARE_COLUMNS, load_frames, load_meta, summarize
+from harness.analysis.rundir import load_frames, load_meta
+from harness.analysis.summary import SHARE_COLUMNS, read_summary
 from harness.results import token_times
 from harness.units import parse_size
+from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
 from harness.views.capacity import capacity_section
 from harness.views.html import (
     CATEGORY_COLORS,
@@ -95,7 +98,7 @@ def figure2(summary: dict) -> str:
                    "recent ones); a hole that holds the next request is free. (Free bytes outside the largest extent, "
                    "the older index, are /stats' free_outside_largest_bytes.) The paper's last bar is 'external "
                    "fragmentation & others' and includes free memory: compare it with external fragmentation + free "
-                   "here.", fig_html(fig))
+                   "here.", fig_html(fig) + reserved_unallocated(summary))
 
 
 def integrity_section(summary: dict) -> str:
@@ -181,14 +184,14 @@ def oom_events(events: pd.DataFrame, run_dir: Path) -> str:
                        + "<p>No OOM in this run.</p>")
     rows = [[e.engine, fmt(e.t_s), e.cause, mib(e.requested_bytes), mib(e.free_bytes), mib(e.largest_free_bytes),
              *(fmt(getattr(e, c, None)) for c in ("running", "waiting", "live_tokens")),
-             fmt(getattr(e, "kv_usage", None), "%")] for e in ooms.head(OOM_ROWS).itertuples()]
+             fmt(getattr(e, "kv_usage", None), "%"), layer_cell(e)] for e in ooms.head(OOM_ROWS).itertuples()]
     rest = len(ooms) - len(rows)
     more = (f"<p class='how'>The other {rest} events are rows of kind 'oom' in "
             f"<code>{ESC(str(run_dir / 'events.parquet'))}</code>.</p>") if rest > 0 else ""
-    body = (fig_html(fig) + earlier + "<h3>By engine and cause</h3>" + oom_summary(ooms)
+    body = (fig_html(fig) + earlier + "<h3>By engine and cause</h3>" + oom_summary(ooms) + oom_layers(ooms)
             + f"<h3>The first {len(rows)} of {len(ooms)}</h3>"
             + table(["engine", "t (s)", "cause", "requested", "free", "largest free", "running", "waiting",
-                     "live tokens", "KV usage"], rows) + more)
+                     "live tokens", "KV usage", "layer"], rows) + more)
     return section("oom-events", "OOM events",
                    "Each failed KV allocation: requested vs free vs largest free extent, and the engine at that "
                    "moment. Cause 'fragmentation' means enough free bytes existed but no single extent fit. Red lines: "
@@ -249,13 +252,14 @@ def draw_segments(segments: list[dict]) -> tuple[go.Figure, str]:
 
 
 def cuda_snapshots(run_dir: Path) -> list[str]:
-    parts = []
-    for path in sorted(run_dir.glob("cuda_snapshot-*.json")):
-        snap = json.loads(path.read_text())
-        engine = path.stem.removeprefix("cuda_snapshot-")
+    parts = []  # the real allocator's (--memory cuda, JSON) and the emulator's (--memory caching, PyTorch's pickle)
+    for path in sorted([*run_dir.glob("cuda_snapshot-*.json"), *run_dir.glob("caching_snapshot-*.pickle")]):
+        snap = json.loads(path.read_text()) if path.suffix == ".json" else read_snapshot(path)
+        kind, engine = path.stem.split("_snapshot-", 1)
         fig, what = draw_segments(snap["segments"])
-        parts.append(f"<h3 class='map' data-engine='{ESC(engine)}'>{ESC(engine)}: the CUDA allocator at its first "
-                     f"OOM, t = {fmt(snap['t_s'])} s</h3><p class='how'>{ESC(what)}</p>" + fig_html(fig))
+        parts.append(f"<h3 class='map' data-engine='{ESC(engine)}'>{ESC(engine)}: the "
+                     f"{'CUDA' if kind == 'cuda' else 'emulated caching'} allocator at its first "
+                     f"OOM, t = {fmt(snap.get('t_s'))} s</h3><p class='how'>{ESC(what)}</p>" + fig_html(fig))
     return parts
 
 
@@ -385,9 +389,8 @@ def targets_note(meta: dict) -> str:
 def render(run_dir: Path, out: Path) -> Path:
     meta = load_meta(run_dir)
     frames = load_frames(run_dir)
-    summary = summarize(run_dir, frames)
-    written = run_dir / "summary.json"  # the twin is simulated once, when bench ends, and kept there
-    summary["twin"] = json.loads(written.read_text()).get("twin") if written.is_file() else None
+    summary = read_summary(run_dir)  # computed once, by finalize: the report only reads it
+    summary.setdefault("twin", None)
     partial = meta.get("status") != "complete"
     banner = (f"<p class='partial' id='partial'>PARTIAL RUN: this run did not finish (engines done: "
               f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "

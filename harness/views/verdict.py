@@ -6,9 +6,11 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.analysis.headline import PAGED
-from harness.analysis.summary import SHARE_COLUMNS, warmup_s
+from harness.analysis.rundir import warmup_s
+from harness.analysis.summary import SHARE_COLUMNS
 from harness.views.capacity import bound_sentence, capacity_sentence, headline_sentence
-from harness.views.html import fmt, link, mib, section, table
+from harness.views.glance import glance
+from harness.views.html import ESC, fmt, link, mib, section, table
 
 RUNBOOK = {
     "capacity": "capacity: the live tokens did not fit; reduce max_num_seqs or max_seq_len, quantize the KV cache, "
@@ -48,6 +50,27 @@ def goodput_sentence(engines: dict) -> str:
     return line + "."
 
 
+LATE_SHARE = 0.05  # the load generator's lateness worth a warning, as a share of the TTFT limit
+
+
+def lateness_sentence(engines: dict, ttft_limit_s: float) -> str | None:
+    """Latency counts from each request's due time, so a late send is charged to the engine it waited for; the
+    load generator's own lateness still says whether the client kept the schedule it was given."""
+    late = {e: s["late_p99_s"] for e, s in engines.items() if s.get("late_p99_s") is not None}
+    if not late:
+        return None
+    worst = max(late, key=late.get)
+    words = ", ".join(f"{e} {1000 * v:.0f} ms" for e, v in late.items())
+    line = (f"Latency is timed from each request's due time (its arrival in the schedule), not from its send: the "
+            f"load generator's lateness p99 {words}")
+    if late[worst] > LATE_SHARE * ttft_limit_s:
+        return (f"WARNING: the load generator fell behind its schedule: lateness p99 {1000 * late[worst]:.0f} ms "
+                f"for {worst}, over {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit; the SLO verdicts "
+                "still count that wait (latency is timed from the due time), but the offered rate was not offered "
+                "on time. " + line + ".")
+    return line + f", under {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit."
+
+
 def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[str]:
     engines = summary["engines"]
     if not engines:
@@ -62,6 +85,9 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
             out.append(link("capacity", bound_sentence(summary["capacity"])))
     else:  # one offered rate: goodput at it is the measure of what memory bought
         out.append(link("verdict-table", goodput_sentence(engines)))
+    late = lateness_sentence(engines, float(meta.get("config", {}).get("slo_ttft_s", 2.0)))
+    if late:
+        out.append(link("latency", late))
     held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
                      for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
     out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
@@ -135,4 +161,6 @@ def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> st
            "run's grace period ended.")
     sentences = verdict_sentences(summary, events if events is not None else pd.DataFrame(), meta)
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in sentences) + "</ul>"
-    return section("verdict", "Verdict", how, words + f"<div id='verdict-table'>{table(header, rows)}</div>")
+    return section("verdict", "Verdict", "The picture, then the sentences, then the table; how each was measured "
+                   "is under the table.", glance(summary) + words + f"<div id='verdict-table'>{table(header, rows)}"
+                   f"</div><p class='how'>{ESC(how)}</p>")

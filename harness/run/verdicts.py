@@ -1,0 +1,82 @@
+"""What the run says now, computed as summary.json will compute it: the journals as written so far (the
+requests still in flight judged by the rule the summary applies to one cut off at the run's end), through the
+summary's own functions (`blocks_of`, `intervals`, `headline_of`: the same replicates, the same seed). The
+search's early stop, the decision phase and the console's `decision:` lines read this and nothing else, so
+none of them can say "decided" where the report does not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from harness.analysis.headline import Headline, headline
+from harness.analysis.knee import Judged
+from harness.analysis.rundir import load_frames, load_meta, slo_of
+from harness.analysis.summary import blocks_of, headline_of, intervals, step_of
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run at one moment, at its own KV budget."""
+
+    points: dict[str, list[Judged]]  # per engine, its judged points (with what a knee may make of each)
+    capacity: dict  # summary.json's `capacity`
+    ratios: dict  # summary.json's `capacity_ratios`
+    headline: dict | None  # summary.json's `headline`
+    log_sd: dict[str, float]  # each headline engine's share of the ratio's uncertainty (sd of its log knee)
+
+    def ratio_ci(self, a: str, b: str) -> list[float] | None:
+        return (self.ratios.get(f"{a}/{b}") or {}).get("ratio_ci")
+
+    def line(self, status: str | None = None) -> str:
+        return decision_line(self.headline, status)
+
+
+def decision_line(h: dict | None, status: str | None = None) -> str:
+    """The console's `decision:` line: the headline's ratio, interval and verdict as summary.json has them."""
+    if h is None:
+        return "decision: no headline (a paged engine and a contiguous one, each with points a knee rests on)"
+    lo, hi = h["ratio_ci"]
+    verdict = "decided" if h["decided"] else "undecided (the interval holds 1.0)"
+    if h["decided"] and not h["precise"]:
+        verdict += f", not precise (hi / lo {hi / lo:.2f} > {h['precision']:g})" if lo > 0 else ", not precise"
+    return (f"decision: {h['engine']} / {h['against']} = {h['ratio']:.2f} [{lo:.2f}, {hi:.2f}]: {verdict}"
+            + (f"; {status}" if status else ""))
+
+
+def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] | None = None) -> Verdict:
+    """The capacity, ratios and headline of the run's own budget, from its frames."""
+    own = meta.get("config", {}).get("kv_budget")
+    blocks = blocks_of(frames, meta, engines).get(own, {})
+    capacity, ratios = intervals(blocks, meta) if blocks else ({}, {})
+    head = headline_of(blocks, meta) if blocks else None
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, log_sd(blocks, meta, head))
+
+
+def log_sd(blocks: dict, meta: dict, head: dict | None) -> dict[str, float]:
+    if head is None:
+        return {}
+    cfg = meta.get("config", {})
+    h: Headline | None = headline({e: j for e, (_, j) in blocks.items()}, slo_of(cfg), step_of(meta),
+                                  float(head.get("precision") or 1.5))
+    return dict(h.log_sd) if h else {}
+
+
+def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:
+    """What the run says now: its journals, and a cut-off row for each request still in flight."""
+    frames = load_frames(run_dir)
+    req = frames["requests"]
+    done = set(zip(req.engine, req.request_id, strict=True)) if len(req) else set()
+    in_flight = [r for r in in_flight if (r["engine"], r["request_id"]) not in done]  # ended since it was asked
+    if in_flight:
+        extra = pd.DataFrame(in_flight)
+        frames["requests"] = pd.concat([frames["requests"], extra], ignore_index=True) \
+            if len(frames["requests"]) else extra
+    return verdict_of(frames, meta)
+
+
+def verdict_final(run_dir: Path) -> Verdict:
+    """What summary.json says (run.json as written, every journal final)."""
+    return verdict_of(load_frames(run_dir), load_meta(run_dir))

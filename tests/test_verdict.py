@@ -1,0 +1,199 @@
+"""One computation decides the headline (issue 39): what a knee may rest on, the run's verdict computed as the
+summary computes it, latency from the due time, points sized to the workload's bursts, the report's glance."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from harness.analysis.capacity import SLO
+from harness.analysis.design import Design
+from harness.analysis.headline import bracket_ends, headline, point_estimate, raw_bracket_ends
+from harness.analysis.knee import Judged, knee_points, replicate_knees, rests_on_unsteady
+from harness.analysis.steady import halves, knee_use
+from harness.results import request_row
+from harness.run.verdicts import decision_line, verdict_final, verdict_now
+from harness.views.verdict import lateness_sentence
+from tests.conftest import run_cli
+from workloads.generate import TraceRequest
+from workloads.outcome import Outcome
+from workloads.spec import load_spec
+from workloads.streams import dispersion, key_of
+
+
+def judged(rate: float, attainment: float, n: int = 100, use: str = "steady") -> Judged:
+    met = np.zeros(n)
+    met[: round(attainment * n)] = 1.0
+    np.random.default_rng(int(rate * 100)).shuffle(met)
+    return Judged(rate, key_of(rate), met, np.arange(n), use)
+
+
+# -- what a knee rests on
+def test_a_collapsing_second_half_with_a_climbing_queue_is_over_the_knee_and_other_disagreement_is_unsteady():
+    rng = np.random.default_rng(1)
+    calm = rng.normal(5, 0.5, 200)
+    collapse = np.concatenate([np.ones(100), (rng.random(100) < 0.3).astype(float)])
+    assert knee_use(halves(collapse, calm[:100], calm[100:] + 8), 0.9) == "over_knee"
+    assert knee_use(halves(collapse, calm[:100], calm[100:] - 3), 0.9) == "unsteady"  # the queue did not grow
+    recovering = collapse[::-1].copy()  # a bad first half, then fine: a warm-up too short, not a knee
+    assert knee_use(halves(recovering, calm[:100] + 8, calm[100:]), 0.9) == "unsteady"
+    steady = (rng.random(200) < 0.95).astype(float)
+    assert knee_use(halves(steady, calm[:100], calm[100:]), 0.9) == "steady"
+
+
+def test_no_knee_rests_on_an_unsteady_point_and_one_over_its_knee_is_a_miss_in_every_replicate():
+    slo = SLO()
+    base = [judged(1.0, 1.0), judged(2.0, 0.95), judged(4.0, 0.5)]
+    with_unsteady = [*base, judged(3.0, 1.0, use="unsteady")]  # it would move the bracket to [3, 4]
+    assert [p.offered_rps for p in knee_points(with_unsteady)] == [1.0, 2.0, 4.0]
+    alone = [judged(3.0, 1.0, use="unsteady")]  # nothing settled before the time ran out: it is all there is
+    assert knee_points(alone) == alone and rests_on_unsteady(alone) and not rests_on_unsteady(with_unsteady)
+    assert point_estimate(with_unsteady, slo) == pytest.approx(point_estimate(base, slo))
+    assert [p.offered_rps for p in bracket_ends(with_unsteady, slo)] == [2.0, 4.0]
+    assert sorted(p.offered_rps for p in raw_bracket_ends(with_unsteady, slo)) == [3.0, 4.0]
+    # a point whose whole attainment passes but whose queue grew without bound: a miss, the knee under it
+    over = Judged(3.0, key_of(3.0), np.concatenate([np.ones(90), np.r_[np.ones(40), np.zeros(10)]]),
+                  np.arange(140), "over_knee")
+    assert over.attainment >= 0.9
+    knees = replicate_knees({"paged": [*base[:2], over]}, slo, 1.15, replicates=300)["paged"]
+    assert knees.max() <= 3.0
+
+
+# -- one computation
+def test_the_runs_verdict_is_summary_jsons_headline_and_the_decision_line_prints_it(swept):
+    run_dir, report = swept
+    summary = json.loads((run_dir / "summary.json").read_text())
+    final = verdict_final(run_dir)
+    assert final.headline == summary["headline"]
+    assert final.capacity == summary["capacity"] and final.ratios == summary["capacity_ratios"]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert verdict_now(run_dir, meta, []).headline == summary["headline"]
+    h = summary["headline"]
+    line = decision_line(h)
+    assert f"= {h['ratio']:.2f} [{h['ratio_ci'][0]:.2f}, {h['ratio_ci'][1]:.2f}]" in line
+    assert ("undecided" in line) != h["decided"]
+    for ends in h["bracket_ends"].values():
+        assert all(isinstance(p["steady"], bool) and p["use"] in ("steady", "over_knee") for p in ends)
+    # the report opens with the verdict at a glance, the method after the figures
+    html = report.read_text()
+    assert html.index("id='glance'") < html.index("class='verdict'") and "How this was measured" in html
+    assert "Latency is timed from each request's due time" in html or "WARNING: the load generator" in html
+
+
+def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept):
+    run_dir, _ = swept
+    meta = json.loads((run_dir / "run.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    point = meta["sweep"]["points"]["paged"][0]
+    span = point["segments"][0]
+    arrival = span["start_s"] + span["warmup_s"] + 0.01
+    late = {"engine": "paged", "request_id": "inflight-1", "class": "chat", "arrival_s": arrival, "sent_s": arrival,
+            "end_s": arrival + 30.0, "prompt_tokens": 10, "output_tokens_target": 10, "output_tokens": 0, "n": 1,
+            "stream": True, "status": "error", "error": "still in flight at the end of the run", "ttft_s": None,
+            "tpot_s": None, "e2e_s": 30.0, "late_s": 0.0, "point": point["point"],
+            "offered_rps": point["offered_rps"], "stream_key": point["key"], "stream_index": 10**6}
+    now = verdict_now(run_dir, meta, [late])
+    before = next(p for p in summary["capacity"]["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
+    after = next(p for p in now.capacity["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
+    assert after["judged"] == before["judged"] + 1  # no first token 30 s after its due time: a miss already
+    assert after["missed"] == before["missed"] + 1
+
+
+@pytest.mark.timeout(900)
+def test_the_consoles_last_decision_line_is_summary_jsons_headline(tiny_model, tmp_path):
+    r = run_cli("bench", "--engines", "static-oracle,paged", "--model", str(tiny_model), "--kv-budget", "16MiB",
+                "--workload", "mixed-churn", "--sweep", "--time", "110", "--calibrate-duration", "3", "--grace", "2",
+                "--points", "3", "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "decided",
+                timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = re.findall(r"decision: (\S+) / (\S+) = ([\d.]+) \[([\d.]+), ([\d.]+)\]: (\w+)", r.stderr)
+    summary = json.loads((tmp_path / "decided" / "summary.json").read_text())
+    h = summary.get("headline")
+    if h is None:  # no engine placed a knee on steady points in this little time: the console says so too
+        assert "decision: no headline" in r.stderr
+        return
+    assert lines, r.stderr[-3000:]
+    engine, against, ratio, lo, hi, word = lines[-1]
+    assert (engine, against) == (h["engine"], h["against"])
+    assert (ratio, lo, hi) == (f"{h['ratio']:.2f}", f"{h['ratio_ci'][0]:.2f}", f"{h['ratio_ci'][1]:.2f}")
+    assert (word == "decided") == h["decided"]
+    for pts in h["bracket_ends"].values():
+        assert all("steady" in p for p in pts)
+
+
+# -- latency from the due time
+def test_latency_counts_from_the_due_time_so_a_late_send_hides_nothing():
+    req = TraceRequest("r1", 10.0, "chat", [1, 2, 3], 4)
+    out = Outcome(req, sent_s=10.5, late_s=0.5, due_s=10.0, first_token_s=11.0, end_s=12.0,
+                  token_times_s=[11.0, 11.5, 12.0])
+    row = request_row("paged", out)
+    assert row["ttft_s"] == pytest.approx(1.0) and row["e2e_s"] == pytest.approx(2.0)
+    assert row["sent_s"] == 10.5 and row["late_s"] == 0.5 and row["arrival_s"] == 10.0
+
+
+def test_the_report_warns_when_the_load_generator_is_late_by_more_than_a_twentieth_of_the_ttft_limit():
+    calm = lateness_sentence({"paged": {"late_p99_s": 0.02}}, 2.0)
+    assert calm.startswith("Latency is timed from each request's due time") and "WARNING" not in calm
+    late = lateness_sentence({"paged": {"late_p99_s": 0.02}, "hf": {"late_p99_s": 0.4}}, 2.0)
+    assert late.startswith("WARNING") and "hf" in late and "400 ms" in late
+    assert lateness_sentence({"paged": {}}, 2.0) is None
+
+
+# -- points sized to the workload's bursts
+def test_points_of_a_bursty_workload_hold_its_bursts_by_a_printed_rule():
+    poisson = dispersion(load_spec("chat-short"), 0, 25)
+    bursty = dispersion(load_spec("mooncake-prefix"), 0, 25)
+    assert 0.7 < poisson < 1.4 and bursty > 1.4
+    plain, held = Design.of(900, 1.5, 0.9, dispersion=poisson), Design.of(900, 1.5, 0.9, dispersion=bursty)
+    assert plain.min_judged <= 35 and held.min_judged >= 25 * bursty
+    assert "index of dispersion" in held.rules()[0] and held.max_judged == 4 * held.min_judged
+    assert Design.of(900, 1.5, 0.9, point_requests=40, dispersion=bursty).min_judged == 40  # asked: kept
+
+
+def test_the_headline_reads_the_knee_points_alone():
+    slo = SLO()
+    pts = {"paged": [judged(2.0, 1.0), judged(3.0, 0.97, use="unsteady"), judged(4.0, 0.4)],
+           "static-oracle": [judged(1.0, 1.0), judged(2.0, 0.5)]}
+    h = headline(pts, slo, 1.15, 1.5)
+    assert h.engine == "paged" and h.judged["paged"] == 300
+    assert h.ratio == pytest.approx(point_estimate(pts["paged"], slo) / point_estimate(pts["static-oracle"], slo))
+
+
+# -- the decision's next step
+class _Searched:
+    def __init__(self, search):
+        self.search = search
+
+
+class _Visits:
+    def __init__(self, searched):
+        self._st = searched
+
+    def searched(self, run):
+        return self._st
+
+
+class _Host:
+    def __init__(self, design):
+        self.design, self.slo = design, SLO()
+
+
+def decider(design):
+    """The decision's step rule (run/search.py) over a host and visits that hold only what it reads."""
+    from harness.analysis.knee import KneeSearch
+    from harness.run.search import KneeSearching
+
+    search = KneeSearch(1.0, 0.9, design.tolerance, design.step)
+    return KneeSearching(_Host(design), _Visits(_Searched(search)))
+
+
+def test_an_unsteady_bracket_end_is_extended_at_its_rate_before_anything_else():
+    d = decider(Design.of(900, 1.5, 0.9))
+    pts = [judged(1.0, 1.0, 60), judged(1.6, 0.97, 60, use="unsteady"), judged(2.56, 0.3, 60)]
+    assert d.next_for(None, pts) == (1.6, True)  # the same point, more arrivals
+    settled = [pts[0], Judged(1.6, key_of(1.6), pts[1].met, pts[1].index, "steady"), pts[2]]
+    rate, extend = d.next_for(None, settled)  # a bracket [1.6, 2.56] wider than the tolerance: bisected
+    assert not extend and 1.6 < rate < 2.56

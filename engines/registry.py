@@ -49,8 +49,8 @@ class BudgetRule:
         if budget_bytes >= need:
             return None
         what = "one max-length sequence" if self.sequences == 1 else f"{self.sequences} max-length sequences"
-        return (f"smaller than {what} of this model ({max_seq_len} tokens x {kv_bytes_per_token} B = "
-                f"{need / 2**20:.1f} MiB)")
+        return (f"smaller than {what} of this model (max_seq_len {max_seq_len} tokens x {kv_bytes_per_token} B = "
+                f"{need / 2**20:.1f} MiB): raise --kv-budget or lower --max-seq-len")
 
 
 ONE_SEQUENCE = BudgetRule(1)

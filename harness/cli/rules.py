@@ -5,29 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import positive_int, size_arg, usage_errors
+from harness.cli.args import fraction_arg, positive_float, positive_int, size_arg, usage_errors
 
 FAMILIES = ("fragbench", "vllm", "sglang")
-
-
-def share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
-    return value
-
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
-    return value
 
 
 def register(sub) -> None:
@@ -41,16 +21,17 @@ def register(sub) -> None:
     envelope.add_argument("--envelope-tokens", type=positive_int,
                           help="the capacity envelope in live tokens (default: the KV capacity in tokens, as "
                                "fragbench:kv_capacity_tokens says)")
-    p.add_argument("--envelope-share", type=share, default=0.75,
+    p.add_argument("--envelope-share", type=fraction_arg, default=0.75,
                    help="live tokens under this share of the envelope are 'below the envelope'")
-    p.add_argument("--free-below", type=share, default=0.25,
+    p.add_argument("--free-below", type=fraction_arg, default=0.25,
                    help="free KV under this share of capacity is 'running out'")
-    p.add_argument("--kv-full", type=share, default=0.95, help="KV usage at or above this share is 'full'")
+    p.add_argument("--kv-full", type=fraction_arg, default=0.95, help="KV usage at or above this share is 'full'")
     p.add_argument("--fragmentation-ooms", type=positive_int, default=1,
                    help="fragmentation failures in the window that make an alert")
-    p.add_argument("--churn-rps", type=positive, default=0.5,
+    p.add_argument("--churn-rps", type=positive_float, default=0.5,
                    help="finished requests per second (aborts included) that make the traffic 'churn'")
-    p.add_argument("--preemptions-per-s", type=positive, default=0.5, help="preemptions per second that make a storm")
+    p.add_argument("--preemptions-per-s", type=positive_float, default=0.5,
+                   help="preemptions per second that make a storm")
     p.add_argument("--reserved-growth", type=size_arg, default="64MiB",
                    help="growth of reserved memory over the window that counts as retention")
     p.add_argument("--window", default="5m", help="what rates and averages look back over (a Prometheus duration)")

@@ -197,3 +197,6 @@ def test_an_unsteady_bracket_end_is_extended_at_its_rate_before_anything_else():
     settled = [pts[0], Judged(1.6, key_of(1.6), pts[1].met, pts[1].index, "steady"), pts[2]]
     rate, extend = d.next_for(None, settled)  # a bracket [1.6, 2.56] wider than the tolerance: bisected
     assert not extend and 1.6 < rate < 2.56
+    # an open bracket (no rate met the SLO) is the widest uncertainty: a lower rate first, however unsteady
+    rate, extend = d.next_for(None, [judged(2.5, 0.6, 60, use="unsteady")])
+    assert not extend and rate < 2.5

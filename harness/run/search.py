@@ -176,16 +176,14 @@ class KneeSearching:
         return None if best is None else best[1:]
 
     def next_for(self, run: EngineRun, points: list[Judged]) -> tuple[float, bool] | None:
-        """(rate, extend), on the points as the summary judges them: a bracket end whose halves disagree gets more
-        arrivals at its rate (the same stream read on) until they agree or it is over its knee, up to the
-        decision's most; then, on the points a knee rests on, a new rate while the bracket is open or wider
-        than the tolerance; then a bracket end whose Wilson interval (at the effective size) still holds the
-        target gets more requests, up to the decision's most; then bisections down to one grid step; None when
-        nothing is left to do."""
+        """(rate, extend), on the points as the summary judges them: while the knee's bracket (on the points a knee
+        rests on) is open, a new rate past its open side (the widest uncertainty there is); then a bracket end
+        whose halves disagree gets more arrivals at its rate (the same stream read on) until they agree or it is
+        over its knee, up to the decision's most; then a bisection while the bracket is wider than the
+        tolerance; then a bracket end whose Wilson interval (at the effective size) still holds the target gets
+        more requests, up to the decision's most; then bisections down to one grid step; None when nothing is
+        left to do."""
         most = DECISION_JUDGED * self.host.design.max_judged
-        for p in raw_bracket_ends(points, self.host.slo):
-            if p.use == "unsteady" and len(p.met) < most:
-                return p.offered_rps, True
         usable = knee_points(points)
         st = self.visits.searched(run)
         now = replace(st.search, max_points=10**6, measured=[(p.offered_rps, p.attainment) for p in usable])
@@ -193,6 +191,9 @@ class KneeSearching:
         if lo is None or hi is None:
             rate = now.next_rate()
             return None if rate is None else (rate, False)
+        for p in raw_bracket_ends(points, self.host.slo):
+            if p.use == "unsteady" and len(p.met) < most:
+                return p.offered_rps, True
         middle = grid_rate((grid_index(lo) + grid_index(hi)) // 2)
         if hi > lo * (1 + self.host.design.tolerance) + 1e-9 and grid_index(hi) - grid_index(lo) > 1:
             return middle, False

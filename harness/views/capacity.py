@@ -97,6 +97,11 @@ def capacity_sentence(summary: dict) -> str:
     line = (f"Sustained request rate within the SLO (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for "
             f"{100 * slo['attainment']:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
             f"steady state): {rates}")
+    missing = [e for e in summary.get("engines", {}) if e not in capacity]
+    if missing:  # an engine the search could not measure is said, not left out in silence
+        line += "; no rate measured for " + ", ".join(
+            f"{e} ({summary['engines'][e].get('crashes', 0)} crashes; its calibration found no rate its share of the "
+            "time could measure)" for e in missing)
     rival = best_contiguous(capacity)
     if rival is not None and not summary.get("headline"):
         for e in (e for e in capacity if e in PAGED):

@@ -38,11 +38,10 @@ class KneeSearching:
         budget_s = share_s(self.host.left_s, self.units_left(run), self.setup_s(), self.headline_possible())
         if self.host.cfg.search_s is not None:
             budget_s = min(budget_s, self.host.cfg.search_s)
-        # at least the rate at which a clear miss is judged in half the engine's share: a calibration that found
-        # nothing (a naive engine that crashed in its window) still gets a point it can afford
-        least = d.early_judged / max(budget_s / 2, 1e-9)
-        st.search = KneeSearch(max(SEARCH_START * calibrated_rps, least, 0.05), d.target, d.tolerance, d.step,
-                               max_points=d.max_points)
+        # a calibration that found nothing (a naive engine that crashed in its window) starts at the rate at which
+        # a clear miss is judged in half the engine's share: a point it can afford
+        start = SEARCH_START * calibrated_rps if calibrated_rps > 0 else d.early_judged / max(budget_s / 2, 1e-9)
+        st.search = KneeSearch(max(start, 0.05), d.target, d.tolerance, d.step, max_points=d.max_points)
         stop_by = time.time() - run.t0 + budget_s
         self.host.plain(f"{run.engine}: searching for {budget_s:.0f} s")
         while (rate := st.search.next_rate()) is not None:

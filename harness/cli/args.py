@@ -66,24 +66,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def number_in(text: str, ok, says: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text!r}")
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {says}: {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return number_in(text, lambda v: 0 < v < float("inf"), "a finite number above 0")
 
 
 def fraction_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
-    return value
+    return number_in(text, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 def rate_list(text: str) -> list[float]:

@@ -32,18 +32,27 @@ def write_state(state: dict, path: str | Path) -> Path:
     return path
 
 
+class ClassInPickle(pickle.UnpicklingError):
+    """The pickle names a class: it is not a snapshot, and it is not run."""
+
+
 class _DataOnly(pickle.Unpickler):
     """A snapshot is dicts, lists, strings and numbers: a pickle naming a class is not one (and is not run)."""
 
     def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"not a memory snapshot: the pickle names {module}.{name}")
+        raise ClassInPickle(f"not a memory snapshot: the pickle names {module}.{name}")
+
+
+def load_data(f) -> object:
+    """A pickle's data, refusing (pickle.UnpicklingError) one that names a class: the snapshot readers' one loader."""
+    return _DataOnly(f).load()
 
 
 def read_snapshot(path: str | Path) -> dict:
     """A snapshot pickle read back as data alone (the report draws its segments); ValueError if it is not one."""
     try:
         with Path(path).open("rb") as f:
-            data = _DataOnly(f).load()
+            data = load_data(f)
     except (pickle.UnpicklingError, EOFError) as e:
         raise ValueError(f"{path}: not a memory snapshot ({e})") from None
     if isinstance(data, list):  # segments alone, as torch.cuda.memory_snapshot() returns them

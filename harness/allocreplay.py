@@ -11,14 +11,13 @@ block is reusable), or at `free_requested` in a trace that has no completions.""
 
 from __future__ import annotations
 
-import pickle
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engines.allocconf import AllocConf
 from engines.caching import AllocatorOOM, CachingAllocator
-from engines.snapshot import write_snapshot
+from engines.snapshot import ClassInPickle, load_data, write_snapshot
 
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 UNCAPPED = 2**62  # no --capacity: the emulated device never refuses a segment
@@ -73,13 +72,6 @@ class ReplayResult:
                 "alloc_retries": self.alloc_retries, "oom": asdict(self.oom) if self.oom else None}
 
 
-class _DataOnly(pickle.Unpickler):
-    """A snapshot is dicts, lists, strings and numbers: anything naming a class is not one (and is not run)."""
-
-    def find_class(self, module, name):
-        raise SnapshotError(f"not a memory snapshot: the pickle names {module}.{name}")
-
-
 def dump_paths(path: Path, settings: int) -> list[Path]:
     """One dump per setting: FILE itself for one, FILE-1, FILE-2... (before its suffix) for several."""
     if settings == 1:
@@ -91,9 +83,9 @@ def load_trace(path: str | Path) -> Trace:
     """The busiest device's trace of a snapshot pickle, as replayable events."""
     try:
         with open(path, "rb") as f:
-            data = _DataOnly(f).load()
-    except SnapshotError:
-        raise
+            data = load_data(f)
+    except ClassInPickle as e:  # a pickle naming a class: never run, never a snapshot
+        raise SnapshotError(str(e)) from None
     except FileNotFoundError:
         raise SnapshotError(f"{path}: no such file") from None
     except Exception as e:

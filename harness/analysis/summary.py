@@ -15,7 +15,7 @@ from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.allocator import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
-from harness.analysis.headline import headline, rows_of
+from harness.analysis.headline import Headline, headline, rows_of
 from harness.analysis.integrity import integrity
 from harness.analysis.knee import (
     Judged,
@@ -255,6 +255,11 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple
 def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dict | None:
     """summary.json's headline: the paged engine against the best contiguous one, decided or not, what it
     rests on and (when undecided) how much longer a run would need."""
+    return headline_with(blocks, meta)[0]
+
+
+def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[dict | None, Headline | None]:
+    """`headline_of`'s block and the Headline it was read from (its per-engine uncertainty: the decision's)."""
     from harness.analysis.headline import bracket_ends, resolvable, time_to_resolve
 
     cfg, search = meta.get("config", {}), (meta.get("sweep") or {}).get("search") or {}
@@ -262,7 +267,7 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
     slo, pts = slo_of(cfg), {e: j for e, (_, j) in blocks.items()}
     h = headline(pts, slo, step_of(meta), precision)
     if h is None:
-        return None
+        return None, None
     more_s = time_to_resolve(h, pts, slo, precision)
     ends = {e: [{"offered_rps": p.offered_rps, "judged": judged_at(pts[e], p.offered_rps), "steady": p.use == "steady",
                  "use": p.use} for p in bracket_ends(pts[e], slo)] for e in (h.engine, h.against)}
@@ -274,7 +279,7 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
             "time_s": search.get("time_s"),
             "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
             "resolvable_ratio": round(resolvable(h, 1.0), 3),
-            "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}
+            "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}, h
 
 
 def judged_at(points: list[Judged], rate: float) -> int:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.analysis.headline import Headline, headline
 from harness.analysis.knee import Judged
-from harness.analysis.rundir import load_frames, load_meta, slo_of
-from harness.analysis.summary import blocks_of, headline_of, intervals, step_of
+from harness.analysis.rundir import load_frames, load_meta
+from harness.analysis.summary import blocks_of, headline_with, intervals
 
 
 @dataclass(frozen=True)
@@ -51,17 +50,8 @@ def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] |
     own = meta.get("config", {}).get("kv_budget")
     blocks = blocks_of(frames, meta, engines).get(own, {})
     capacity, ratios = intervals(blocks, meta) if blocks else ({}, {})
-    head = headline_of(blocks, meta) if blocks else None
-    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, log_sd(blocks, meta, head))
-
-
-def log_sd(blocks: dict, meta: dict, head: dict | None) -> dict[str, float]:
-    if head is None:
-        return {}
-    cfg = meta.get("config", {})
-    h: Headline | None = headline({e: j for e, (_, j) in blocks.items()}, slo_of(cfg), step_of(meta),
-                                  float(head.get("precision") or 1.5))
-    return dict(h.log_sd) if h else {}
+    head, h = headline_with(blocks, meta) if blocks else (None, None)
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, dict(h.log_sd) if h else {})
 
 
 def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:

@@ -71,11 +71,20 @@ $(MODEL_DIR)/config.json: $(STAMP)
 # budget. MODEL=DIR and KV_BUDGET=SIZE run your own model; MEMORY=cuda (on a GPU) takes each KV allocation
 # from PyTorch's caching allocator instead of one arena. `make bench-quick` is the smoke run (BENCH_TIME=200):
 # its verdict says how little it can resolve.
+# ALLOC_CONFS="default expandable_segments:True" (PYTORCH_CUDA_ALLOC_CONF settings, space-separated) runs the
+# whole bench on the emulated caching allocator under the first, then hf and the contiguous engines again under
+# each other (each with the time the run gave them): the report puts them side by side. MEMORY=caching (implied by
+# ALLOC_CONFS) runs CACHING_PRESET, whose KV has Llama-3-8B's bytes a token and a layer (so every allocation falls
+# in the size class a real model's would: the rule the report prints), with its budget by the same rule as the
+# tiny model's: 2 max-length sequences (2 x 2048 tokens x 128 KiB = 512 MiB).
 comma := ,
-MODEL ?= $(MODEL_DIR)
-KV_BUDGET ?= 16MiB
+ALLOC_CONFS ?=
+MEMORY ?= $(if $(strip $(ALLOC_CONFS)),caching,arena)
+CACHING_PRESET := tiny-llama-8b-kv
+CACHING_MODEL_DIR := models/$(CACHING_PRESET)
+MODEL ?= $(if $(filter caching,$(MEMORY)),$(CACHING_MODEL_DIR),$(MODEL_DIR))
+KV_BUDGET ?= $(if $(filter caching,$(MEMORY)),512MiB,16MiB)
 KV_BUDGETS ?=
-MEMORY ?= arena
 BENCH_TIME ?= 900
 PRECISION ?= 1.5
 # MEMORY=cuda benches hf and paged: contiguous reservations index one arena (they run with MEMORY=arena on a GPU)
@@ -86,9 +95,16 @@ TARGETS ?=
 BENCH_ARGS ?= --workload mixed-churn --sweep --time $(BENCH_TIME) --precision $(PRECISION) --calibrate-duration 8 \
 	--grace 5 $(if $(filter static-max,$(subst $(comma), ,$(BENCH_ENGINES))),--engine-args static-max=--no-preflight)
 
-bench: setup $(if $(filter $(MODEL),$(MODEL_DIR)),model) $(if $(BENCH_VLLM),vllm)
+# MEMORY=caching's model on the CPU: the preset harness/analysis/size_classes.py's rule picks (the fewest KV bytes a
+# token whose allocations fall in Llama-3-8B's PyTorch size classes; the report prints the comparison)
+$(CACHING_MODEL_DIR)/config.json: $(STAMP)
+	$(BIN)/fragbench model build --preset $(CACHING_PRESET) --out $(CACHING_MODEL_DIR)
+
+bench: setup $(if $(filter $(MODEL),$(MODEL_DIR) $(CACHING_MODEL_DIR)),$(MODEL)/config.json) $(if $(BENCH_VLLM),vllm)
 	$(BIN)/fragbench bench --engines $(BENCH_ENGINES) --model $(MODEL) --kv-budget $(KV_BUDGET) --memory $(MEMORY) \
-		$(if $(KV_BUDGETS),--kv-budgets $(KV_BUDGETS)) $(foreach t,$(TARGETS),--target $(t)) $(BENCH_ARGS)
+		$(if $(KV_BUDGETS),--kv-budgets $(KV_BUDGETS)) $(foreach t,$(TARGETS),--target $(t)) $(BENCH_ARGS) \
+		$(if $(strip $(ALLOC_CONFS)),--alloc-conf $(firstword $(ALLOC_CONFS)) \
+		$(foreach c,$(wordlist 2,$(words $(ALLOC_CONFS)),$(ALLOC_CONFS)),--compare-alloc-conf $(c)))
 
 bench-quick:
 	$(MAKE) bench BENCH_TIME=200
@@ -110,11 +126,14 @@ stress: setup model
 	$(BIN)/python benchmarks/stress.py
 	FRAGBENCH_FUZZ_EXAMPLES=500 $(BIN)/python -m pytest -q tests/test_bad_input.py -k hostile
 
-# --durations=15: the slowest tests at the end of the log, so that the next slow one is seen
+# --durations=15: the slowest tests at the end of the log, so that the next slow one is seen. TEST_WORKERS
+# pytest-xdist workers (default 2, the cores CI has): most of the suite waits on servers and time-bounded loads,
+# and tests/conftest.py keeps the tests that share one expensive run (the sweep, a module's bench) on one worker.
+TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 lint: setup
 	$(BIN)/ruff check engines workloads harness tests benchmarks scripts

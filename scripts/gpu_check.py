@@ -17,6 +17,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -26,11 +27,20 @@ from engines.factory import EngineSpec, make_engine
 from engines.memory import Arena, OutOfMemory
 from engines.offline import generate
 from engines.sequence import SamplingParams
+from engines.snapshot import load_data, write_state
+from harness.allocreplay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
+from harness.fetch import request
+from harness.run.servers import start_server, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 
 MIB = 2**20
 PROMPTS = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8, 100)]
+CHURN_REQUESTS = 36
+CHURN_CONCURRENCY = 6  # hf batches whoever waits (up to 8): its batches differ in width as requests end
+CHURN_FIXTURE = ROOT / "tests" / "fixtures" / "gpu_hf_churn_snapshot.pickle"
+MISMATCHES_SHOWN = 40  # on the FAIL line's detail; every one is in the item's mismatches file
+FIXTURE_FIELDS = ("action", "addr", "size", "stream")  # what the replay reads of a trace entry
 
 
 def check_device(args) -> str:
@@ -175,12 +185,93 @@ def check_bench(args) -> str:
             f"{len(snapshots)} snapshot(s) in {run}")
 
 
+def churn_bodies(count: int) -> list[dict]:
+    """Prompts of 3 to 200 tokens and answers of 1 to 48 (EOS ignored, so each runs its length), interleaved
+    so that hf's static batches differ in width and length and its caches grow and free at many sizes."""
+    bodies = []
+    for k in range(count):
+        prompt = [5 + (7 * i + 3 * k) % 4000 for i in range(3 + (k * 37) % 198)]
+        bodies.append({"prompt": prompt, "max_tokens": 1 + (k * 13) % 48, "temperature": 0, "ignore_eos": True})
+    return bodies
+
+
+def drive_churn(url: str, bodies: list[dict]) -> int:
+    """Every body to /v1/completions, CHURN_CONCURRENCY at a time: the answers that ran their full length. A
+    failed request is counted, not raised: the server's recording is still worth keeping and replaying."""
+    def one(body: dict) -> bool:
+        try:
+            answer = json.loads(request(f"{url}/v1/completions", body, timeout_s=300))
+        except OSError:
+            return False
+        return answer["usage"]["completion_tokens"] == body["max_tokens"]
+
+    with ThreadPoolExecutor(CHURN_CONCURRENCY) as pool:
+        return sum(pool.map(one, bodies))
+
+
+def churn_verdict(result: ReplayResult, every_mismatch: Path) -> str:
+    """PASS's text when every segment event of the trace is the emulator's, one for one; otherwise an
+    AssertionError whose lines are the mismatches (the first is the likeliest root cause), each with its rule."""
+    total, matched = result.segment_events_trace, result.segment_events_matched
+    assert total > 0, "the recorded trace has no segment event: nothing was compared"
+    if not result.mismatches and matched == total and not result.unknown_frees:
+        return f"all {total} segment events reproduced one for one (peak reserved {result.peak_reserved_bytes} B)"
+    lines = [m.describe() for m in result.mismatches]
+    every_mismatch.parent.mkdir(parents=True, exist_ok=True)
+    every_mismatch.write_text("".join(f"{line}\n" for line in lines))
+    shown = lines[:MISMATCHES_SHOWN]
+    if len(lines) > len(shown):
+        shown.append(f"... {len(lines) - len(shown)} more in {every_mismatch}")
+    unknown = f"; {result.unknown_frees} frees of blocks the trace never allocated" if result.unknown_frees else ""
+    raise AssertionError("\n".join([f"{matched} of {total} segment events reproduced, {len(lines)} mismatches"
+                                     f"{unknown} (the first is the likeliest root cause):", *shown]))
+
+
+def keep_as_fixture(recorded: Path, fixture: Path) -> Path:
+    """The recording cut to what the replay reads, small enough to commit: each trace entry's action, address,
+    size and stream (free_requested left out where completions are recorded: the replay frees at completion),
+    and the cap and settings noted beside them; no frames, times or final segments."""
+    with recorded.open("rb") as f:
+        state = load_data(f)
+    traces = []
+    for entries in state["device_traces"]:
+        completes = any(e["action"] == "free_completed" for e in entries)
+        kept = (e for e in entries if not (completes and e["action"] == "free_requested"))
+        traces.append([{k: sys.intern(e[k]) if k == "action" else e[k] for k in FIXTURE_FIELDS if k in e}
+                       for e in kept])
+    return write_state({"segments": [], "device_traces": traces, RECORDING_KEY: state.get(RECORDING_KEY)}, fixture)
+
+
+def check_churn_replay(args) -> str:
+    """hf serving churn on CUDA, recorded by the server's own allocator from before the model loads, replayed
+    through the emulator under the cap and settings it ran with: every segment event must be the emulator's.
+    The recording is kept as tests/fixtures/gpu_hf_churn_snapshot.pickle, which the CPU suite replays."""
+    out = Path(args.out) / "churn"
+    recorded, log = out / "hf_churn_snapshot.pickle", out / "server.log"
+    server = start_server("hf", args.model, "64MiB", log, timeout_s=300,
+                          extra=["--device", "cuda", "--memory", "cuda", "--max-seq-len", "512",
+                                 "--record-memory-history", str(recorded)])
+    try:
+        completed = drive_churn(server.url, churn_bodies(CHURN_REQUESTS))
+    finally:
+        server.stop(timeout_s=120)  # SIGTERM: the server writes its history once the engine has stopped
+    assert recorded.exists(), f"the server wrote no memory history: {tail(log)}"
+    keep_as_fixture(recorded, CHURN_FIXTURE)  # kept whatever the verdict: a FAIL is then replayable on a CPU
+    assert completed == CHURN_REQUESTS, f"{completed} of {CHURN_REQUESTS} requests ran their full length"
+    trace = load_trace(CHURN_FIXTURE)  # what the CPU suite replays: its entry numbers are the fixture's
+    verdict = churn_verdict(replay_recorded(trace), out / "mismatches.txt")
+    return (f"{CHURN_REQUESTS} requests, {len(trace.events)} allocator events under a cap of "
+            f"{trace.capacity_bytes} B: {verdict}; kept as {CHURN_FIXTURE.relative_to(ROOT)} "
+            f"({CHURN_FIXTURE.stat().st_size} B)")
+
+
 CHECKS: dict[str, tuple[str, Callable]] = {
     "device": ("device and driver", check_device), "arena": ("arena on the device", check_arena_on_device),
     "allocator": ("cuda caching allocator, forced OOM, snapshot, cap restored", check_cuda_allocator),
     "nvml": ("NVML sampling", check_nvml), "greedy": ("greedy outputs on the GPU", check_greedy_equal),
     "kernel": ("paged decode attention on the GPU", check_kernel),
     "bench": ("two-engine bench, cuda memory mode", check_bench),
+    "churn": ("hf serving churn recorded on CUDA, replayed by the emulator", check_churn_replay),
 }
 ITEM_TIMEOUT_S = 480
 
@@ -194,7 +285,10 @@ def run_item(key: str, args) -> int:
         print(f"PASS  {name}: {what} ({time.perf_counter() - started:.1f} s)", flush=True)
         return 0
     except Exception as e:
-        print(f"FAIL  {name}: {type(e).__name__}: {e}", flush=True)
+        first, *detail = str(e).splitlines() or [""]
+        print(f"FAIL  {name}: {type(e).__name__}: {first}", flush=True)
+        for line in detail:  # a message of several lines (the churn item's mismatches): indented below
+            print(f"      {line}", flush=True)
         traceback.print_exc(limit=3, file=sys.stderr)
         return 1
 
@@ -204,15 +298,18 @@ def run_all(args) -> int:
     failed = 0
     for key, (name, _) in CHECKS.items():
         cmd = [sys.executable, __file__, "--item", key, "--model", args.model, "--out", args.out]
+        detail: list[str] = []
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=ITEM_TIMEOUT_S, cwd=ROOT)
-            line = next((x for x in r.stdout.splitlines() if x.startswith(("PASS", "FAIL"))), None)
+            lines = r.stdout.splitlines()
+            at = next((i for i, x in enumerate(lines) if x.startswith(("PASS", "FAIL"))), None)
+            line, detail = (None, []) if at is None else (lines[at], lines[at + 1:])
             if line is None or r.returncode != 0:
                 line = line or f"FAIL  {name}: exited {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"
         except subprocess.TimeoutExpired:
             line = f"FAIL  {name}: no answer in {ITEM_TIMEOUT_S} s"
         failed += line.startswith("FAIL")
-        print(line, flush=True)
+        print("\n".join([line, *detail]), flush=True)
     print(json.dumps({"checks": len(CHECKS), "failed": failed}))
     return 1 if failed else 0
 

@@ -1,6 +1,8 @@
 """`fragbench allocator replay` on snapshots built in torch.cuda.memory._snapshot()'s format (no GPU here): a
 synthetic trace whose segment events come from the emulator itself must replay to the same events, the --json
-contract holds, a file that is not a snapshot exits 2 in one line, and --dump is read by PyTorch's _memory_viz."""
+contract holds, a file that is not a snapshot exits 2 in one line, and --dump is read by PyTorch's _memory_viz.
+Hand-built traces show each segment event the emulator does not do alike named with the rule it breaks, and the
+snapshot `make gpu-check` recorded of hf serving on CUDA, where present, replays event for event."""
 
 import json
 import pickle
@@ -10,12 +12,16 @@ import sys
 
 import pytest
 
+import harness.allocreplay as ar
+from engines.allocconf import parse_alloc_conf
 from engines.caching import AllocatorOOM, CachingAllocator
 from engines.snapshot import snapshot
 from harness.allocreplay import dump_paths, load_trace, replay
 from harness.cli import main
+from tests.conftest import ROOT
 
 MiB = 2**20
+GPU_CHURN_FIXTURE = ROOT / "tests" / "fixtures" / "gpu_hf_churn_snapshot.pickle"
 SIZES = [512, 3000, 200_000, MiB, int(1.5 * MiB), 3 * MiB, 9 * MiB, 12 * MiB, 30 * MiB]
 
 
@@ -70,6 +76,7 @@ def test_a_trace_replays_to_its_own_segment_events(tmp_path, conf, capacity):
     result = replay(load_trace(path), capacity, parse_alloc_conf(conf))
     assert truth["segment_events"] > 0
     assert result.segment_events_trace == truth["segment_events"] == result.segment_events_matched
+    assert result.mismatches == ()
     assert (result.peak_reserved_bytes, result.peak_allocated_bytes, result.alloc_retries) == (
         truth["peak_reserved"], truth["peak_allocated"], truth["retries"])
     assert result.unknown_frees == 0
@@ -149,3 +156,121 @@ def test_dump_is_read_by_pytorchs_memory_viz(tmp_path, capsys):
 def test_several_settings_dump_one_file_each(tmp_path):
     assert dump_paths(tmp_path / "s.pickle", 1) == [tmp_path / "s.pickle"]
     assert dump_paths(tmp_path / "s.pickle", 2) == [tmp_path / "s-1.pickle", tmp_path / "s-2.pickle"]
+
+
+# -- the trace's segment events against the emulator's, one for one, each disagreement with its rule
+A, B, X = 0x7A0000000000, 0x7B0000000000, 0x7C0000000000  # addresses as the trace has them (never the emulator's)
+
+
+def hand_trace(tmp_path, rows: list[tuple], recorded: dict | None = None) -> ar.Trace:
+    """(action, addr, size) rows as PyTorch's device trace records them, through load_trace."""
+    entries = [{"action": a, "addr": addr, "size": size, "stream": 0, "frames": []} for a, addr, size in rows]
+    data = {"segments": [], "device_traces": [entries], **({ar.RECORDING_KEY: recorded} if recorded else {})}
+    path = tmp_path / "hand.pickle"
+    path.write_bytes(pickle.dumps(data))
+    return load_trace(path)
+
+
+def test_a_trace_the_rules_produce_has_no_mismatch(tmp_path):
+    trace = hand_trace(tmp_path, [("segment_alloc", A, 2 * MiB), ("alloc", A, 1000), ("alloc", A + 1024, 3000),
+                                  ("free_completed", A, 1000), ("segment_alloc", B, 20 * MiB),
+                                  ("alloc", B, 5 * MiB), ("alloc", A, 700)])
+    result = replay(trace, None, parse_alloc_conf(""))
+    assert result.mismatches == ()
+    assert result.segment_events_trace == result.segment_events_matched == 2
+
+
+@pytest.mark.parametrize("request_bytes,trace_segment,emulator_segment,conf,rule", [
+    (600_000, 20 * MiB, 2 * MiB, "", ar.SMALL_POOL_RULE),  # the trace put a <= 1 MiB request in the large pool
+    (3 * MiB, 4 * MiB, 20 * MiB, "", ar.LARGE_POOL_RULE),
+    (12 * MiB + 1, 12 * MiB, 14 * MiB, "", ar.LARGE_ROUNDED_RULE),
+    (12 * MiB + 1, 16 * MiB, 14 * MiB, "", ar.ROUNDING_RULE),  # rounded up past 2 MiB: power-of-two divisions
+    (9 * MiB, 20 * MiB, 10 * MiB, "roundup_power2_divisions:4", ar.ROUNDING_RULE),
+])
+def test_a_segment_of_another_size_names_the_rounding_or_pool_rule(tmp_path, request_bytes, trace_segment,
+                                                                   emulator_segment, conf, rule):
+    full = [("segment_alloc", X, 2 * MiB), ("alloc", X, MiB), ("alloc", X + MiB, MiB)]  # a small segment, full
+    trace = hand_trace(tmp_path, [*full, ("segment_alloc", B, trace_segment), ("alloc", B, request_bytes)])
+    result = replay(trace, None, parse_alloc_conf(conf))
+    (mismatch,) = result.mismatches
+    assert (mismatch.entry_index, mismatch.cause_action, mismatch.cause_bytes) == (3, "alloc", request_bytes)
+    assert mismatch.trace == ("segment_alloc", trace_segment, 0)
+    assert mismatch.emulator == ("segment_alloc", emulator_segment, 0)
+    assert mismatch.rule == rule
+    assert result.segment_events_matched == 1 < result.segment_events_trace
+    assert rule in mismatch.describe() and "trace entry 3" in mismatch.describe()
+
+
+@pytest.mark.parametrize("conf,rule", [("", ar.RELEASE_RULE),
+                                       ("garbage_collection_threshold:0.5", ar.GC_RULE)])
+def test_a_segment_free_the_emulator_did_not_do_names_the_release_rule(tmp_path, conf, rule):
+    """The trace gave its cached 20 MiB segment back before carving a small one: with room under the cap
+    the emulator keeps it (the request needs a segment of the other pool)."""
+    trace = hand_trace(tmp_path, [("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB),
+                                  ("free_completed", A, 5 * MiB), ("segment_free", A, 20 * MiB),
+                                  ("segment_alloc", B, 2 * MiB), ("alloc", B, 1000)])
+    result = replay(trace, None, parse_alloc_conf(conf))
+    (mismatch,) = result.mismatches
+    assert (mismatch.entry_index, mismatch.trace, mismatch.emulator) == (3, ("segment_free", 20 * MiB, 0), None)
+    assert mismatch.rule == rule
+    assert result.segment_events_trace == 3 and result.segment_events_matched == 2
+
+
+def test_a_run_of_frees_between_requests_is_empty_cache(tmp_path):
+    """Frees no new segment follows are torch.cuda.empty_cache(): replayed, they match; one the emulator's
+    empty_cache would not do (the segment still holds a block) is named as that."""
+    rows = [("segment_alloc", X, 2 * MiB), ("alloc", X, 1000), ("segment_alloc", A, 20 * MiB),
+            ("alloc", A, 5 * MiB), ("free_completed", A, 5 * MiB), ("segment_free", A, 20 * MiB),
+            ("free_completed", X, 1000)]
+    result = replay(hand_trace(tmp_path, rows), None, parse_alloc_conf(""))
+    assert result.mismatches == () and result.segment_events_matched == result.segment_events_trace == 3
+    rows[5] = ("segment_free", X, 2 * MiB)  # the small segment, while its block is still allocated
+    (mismatch,) = replay(hand_trace(tmp_path, rows), None, parse_alloc_conf("")).mismatches
+    assert mismatch.trace == ("segment_free", 2 * MiB, 0) and mismatch.rule == ar.EMPTY_CACHE_RULE
+
+
+def test_a_request_the_emulator_refuses_is_a_mismatch_of_the_release_path(tmp_path):
+    trace = hand_trace(tmp_path, [("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB)])
+    result = replay(trace, 10 * MiB, parse_alloc_conf(""))
+    assert [(m.trace, m.emulator) for m in result.mismatches] == [
+        (("segment_alloc", 20 * MiB, 0), None), (None, ("oom", 5 * MiB, 0))]
+    assert {m.rule for m in result.mismatches} == {ar.RELEASE_RULE}
+    # an OOM both sides met is no mismatch
+    oom = hand_trace(tmp_path, [("oom", 0, 5 * MiB)])
+    assert replay(oom, 10 * MiB, parse_alloc_conf("")).mismatches == ()
+
+
+def test_expandable_segments_pages_are_named_as_such(tmp_path):
+    trace = hand_trace(tmp_path, [("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB)])
+    (mismatch,) = replay(trace, 80 * MiB, parse_alloc_conf("expandable_segments:True")).mismatches
+    assert mismatch.emulator == ("segment_map", 20 * MiB, 0) and mismatch.rule == ar.EXPANDABLE_RULE
+
+
+def test_a_recording_carries_its_cap_and_settings_to_the_replay(tmp_path):
+    rows = [("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("oom", 0, 30 * MiB)]
+    trace = hand_trace(tmp_path, rows, {"capacity_bytes": 40 * MiB, "alloc_conf": "max_split_size_mb:24"})
+    assert (trace.capacity_bytes, trace.alloc_conf) == (40 * MiB, "max_split_size_mb:24")
+    result = ar.replay_recorded(trace)
+    assert result.alloc_conf == "max_split_size_mb:24" and result.mismatches == ()  # 20 + 30 MiB passes 40
+    assert replay(trace, None, parse_alloc_conf("")).mismatches  # uncapped, the emulator serves the 30 MiB
+
+
+def test_recording_memory_history_needs_cuda():
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        ar.MemoryRecording(ROOT / "never-written.pickle")
+
+
+@pytest.mark.skipif(not GPU_CHURN_FIXTURE.exists(),
+                    reason="no tests/fixtures/gpu_hf_churn_snapshot.pickle yet: `make gpu-check` records it on a "
+                           "CUDA machine (its churn item)")
+def test_the_hf_churn_recorded_on_cuda_replays_event_for_event():
+    """The real allocator's segment events, serving hf on a GPU, are the emulator's one for one under the cap
+    and settings the server ran with."""
+    trace = load_trace(GPU_CHURN_FIXTURE)
+    assert trace.capacity_bytes, "the fixture carries no cap: record it with serve --record-memory-history"
+    result = ar.replay_recorded(trace)
+    assert result.mismatches == (), "\n".join(m.describe() for m in result.mismatches[:40])
+    assert result.segment_events_trace > 0 and result.unknown_frees == 0
+    assert result.segment_events_matched == result.segment_events_trace

@@ -140,17 +140,20 @@ def test_a_pickle_naming_a_class_is_no_snapshot(tmp_path):
 @pytest.fixture(scope="module")
 def caching_run(tiny_model, tmp_path_factory):
     """A short bench of a contiguous engine under --memory caching at 16 MiB: every 1-10 MiB request needs a
-    20 MiB segment that the cap cannot hold, so its OOMs are the allocator's."""
+    20 MiB segment that the cap cannot hold, so its OOMs are the allocator's. It compares another setting too
+    (tests/test_alloc_settings.py: one run for both files): power-of-two rounding, which serves at 16 MiB
+    (expandable segments map 20 MiB pages, which a 16 MiB cap cannot hold: the server refuses them)."""
     out = tmp_path_factory.mktemp("caching")
-    r = run_cli("bench", "--engines", "static-oracle", "--memory", "caching", "--model", str(tiny_model),
+    r = run_cli("bench", "--engines", "static-oracle,paged", "--memory", "caching", "--model", str(tiny_model),
                 "--duration", "5", "--grace", "2", "--kv-budget", "16MiB", "--out", str(out), "--reports", str(out),
-                "--run-id", "c", timeout=300)
+                "--run-id", "c", "--compare-alloc-conf", "roundup_power2_divisions:4", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return out / "c"
 
 
 def test_a_caching_bench_records_the_allocator_in_samples_summary_and_oom_events(caching_run):
     smp = pd.read_parquet(caching_run / "samples.parquet")
+    smp = smp[smp.engine == "static-oracle"]
     assert smp.alloc_reserved_bytes.notna().all() and (smp.alloc_reserved_bytes >= smp.alloc_allocated_bytes).all()
     assert (smp.alloc_reserved_bytes > smp.alloc_allocated_bytes).any()  # where PyTorch's would differ, they do
     block = json.loads((caching_run / "summary.json").read_text())["engines"]["static-oracle"]["allocator"]
@@ -158,7 +161,7 @@ def test_a_caching_bench_records_the_allocator_in_samples_summary_and_oom_events
     assert block["reserved_bytes"] == int(smp.sort_values("t_s").alloc_reserved_bytes.iloc[-1])
     assert block["peak_reserved_bytes"] <= 16 * MiB
     ev = pd.read_parquet(caching_run / "events.parquet")
-    ooms = ev[ev.kind == "oom"]
+    ooms = ev[(ev.kind == "oom") & (ev.engine == "static-oracle")]
     assert len(ooms) and set(ooms.layer) <= {"policy", "allocator"} and "allocator" in set(ooms.layer)
     assert ooms.cached_free_bytes.notna().all() and ooms.device_free_bytes.notna().all()
     assert block["alloc_retries"] >= 1
@@ -170,6 +173,27 @@ def test_a_caching_bench_records_the_allocator_in_samples_summary_and_oom_events
     snap = read_snapshot(caching_run / "caching_snapshot-static-oracle.pickle")
     # its first OOM came with the allocator empty or nearly: a 1-10 MiB request asks for a 20 MiB segment
     assert sum(s["total_size"] for s in snap["segments"]) <= 16 * MiB
+
+
+def test_a_compared_setting_is_a_run_of_its_own_and_the_summary_reads_its_figures_back(caching_run):
+    summary = json.loads((caching_run / "summary.json").read_text())
+    first, other = summary["alloc_settings"]
+    assert (first["alloc_conf"], first["run"], other["alloc_conf"]) == ("default", None, "roundup_power2_divisions:4")
+    assert set(first["engines"]) == set(other["engines"]) == {"static-oracle"}  # paged's one pool is not compared
+    sub = json.loads((caching_run / other["run"] / "summary.json").read_text())
+    assert set(sub["engines"]) == {"static-oracle"} and other["status"] == sub["status"] == "complete"
+    assert other["engines"]["static-oracle"]["served"]
+    mine = sub["engines"]["static-oracle"]["allocator"]
+    for key in ("reserved_unallocated_share", "oom_policy", "oom_allocator", "alloc_retries", "peak_reserved_bytes"):
+        assert other["engines"]["static-oracle"][key] == mine[key], key
+    own = summary["engines"]["static-oracle"]["allocator"]
+    ev = pd.read_parquet(caching_run / "events.parquet")
+    ooms = ev[(ev.kind == "oom") & (ev.engine == "static-oracle")]
+    by_layer = ooms.layer.value_counts()
+    assert (own["oom_policy"], own["oom_allocator"]) == (by_layer.get("policy", 0), by_layer.get("allocator", 0))
+    assert summary["size_classes_rule"]["matches"] is False  # the tiny model's buffers are not a real model's
+    html = (caching_run.parent / "c.html").read_text()
+    assert "Allocator settings side by side" in html and "Size classes: this run's model" in html
 
 
 def llama3_8b_on_h100(memory: str, policies: list[str], alloc_conf: str | None = None) -> dict:

@@ -313,3 +313,156 @@ def test_34_minor_gpu_checks_attention_item_measures_and_can_fail(tiny_model, pa
     assert worst < 1e-4 and ("kernel" in used) == (path == "kernel")
     monkeypatch.setattr(model.ModelRunner, "_decode_attention", lambda self, q, store, b: q * 0)
     assert gpu_check.decode_attention_error(str(tiny_model), "cpu")[0] > 1e-2
+
+
+# -- issue 41: hf serving churn recorded on CUDA and replayed through the emulator (the GPU item, read on a CPU)
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+
+
+@no_cuda
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_41_recording_memory_history_without_cuda_exits_2_in_one_line(tiny_model, tmp_path, device):
+    path = tmp_path / "history.pickle"
+    r = run_cli("serve", "--engine", "hf", "--model", str(tiny_model), "--device", device,
+                "--record-memory-history", str(path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "CUDA" in r.stderr and not path.exists()
+
+
+def test_41_recording_a_peer_that_serves_from_its_own_process_is_refused(tiny_model, tmp_path):
+    r = run_cli("serve", "--engine", "vllm", "--model", str(tiny_model), "--record-memory-history",
+                str(tmp_path / "history.pickle"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "process of its own" in r.stderr
+
+
+RECORDING_SERVER = """
+import sys, threading
+import harness.cli.serve as serve
+
+class Recording:  # what MemoryRecording does on a GPU, minus the GPU: when each call comes
+    def __init__(self, path):
+        self.path, self.device = path, None
+    def note_cap(self, device):
+        self.device = device
+    def dump(self):
+        engine = [t.name for t in threading.enumerate() if t.name == "engine"]
+        open(self.path, "w").write(f"{self.device} engine threads left: {engine}")
+        return self.path
+
+serve.memory_recording = lambda args: Recording(args.record_memory_history)
+from harness.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_41_the_server_writes_its_memory_history_when_stopped_after_its_engine(tiny_model, tmp_path):
+    """SIGTERM (what bench and gpu-check send) unwinds the server: the history is written once the engine
+    thread has stopped, so the trace holds the engine's last frees; the cap is noted once the engine exists."""
+    import signal
+    import sys
+
+    path = tmp_path / "history.txt"
+    proc = subprocess.Popen([sys.executable, "-c", RECORDING_SERVER, "serve", "--engine", "hf", "--model",
+                             str(tiny_model), "--device", "cpu", "--port", "0", "--record-memory-history", str(path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("fragbench serve: hf on http://"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert path.read_text() == "cpu engine threads left: []"
+    assert f"fragbench serve: memory history in {path}" in out
+
+
+def test_41_gpu_checks_churn_item_without_cuda_exits_2_in_one_line():
+    import sys
+
+    r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--item", "churn"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the item would run")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA device" in r.stderr
+
+
+def test_41_the_churn_varies_its_requests_within_the_servers_context():
+    import scripts.gpu_check as gpu_check
+
+    bodies = gpu_check.churn_bodies(gpu_check.CHURN_REQUESTS)
+    prompts = {len(b["prompt"]) for b in bodies}
+    outputs = {b["max_tokens"] for b in bodies}
+    assert len(bodies) >= 24 and len(prompts) >= 20 and len(outputs) >= 20
+    assert max(len(b["prompt"]) + b["max_tokens"] for b in bodies) < 512  # the item's --max-seq-len
+    assert all(b["ignore_eos"] for b in bodies)  # each runs its length: the churn is the one planned
+
+
+def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
+    from engines.allocconf import parse_alloc_conf
+    from harness.allocreplay import Event, Trace, replay
+
+    events = [Event(a, addr, size, 0, i) for i, (a, addr, size) in enumerate(rows)]
+    return replay(Trace(events, 0, 0), capacity_bytes, parse_alloc_conf(""))
+
+
+def test_41_the_churn_verdict_passes_a_trace_reproduced_and_lists_each_mismatch_with_its_rule(tmp_path):
+    import scripts.gpu_check as gpu_check
+    from harness.allocreplay import RELEASE_RULE
+
+    same = hand_replay([("segment_alloc", 1, 20 * MiB), ("alloc", 1, 5 * MiB), ("free", 1, 5 * MiB)])
+    assert "all 1 segment events reproduced one for one" in gpu_check.churn_verdict(same, tmp_path / "m.txt")
+    released = hand_replay([("segment_alloc", 1, 20 * MiB), ("alloc", 1, 5 * MiB), ("free", 1, 5 * MiB),
+                            ("segment_free", 1, 20 * MiB), ("segment_alloc", 2, 2 * MiB), ("alloc", 2, 1000)])
+    with pytest.raises(AssertionError) as failed:
+        gpu_check.churn_verdict(released, tmp_path / "m.txt")
+    first, *listed = str(failed.value).splitlines()
+    assert first.startswith("2 of 3 segment events reproduced, 1 mismatches")
+    assert listed == [f"trace entry 3 (alloc of 1000 B): trace segment_free of {20 * MiB} B on stream 0, "
+                      f"emulator nothing; rule: {RELEASE_RULE}"]
+    assert (tmp_path / "m.txt").read_text() == listed[0] + "\n"
+    with pytest.raises(AssertionError, match="no segment event"):
+        gpu_check.churn_verdict(hand_replay([("alloc", 1, 100)]), tmp_path / "m.txt")
+
+
+def test_41_a_failing_items_lines_are_printed_under_its_fail_line(monkeypatch, capsys):
+    import scripts.gpu_check as gpu_check
+
+    def mismatching(args):
+        raise AssertionError("1 of 2 segment events reproduced\ntrace entry 7 (...); rule: R")
+
+    monkeypatch.setitem(gpu_check.CHECKS, "churn", ("churn", mismatching))
+    assert gpu_check.run_item("churn", None) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["FAIL  churn: AssertionError: 1 of 2 segment events reproduced",
+                   "      trace entry 7 (...); rule: R"]
+
+
+def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_path):
+    """The fixture keeps only what the replay reads (small enough to commit): its replay is the recording's,
+    cap and settings included."""
+    import pickle
+
+    import scripts.gpu_check as gpu_check
+    from harness.allocreplay import RECORDING_KEY, load_trace, replay_recorded
+    from tests.test_allocator_replay import synthetic_snapshot
+
+    recorded, fixture = tmp_path / "recorded.pickle", tmp_path / "fixture.pickle"
+    synthetic_snapshot(recorded, 800, 80 * MiB)
+    state = pickle.loads(recorded.read_bytes())
+    for entry in state["device_traces"][0]:
+        entry.update(time_us=123456789, frames=[{"filename": "model.py", "line": 1, "name": "forward"}])
+    state[RECORDING_KEY] = {"capacity_bytes": 80 * MiB, "alloc_conf": "max_split_size_mb:24"}
+    recorded.write_bytes(pickle.dumps(state))
+    gpu_check.keep_as_fixture(recorded, fixture)
+    kept = load_trace(fixture)
+    assert (kept.capacity_bytes, kept.alloc_conf) == (80 * MiB, "max_split_size_mb:24")
+    whole, cut = replay_recorded(load_trace(recorded)), replay_recorded(kept)
+    assert whole.mismatches and len(cut.mismatches) == len(whole.mismatches)  # under another setting: some
+    assert [(m.trace, m.emulator, m.rule) for m in cut.mismatches] == [
+        (m.trace, m.emulator, m.rule) for m in whole.mismatches]
+    assert cut.contract() == whole.contract()
+    assert (cut.segment_events_trace, cut.segment_events_matched) == (
+        whole.segment_events_trace, whole.segment_events_matched)
+    assert fixture.stat().st_size < recorded.stat().st_size / 2

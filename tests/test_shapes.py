@@ -14,6 +14,7 @@ KNOWN_KV_BYTES_FP16 = {
     "opt-13b": 819_200,
     "tiny-llama": 2_048,
     "tiny-qwen2": 28_672,
+    "tiny-llama-8b-kv": 65_536,  # Llama-3-8B's bytes a token in fp32 (its MEMORY=caching CPU model)
 }
 
 

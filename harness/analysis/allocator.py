@@ -15,16 +15,18 @@ COLUMNS = {"allocated_bytes": "alloc_allocated_bytes", "reserved_bytes": "alloc_
 # requests by PyTorch's size class (engines/caching_memory.size_class) -> the samples columns counting them
 CLASS_COLUMNS = {"small": "alloc_small_requests", "large": "alloc_large_requests", "huge": "alloc_huge_requests"}
 STATS_COLUMNS = {**COLUMNS, **{f"{c}_requests": col for c, col in CLASS_COLUMNS.items()}}  # what the sampler reads
+LAYERS = ("policy", "allocator")  # which layer an OOM under the caching allocator failed (engines/caching_memory.py)
 PEAKS = ("allocated_bytes", "reserved_bytes", "segments")  # what a peak says more of than the last value
 
 
-def allocator_block(smp: pd.DataFrame, churn: pd.DataFrame | None = None) -> dict | None:
+def allocator_block(smp: pd.DataFrame, churn: pd.DataFrame | None = None, ooms: pd.DataFrame | None = None) \
+        -> dict | None:
     """An engine's allocator figures from its samples; None where no caching allocator held its KV (the arena, a
     target). Current values are the last sample's; `alloc_retries` counts over every server of the engine (a
     restarted server counts from zero, as torch's num_alloc_retries does); peaks are the highest sampled (10 Hz:
     a peak shorter than a sample interval can pass unseen); `reserved_unallocated_share` is the mean over the
     steady churn (`churn`, the samples summary.py's memory shares read) of reserved less allocated bytes over
-    the KV budget."""
+    the KV budget. `oom_policy` and `oom_allocator` count the engine's OOM events (`ooms`) by layer."""
     rows = _figures(smp)
     if rows.empty:
         return None
@@ -38,7 +40,16 @@ def allocator_block(smp: pd.DataFrame, churn: pd.DataFrame | None = None) -> dic
     out["peak_reserved_unallocated_bytes"] = int(gap.max())
     out["reserved_unallocated_share"] = reserved_unallocated_share(churn if churn is not None else smp)
     out["size_classes"] = size_classes(rows)
+    for layer in LAYERS:
+        out[f"oom_{layer}"] = layer_count(ooms, layer)
     return out
+
+
+def layer_count(ooms: pd.DataFrame | None, layer: str) -> int:
+    """OOM events whose layer is this one (an event without a layer, the arena's, counts in neither)."""
+    if ooms is None or "layer" not in ooms:
+        return 0
+    return int((ooms.layer == layer).sum())
 
 
 def size_classes(rows: pd.DataFrame) -> dict[str, int] | None:

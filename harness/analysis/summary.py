@@ -13,6 +13,7 @@ import pandas as pd
 
 from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
+from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
 from harness.analysis.headline import Headline, headline, rows_of
@@ -39,6 +40,7 @@ from harness.analysis.rundir import (
     spans,
     warmup_s,
 )
+from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
 from harness.results import read_rows
 from harness.units import parse_size
@@ -126,7 +128,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["window_s"] = window
     kvb = pd.to_numeric(smp.get("kv_bytes_per_token", pd.Series(dtype=float)), errors="coerce").dropna()
     out["kv_bytes_per_token"] = int(kvb.iloc[0]) if len(kvb) else None
-    out["allocator"] = allocator_block(smp, churn)  # harness/analysis/allocator.py: --memory caching's figures
+    out["allocator"] = allocator_block(smp, churn, ooms)  # harness/analysis/allocator.py: --memory caching's figures
     return out
 
 
@@ -338,6 +340,10 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
     if len(cfg.get("kv_budgets") or []) > 1:
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]
+    if settings := settings_block(run_dir, summary, cfg):  # --compare-alloc-conf: each setting's own run
+        summary["alloc_settings"] = settings
+    if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?
+        summary["size_classes_rule"] = rule
     return summary
 
 

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
               f"first OOM {oom}")
         if r.segment_events_trace:
             print(f"    segment events reproduced exactly: {r.segment_events_matched} of {r.segment_events_trace}")
+            for m in r.mismatches[:20]:  # each with the allocator rule it most likely breaks
+                print(f"    {m.describe()}")
         if r.unknown_frees:
             print(f"    {r.unknown_frees} frees of blocks allocated before the trace began, skipped")
     for path in filter(None, dumps):

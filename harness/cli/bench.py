@@ -53,6 +53,10 @@ def register(sub) -> None:
     bench.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF",
                        help="PYTORCH_CUDA_ALLOC_CONF's syntax: the emulator's settings under --memory caching, the "
                             "servers' real allocator's under --memory cuda (default: PyTorch's)")
+    bench.add_argument("--compare-alloc-conf", action="append", default=[], type=alloc_conf_arg, metavar="CONF",
+                       help="with --memory caching: the contiguous engines and hf again under this setting ('default': "
+                            "PyTorch's), a run of its own in the run's folder, side by side in the report "
+                            "(repeatable; default: none)")
     bench.add_argument("--target", action="append", default=[], metavar="NAME=URL",
                        help="a running OpenAI-compatible server (vLLM, SGLang, TGI, fragbench) benched as one more "
                             "engine; fragbench never starts, stops or restarts it (repeatable)")
@@ -123,6 +127,17 @@ def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[str]:
     return list(dict.fromkeys(texts))
 
 
+def settings_refusal(memory: str, engines: list[str]) -> None:
+    from harness.analysis.alloc_settings import compared_engines
+
+    if memory != "caching":
+        raise UsageError(f"--compare-alloc-conf compares the caching allocator's settings: it needs --memory caching, "
+                         f"not {memory}")
+    if not compared_engines(engines):
+        raise UsageError("--compare-alloc-conf: no engine of --engines has its KV placed by the allocator piece by "
+                         "piece (hf and the contiguous ones do)")
+
+
 def config(args: argparse.Namespace):
     from engines import SERVED, UnknownName, pick
     from engines.registry import entry, memory_refusal
@@ -144,6 +159,8 @@ def config(args: argparse.Namespace):
                          f"on a GPU), not {device}")
     if refused := memory_refusal(engines, args.memory):
         raise UsageError(refused)
+    if args.compare_alloc_conf:
+        settings_refusal(args.memory, engines)
     if engines:  # targets bring their own model and memory
         model_dir(args.model, "run `make model`")
     check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
@@ -158,7 +175,8 @@ def config(args: argparse.Namespace):
                        point_requests=args.point_requests, search_s=args.search_time,
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
                        time_s=args.time, precision=args.precision,
-                       memory=args.memory, alloc_conf=args.alloc_conf, api=args.api, api_key=args.api_key,
+                       memory=args.memory, alloc_conf=args.alloc_conf, compare_alloc_confs=args.compare_alloc_conf,
+                       api=args.api, api_key=args.api_key,
                        targets={name: t.describe() for name, t in targets.items()})
 
 

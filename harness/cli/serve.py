@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, positive_int, usage_errors
-from harness.cli.engine_flags import add_engine_flags, engine_from_flags
+from harness.cli.args import UsageError, device_of, positive_int, usage_errors
+from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
 def register(sub) -> None:
@@ -32,6 +32,11 @@ def register(sub) -> None:
     srv.add_argument("--oom-snapshot", metavar="FILE",
                      help="--memory cuda: write the CUDA allocator's segments at the engine's first OOM to FILE "
                           "(JSON), before a crashing engine goes down (default: none; GET /memory_snapshot has it)")
+    srv.add_argument("--record-memory-history", metavar="FILE",
+                     help="an engine on CUDA: record every action of PyTorch's caching allocator from before the "
+                          "model loads (torch.cuda.memory._record_memory_history, no stack traces) and write the "
+                          "snapshot pickle, with the cap and PYTORCH_CUDA_ALLOC_CONF it ran under, to FILE when "
+                          "the server stops; `fragbench allocator replay FILE` replays it (default: none)")
     srv.set_defaults(func=run)
 
 
@@ -40,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engines.registry import Kind, entry
 
+    recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
         from engines.peers.base import PeerUnavailable, serve_peer
 
@@ -51,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from engines.api.server import CompletionServer, serve
 
     engine = engine_from_flags(args)
+    if recording is not None:
+        recording.note_cap(device_of(args.device))
     if args.step_log:
         if not hasattr(engine, "step_recorder"):
             raise UsageError(f"--step-log: the {args.engine} engine is not scheduled by fragbench; it has no steps "
@@ -69,4 +77,25 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(server, args.host, args.port, ready))
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    finally:  # SIGTERM unwinds to here once the engine has stopped: its trace is whole
+        if recording is not None:
+            print(f"fragbench serve: memory history in {recording.dump()}", flush=True)
     return 0
+
+
+def memory_recording(args: argparse.Namespace):
+    """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
+    (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
+    from engines.registry import Kind, entry
+    from harness.allocreplay import MemoryRecording
+
+    if entry(args.engine).kind is Kind.PEER:
+        raise UsageError(f"--record-memory-history: the {args.engine} engine serves from a process of its own; "
+                         "its allocator cannot be recorded here")
+    if not device_of(args.device).startswith("cuda"):
+        raise UsageError("--record-memory-history records PyTorch's CUDA caching allocator: it needs the engine on "
+                         "a CUDA device (--device cuda or auto, on a machine that has one)")
+    if args.alloc_conf and args.memory == "cuda":
+        use_real_alloc_conf(args.alloc_conf)  # read when the allocator starts, which recording does
+    with usage_errors(RuntimeError):
+        return MemoryRecording(Path(args.record_memory_history))

@@ -40,8 +40,11 @@ def register(sub) -> None:
     sim.add_argument("--memory", choices=["arena", "caching"], default="arena",
                      help="where the KV lives: arena (placed as --placement says), or caching: PyTorch's CUDA caching "
                           "allocator emulated under a cap of the KV budget, each policy's `allocator` its figures")
-    sim.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF",
-                     help="PYTORCH_CUDA_ALLOC_CONF's syntax, for --memory caching (default: PyTorch's)")
+    sim.add_argument("--alloc-conf", type=alloc_conf_arg, metavar="CONF", action="append",
+                     help="PYTORCH_CUDA_ALLOC_CONF's syntax, for --memory caching (default: PyTorch's; `default` "
+                          "names it). Given several times, the whole simulation runs once per setting, one after "
+                          "another, and each policy's sustained rate, reserved-unallocated share and OOMs by layer "
+                          "are put side by side")
     sim.add_argument("--requests", type=positive_int,
                      help="requests simulated (default: the workload's own count, or its spec's)")
     sim.add_argument("--max-seq-len", type=positive_int,
@@ -58,7 +61,9 @@ def register(sub) -> None:
                           "a --step-log CSV) or saved as JSON, instead of the GPU's roofline")
     sim.add_argument("--step-engine", help="with a RUN_DIR: fit on this engine's steps alone (default: all of them)")
     sim.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    sim.add_argument("--report", metavar="FILE", help="write an HTML page with the breakdown over time to FILE")
+    sim.add_argument("--report", metavar="FILE",
+                     help="write an HTML page with the breakdown over time to FILE; with several --alloc-conf, a page "
+                          "per setting, its name before FILE's suffix (default: none)")
     sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
     sweep_group(sim, "policy", points=12)
     sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone
@@ -66,6 +71,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_memory_flags(args)  # before the heavy imports and the workload's draw: a wrong flag costs no wait
     from engines import UnknownName, pick
     from engines.registry import policies
     from harness.analysis.capacity import SLO
@@ -89,25 +95,54 @@ def run(args: argparse.Namespace) -> int:
     check_sweep_args(args, trace_of(args.workload, args.seed, max_seq_len, shape.vocab_size))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
-    if args.memory != "caching" and args.alloc_conf:
-        raise UsageError("--alloc-conf configures the caching allocator: it needs --memory caching")
-    if args.memory == "caching" and args.placement:
-        raise UsageError("--placement places the arena's extents: under --memory caching the allocator places them")
     if args.step_engine and not args.step_model:
         raise UsageError("--step-engine needs --step-model RUN_DIR")
     step_model = None
     if args.step_model:
         with usage_errors(StepModelError):
             step_model = load(args.step_model, args.step_engine)
-    with SimulationProgress() as progress:
-        sim = run_simulation(shape, gpu, plan, spec, chosen, args.block_size, args.placement,
-                             args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
-                             preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
-                             sweep_points=args.points if args.sweep or args.rates else 0,
-                             slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
-                             progress=progress, step_model=step_model, memory=args.memory,
-                             alloc_conf=args.alloc_conf)
+    confs = args.alloc_conf or [None]  # None: PyTorch's defaults, today's single run
+    with SimulationProgress() as progress:  # one setting after another: same seed, workload and policies
+        sims = [run_simulation(shape, gpu, plan, spec, chosen, args.block_size, args.placement,
+                               args.requests or spec.num_requests, args.seed, args.max_num_seqs, args.dtype,
+                               preflight=not args.no_preflight, n_jobs=args.jobs or os.cpu_count() or 1,
+                               sweep_points=args.points if args.sweep or args.rates else 0,
+                               slo=SLO(args.slo_ttft, args.slo_tpot, args.slo_attainment), rates=args.rates,
+                               progress=progress, step_model=step_model, memory=args.memory, alloc_conf=conf)
+                for conf in confs]
+    if len(sims) > 1:
+        return print_settings(sims, args)
     if args.report:
-        render_simulation(sim, Path(args.report))
-    print(json.dumps(sim.out, indent=2) if args.json else render_text(sim.out))
+        render_simulation(sims[0], Path(args.report))
+    print(json.dumps(sims[0].out, indent=2) if args.json else render_text(sims[0].out))
+    return 0
+
+
+def check_memory_flags(args: argparse.Namespace) -> None:
+    """--alloc-conf and --placement each belong to one --memory; several settings must differ."""
+    from harness.sim.alloc_settings import SettingsRefused, check_settings
+
+    if args.memory != "caching" and args.alloc_conf:
+        raise UsageError("--alloc-conf configures the caching allocator: it needs --memory caching")
+    if args.memory == "caching" and args.placement:
+        raise UsageError("--placement places the arena's extents: under --memory caching the allocator places them")
+    with usage_errors(SettingsRefused):
+        check_settings(args.alloc_conf or [])
+
+
+def print_settings(sims: list, args: argparse.Namespace) -> int:
+    """Several --alloc-conf: each setting's output and the side-by-side table (or their JSON), a page each."""
+    import sys
+
+    from harness.sim.alloc_settings import combined, side_by_side
+    from harness.views.sim_alloc_settings import setting_pages, settings_text
+
+    outs = [sim.out for sim in sims]
+    pages = setting_pages(sims, Path(args.report)) if args.report else []
+    if args.json:
+        print(json.dumps(combined(outs), indent=2))
+        if pages:  # stdout is the JSON alone
+            print("report: one page per setting: " + ", ".join(map(str, pages)), file=sys.stderr)
+    else:
+        print(settings_text(outs, side_by_side(outs), pages))
     return 0

@@ -28,6 +28,7 @@ from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.steady import fewest_to_pass
 from harness.results import Journal, read_journals, token_times, write_restarts
+from harness.run.alloc_settings import run_settings
 from harness.run.config import BenchConfig
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.integrity import Integrity
@@ -110,6 +111,7 @@ class Bench:
                 self.write_meta()
             if self.cfg.sweep and not self.cfg.rates:
                 self.searching.decide(runs, shower)
+        run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console), self.plain)  # --compare-alloc-conf
         self.run_meta["status"] = "complete"
         self.run_meta["finished"] = datetime.now(timezone.utc).isoformat()
         self.run_meta["bench_s"] = round(time.time() - self.started, 1)

@@ -24,6 +24,7 @@ class BenchConfig(Traffic):
     device: str = "cpu"  # resolved: cpu or cuda[:N]
     memory: str = "arena"  # arena: one buffer carved exactly; cuda: PyTorch's caching allocator; caching: emulated
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF for the servers (the emulator's, or the real one's)
+    compare_alloc_confs: list[str] = field(default_factory=list)  # settings compared: a run each (alloc_settings)
     # capacity sweep: the workload offered at several rates, one server per engine (and budget) for all of them
     sweep: bool = False
     rates: list[float] | None = None  # the same given rates for every engine; else each engine's knee search

@@ -19,6 +19,7 @@ from harness.analysis.rundir import load_frames, load_meta
 from harness.analysis.summary import SHARE_COLUMNS, read_summary
 from harness.results import token_times
 from harness.units import parse_size
+from harness.views.alloc_settings import settings_section, size_rule
 from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
 from harness.views.capacity import capacity_section
 from harness.views.html import (
@@ -98,7 +99,7 @@ def figure2(summary: dict) -> str:
                    "recent ones); a hole that holds the next request is free. (Free bytes outside the largest extent, "
                    "the older index, are /stats' free_outside_largest_bytes.) The paper's last bar is 'external "
                    "fragmentation & others' and includes free memory: compare it with external fragmentation + free "
-                   "here.", fig_html(fig) + reserved_unallocated(summary))
+                   "here.", fig_html(fig) + reserved_unallocated(summary) + size_rule(summary))
 
 
 def integrity_section(summary: dict) -> str:
@@ -399,7 +400,7 @@ def render(run_dir: Path, out: Path) -> Path:
         verdict(summary, meta, frames["events"]), targets_note(meta),
         capacity_section(summary, budget_bytes(meta), (meta.get("sweep") or {}).get("design")),
         twin_section(summary, budget_bytes(meta)), integrity_section(summary),
-        memory_breakdown(frames["samples"]), figure2(summary),
+        memory_breakdown(frames["samples"]), figure2(summary), settings_section(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
         throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),

@@ -1,0 +1,78 @@
+"""summary.json's `alloc_settings` (bench --compare-alloc-conf): the caching allocator's settings side by side.
+The run's own setting first (its `--alloc-conf`), then each compared one, whose run lies in the run's folder
+(`alloc_confs/<n>-<setting>/`, written by harness/run/alloc_settings.py). Per engine whose KV the allocator
+places piece by piece: the sustained rate with its 90 % interval (a knee search's), the mean share of the KV
+budget reserved but allocated to nothing over the steady churn, the OOMs by layer (the policy's: the live KV
+and the request pass the cap; the allocator's: cached and never-reserved bytes would hold it, no block does),
+and the peaks; each figure as that setting's own summary.json has it, so every number is measured in its run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from engines.registry import entry
+
+SETTINGS_DIR = "alloc_confs"  # under the run's folder: one run directory per compared setting
+
+
+def compared_engines(engines: list[str]) -> list[str]:
+    """The engines whose KV a caching allocator places piece by piece: in-house, contiguous, taking --memory
+    caching (hf's torch.cat buffers, a static engine's buffer per request, growth's re-allocations). Paged is
+    not among them: its KV is one pool allocated once, which no allocator setting changes."""
+    return [e for e in engines if entry(e).in_house and entry(e).kv == "contiguous" and entry(e).memory is not None
+            and entry(e).takes_memory("caching")]
+
+
+def setting_id(number: int, conf: str) -> str:
+    """A compared setting's folder name: its place and its text, in characters a path keeps."""
+    return f"{number}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", conf.strip()) or "default")
+
+
+def settings_block(run_dir: Path, summary: dict, cfg: dict) -> list[dict] | None:
+    """One record per setting, the run's own first; None where the run compared none."""
+    confs = cfg.get("compare_alloc_confs") or []
+    if not confs:
+        return None
+    engines = compared_engines(cfg.get("engines") or [])
+    out = [setting_record(cfg.get("alloc_conf") or "default", None, summary, engines)]
+    for number, conf in enumerate(confs, start=1):
+        rel = f"{SETTINGS_DIR}/{setting_id(number, conf)}"
+        out.append(setting_record(conf, rel, setting_summary(run_dir / rel), engines))
+    return out
+
+
+def setting_summary(sub: Path) -> dict | None:
+    """A setting's summary.json; one its run never wrote (the run was killed in it) is computed from the rows it
+    left, as any partial run's is; None where the setting's run never began."""
+    if (sub / "summary.json").is_file():
+        return json.loads((sub / "summary.json").read_text())
+    if not (sub / "run.json").is_file():
+        return None
+    from harness.analysis.summary import finalize  # the summary's own module imports this one
+
+    return finalize(sub)
+
+
+def setting_record(conf: str, run: str | None, summary: dict | None, engines: list[str]) -> dict:
+    """A setting's figures per engine; `status` says whether its run finished (a killed one: partial, or absent)."""
+    status = "absent" if summary is None else summary.get("status", "partial")
+    rows = {e: engine_figures(e, summary or {}) for e in engines}
+    return {"alloc_conf": conf, "run": run, "status": status, "engines": rows}
+
+
+def engine_figures(engine: str, summary: dict) -> dict:
+    """One engine under one setting; `served` false where its server never served a request under it (it
+    refused the setting: an expandable segment maps 20 MiB pages, which a smaller cap cannot hold)."""
+    cap = (summary.get("capacity") or {}).get(engine) or {}
+    mine = (summary.get("engines") or {}).get(engine) or {}
+    alloc = mine.get("allocator") or {}
+    return {"served": bool(mine), "sustained_rps": cap.get("sustained_rps"),
+            "sustained_rps_ci": cap.get("sustained_rps_ci"),
+            "sustained_where": cap.get("sustained_where"), "bound": cap.get("bound"),
+            "reserved_unallocated_share": alloc.get("reserved_unallocated_share"),
+            "peak_reserved_bytes": alloc.get("peak_reserved_bytes"),
+            "peak_allocated_bytes": alloc.get("peak_allocated_bytes"), "alloc_retries": alloc.get("alloc_retries"),
+            "oom_policy": alloc.get("oom_policy"), "oom_allocator": alloc.get("oom_allocator"),
+            "size_classes": alloc.get("size_classes")}

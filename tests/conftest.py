@@ -10,6 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two workers' servers share 2 cores: an OpenMP thread waiting for work sleeps instead of spinning on a core another
+# test's server needs (the servers and benches the tests start inherit it; what they compute is the same).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadgroup). Each worker builds its own

@@ -466,3 +466,31 @@ def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_pa
     assert (cut.segment_events_trace, cut.segment_events_matched) == (
         whole.segment_events_trace, whole.segment_events_matched)
     assert fixture.stat().st_size < recorded.stat().st_size / 2
+
+
+def test_under_memory_cuda_the_alloc_conf_is_in_the_servers_environment_before_cuda_starts(monkeypatch, tmp_path):
+    """The real allocator reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts: bench puts it in the server's
+    environment, and a server started by hand sets it before the model touches CUDA."""
+    from harness.cli.engine_flags import use_real_alloc_conf
+    from harness.run import servers
+
+    seen = {}
+
+    class Exited:
+        returncode = 2
+
+        def poll(self):
+            return 2
+
+    def spawn(cmd, **kw):
+        seen.update(cmd=cmd, env=kw["env"])
+        return Exited()
+
+    monkeypatch.setattr(servers, "spawn", spawn)
+    with pytest.raises(servers.ServerFailed):
+        servers.start_server("hf", "m", "16MiB", tmp_path / "hf.log", extra=["--memory", "cuda"],
+                             alloc_conf="expandable_segments:True,max_split_size_mb:128")
+    assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:128"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    use_real_alloc_conf("garbage_collection_threshold:0.6")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.6"

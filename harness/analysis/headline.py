@@ -36,7 +36,7 @@ METHOD = ("90 % percentile interval of {replicates} joint replicates: each point
           "same stream (one offered rate) drawing with one uniform (paired); in each replicate each engine's "
           "attainments made non-increasing in the rate (pool adjacent violators), its bracket re-read (its "
           "highest rate meeting the SLO target under the lowest that misses it) and its knee drawn log-uniformly "
-          "inside it, and the two knees' ratio taken")
+          "inside it, and the two knees' ratio taken; widened, where it leaves the point estimate out, to reach it")
 
 
 def reference_of(engines) -> str | None:
@@ -89,6 +89,13 @@ class Headline:
                 "decided": self.decided, "precise": self.precise, "judged": self.judged}
 
 
+def reaching(ci: list[float], estimate: float) -> list[float]:
+    """A ratio's interval that reaches its estimate, as each engine's does (summary.with_estimate): where a knee
+    lies past the rates measured, the replicates' ratios can all fall on one side of the estimate, and an interval
+    that leaves the estimate out would say more than the points do. Rounded outwards to 0.001."""
+    return [math.floor(min(ci[0], estimate) * 1000) / 1000, math.ceil(max(ci[1], estimate) * 1000) / 1000]
+
+
 def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: float,
              replicates: int = REPLICATES, knees: dict[str, np.ndarray] | None = None) -> Headline | None:
     """The paged engine against the best contiguous one, or None when either is missing."""
@@ -99,8 +106,9 @@ def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: 
         return None
     knees = knees or replicate_knees(points, slo, step, replicates)
     ratios = ratio_replicates(knees[ref], knees[rival])
-    ci = central(ratios)
-    return Headline(ref, rival, estimates[ref] / estimates[rival], [round(ci[0], 3), round(ci[1], 3)],
+    ratio = estimates[ref] / estimates[rival]
+    ci = reaching(central(ratios), ratio)
+    return Headline(ref, rival, ratio, ci,
                     not ci[0] <= 1.0 <= ci[1], ci[1] <= ci[0] * precision,
                     {e: int(sum(len(p.met) for p in points[e])) for e in (ref, rival)},
                     {e: float(np.std(np.log(np.maximum(knees[e], 1e-9)))) for e in (ref, rival)}, len(ratios))

@@ -16,7 +16,7 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
-from harness.analysis.headline import Headline, headline, rows_of
+from harness.analysis.headline import Headline, headline, reaching, rows_of
 from harness.analysis.integrity import integrity
 from harness.analysis.knee import (
     Judged,
@@ -249,8 +249,9 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple
     for a in knees:
         for b in knees:
             if a != b and out[b]["sustained_rps"] > 0:
-                ratios[f"{a}/{b}"] = {"ratio": round(out[a]["sustained_rps"] / out[b]["sustained_rps"], 4),
-                                      "ratio_ci": [round(x, 3) for x in central(ratio_replicates(knees[a], knees[b]))]}
+                ratio = out[a]["sustained_rps"] / out[b]["sustained_rps"]
+                ratios[f"{a}/{b}"] = {"ratio": round(ratio, 4),
+                                      "ratio_ci": reaching(central(ratio_replicates(knees[a], knees[b])), ratio)}
     return out, ratios
 
 

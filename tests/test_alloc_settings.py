@@ -69,7 +69,7 @@ def test_the_section_is_absent_without_settings_and_names_a_setting_whose_run_di
     assert settings_section({}) == ""
     html = settings_section({"alloc_settings": settings(figures(1.0, [0.8, 1.2], 0.2, 5, 0),
                                                         figures(None, None, None, 0, 0), status="partial")})
-    assert "Allocator settings side by side" in html and "(partial run)" in html and "n/a (no knee search)" in html
+    assert "Allocator settings side by side" in html and "(partial run)" in html and "n/a (no knee measured)" in html
 
 
 def test_a_compared_setting_needs_the_caching_memory_an_engine_it_can_place_and_a_valid_conf(tiny_model, tmp_path):

@@ -42,7 +42,7 @@ def cells(f: dict) -> list[str]:
 
 def rate(f: dict) -> str:
     if f.get("sustained_rps") is None:
-        return "n/a (no knee search)"
+        return "n/a (no knee measured)"
     ci = f.get("sustained_rps_ci")
     return f"{f['sustained_rps']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 

@@ -46,6 +46,17 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def best_words(summary: dict, rival: str) -> str:
+    """"the best contiguous engine", and which contiguous engines it was not measured against (no knee)."""
+    capacity = summary.get("capacity") or {}
+    unmeasured = [e for e in summary.get("engines", {}) if e not in PAGED and e != rival
+                  and (capacity.get(e) or {}).get("sustained_rps") is None]
+    if not unmeasured:
+        return "the best contiguous engine"
+    return (f"the best contiguous engine with a knee measured ({', '.join(unmeasured)}: none measured in this run's "
+            "time, so not compared)")
+
+
 def headline_sentence(summary: dict) -> str | None:
     """The thesis in one sentence: decided or not, on how many judged requests, and what a longer run buys."""
     h = summary.get("headline")
@@ -57,11 +68,12 @@ def headline_sentence(summary: dict) -> str | None:
                                                           f"{end_words(p)})" for p in pts)
                      for e, pts in h["bracket_ends"].items())
     line = f"Headline: {h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the rate of {h['against']}"
+    best = best_words(summary, h["against"])
     if h["decided"]:
-        line += (", the best contiguous engine, with the same memory: decided (the 90 % interval excludes 1.0"
+        line += (f", {best}, with the same memory: decided (the 90 % interval excludes 1.0"
                  + ("" if h["precise"] else f", though wider than the {h['precision']:g}x asked") + ")")
     else:
-        line += (", the best contiguous engine: an interval that holds 1.0: no measurable difference at this run's "
+        line += (f", {best}: an interval that holds 1.0: no measurable difference at this run's "
                  "resolution")
     line += f". The knees rest on {judged} ({ends})"
     left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}

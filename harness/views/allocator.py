@@ -28,8 +28,8 @@ def reserved_unallocated(summary: dict) -> str:
             "inactive splits, part of the external fragmentation + free above), its peak, and its state after the "
             "load, once every request completed: allocated falling while reserved stays high is the allocator "
             "retaining blocks. Requests by PyTorch's size class: small (<= 1 MiB, packed in 2 MiB segments), large "
-            "(under 10 MiB, a 20 MiB segment each), huge (a segment of their own size); a real model's KV buffers "
-            "are huge where the tiny model's are small or large.</p>"
+            "(under 10 MiB, a 20 MiB segment each), huge (a segment of their own size); whether they fall where a "
+            "real model's would is the size-class comparison below.</p>"
             + table(["engine", "reserved, unallocated (mean share)", "its peak", "allocated after the load",
                      "reserved after the load", "inactive split", "segments", "alloc retries",
                      "requests small / large / huge"], rows))

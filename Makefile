@@ -127,13 +127,13 @@ stress: setup model
 	FRAGBENCH_FUZZ_EXAMPLES=500 $(BIN)/python -m pytest -q tests/test_bad_input.py -k hostile
 
 # --durations=15: the slowest tests at the end of the log, so that the next slow one is seen. TEST_WORKERS
-# pytest-xdist workers (default 2, the cores CI has): most of the suite waits on servers and time-bounded loads,
-# and tests/conftest.py keeps the tests that share one expensive run (the sweep, a module's bench) on one worker.
+# pytest-xdist workers (default 2, the cores CI has): much of the suite waits on servers and time-bounded loads;
+# each test file runs on one worker, so a module's shared bench run or server is built once.
 TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 lint: setup
 	$(BIN)/ruff check engines workloads harness tests benchmarks scripts

@@ -15,28 +15,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadgroup). Each worker builds its own
-# session and module fixtures, so the tests that share one expensive fixture share one worker: every test of a
-# module that builds a module-scoped fixture goes with its module, every test reading the session's sweep with
-# the sweep; the rest are dealt one by one to whichever worker is free.
-SHARED_RUNS = {"swept": "sweep"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups off the markers
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = next((g for name, g in SHARED_RUNS.items() if name in getattr(item, "fixturenames", ())), None)
-        if group is None and _builds_a_module_fixture(item):
-            group = item.module.__name__
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def _builds_a_module_fixture(item) -> bool:
-    defs = getattr(item, "_fixtureinfo", None)
-    if defs is None:
-        return False
-    return any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds)
+# The suite runs on pytest-xdist's workers (make test: -n 2 --dist loadfile): a module's tests stay on one worker,
+# so a module-scoped fixture (a module's bench run, its servers) is built once. (--dist loadgroup could keep the
+# session's sweep on one worker too, but xdist 3.8 cannot name a group's tests under pytest 9.2: its nodeid
+# suffix is lost, and the group's tests are dealt out one by one.)
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

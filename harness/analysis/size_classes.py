@@ -59,12 +59,13 @@ def comparison(model: str, lengths: Sequence[int], max_len: int) -> dict:
     return {"reference": f"{REFERENCE[0]} ({REFERENCE[1]})", "tolerance": TOLERANCE, "model": shape.name,
             "kv_bytes_per_token": shape.kv_bytes_per_token(shape.dtype or "float32"), "shares": mine,
             "reference_shares": ref, "distance": round(distance(mine, ref), 3),
-            "matches": distance(mine, ref) <= TOLERANCE, "rule_picks": rule_pick(lengths, max_len)}
+            "matches": distance(mine, ref) <= TOLERANCE, "rule_picks": rule_pick(lengths, max_len, ref)}
 
 
-def rule_pick(lengths: Sequence[int], max_len: int) -> str | None:
-    """The cheapest CPU preset whose classes match the reference's within the tolerance; None if none does."""
-    ref = shares(load_shape(REFERENCE[0]), REFERENCE[1], lengths, max_len)
+def rule_pick(lengths: Sequence[int], max_len: int, ref: dict[str, dict[str, float]] | None = None) -> str | None:
+    """The cheapest CPU preset whose classes match the reference's (`ref`, its shares on these requests, computed
+    here when not given) within the tolerance; None if none does."""
+    ref = ref or shares(load_shape(REFERENCE[0]), REFERENCE[1], lengths, max_len)
     for name in cpu_presets():
         shape = load_shape(name)
         if distance(shares(shape, shape.dtype or "float32", lengths, max_len), ref) <= TOLERANCE:

@@ -5,6 +5,7 @@ figures tell it (OOMs all the policy's: no allocator setting can remove them).""
 
 from __future__ import annotations
 
+from harness.analysis.steady import overlap
 from harness.views.allocator import classes
 from harness.views.html import ESC, fmt, mib, section, table
 
@@ -73,14 +74,12 @@ def changes(base: dict, other: dict) -> list[str]:
 
 
 def rate_change(base: dict, other: dict) -> str:
-    lo, hi = base.get("sustained_rps_ci"), other.get("sustained_rps_ci")
-    if base.get("sustained_rps") is None or other.get("sustained_rps") is None or not lo or not hi:
+    before, after = base.get("sustained_rps_ci"), other.get("sustained_rps_ci")
+    if base.get("sustained_rps") is None or other.get("sustained_rps") is None or not before or not after:
         return "sustained rate not compared (no interval)"
-    if hi[0] > lo[1]:
-        return f"sustained rate higher, {rate(base)} -> {rate(other)}"
-    if hi[1] < lo[0]:
-        return f"sustained rate lower, {rate(base)} -> {rate(other)}"
-    return f"no measurable difference in sustained rate ({rate(base)} vs {rate(other)}: the intervals overlap)"
+    if overlap(before, after):
+        return f"no measurable difference in sustained rate ({rate(base)} vs {rate(other)}: the intervals overlap)"
+    return f"sustained rate {'higher' if after[0] > before[1] else 'lower'}, {rate(base)} -> {rate(other)}"
 
 
 def why(engine: str, settings: list[dict]) -> str:

@@ -128,11 +128,15 @@ stress: setup model
 
 # --durations=15: the slowest tests at the end of the log, so that the next slow one is seen. TEST_WORKERS
 # pytest-xdist workers (default 2, the cores CI has): much of the suite waits on servers and time-bounded loads;
-# each test file runs on one worker, so a module's shared bench run or server is built once.
+# each test file runs on one worker, so a module's shared bench run or server is built once, and the files that
+# share a session's build (the sweep, the servers) run on one worker together (tests/scheduling.py).
+# compileall: the source's bytecode written once; the suite's hundreds of subprocesses (servers, CLI calls, load
+# generators) would each compile it again where nothing writes it (PYTHONDONTWRITEBYTECODE, as on CI's image).
 TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
+	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 lint: setup

@@ -15,10 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# The suite runs on pytest-xdist's workers (make test: -n 2 --dist loadfile): a module's tests stay on one worker,
-# so a module-scoped fixture (a module's bench run, its servers) is built once. (--dist loadgroup could keep the
-# session's sweep on one worker too, but xdist 3.8 cannot name a group's tests under pytest 9.2: its nodeid
-# suffix is lost, and the group's tests are dealt out one by one.)
+# The suite runs on pytest-xdist's workers (make test: -n 2 --dist loadfile): a file's tests stay on one worker, so
+# a module-scoped fixture (a module's bench run, its servers) is built once; the files that share a session fixture
+# (the sweep, the servers) stay on one worker too (tests/scheduling.py, by the hook at the end of this file).
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -76,3 +75,13 @@ def tiny_model(tmp_path_factory) -> Path:
     from engines.modelbuild import build_model
 
     return build_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without xdist (pytest -p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` keeps the files that share a session build on one worker (tests/scheduling.py)."""
+    if config.getvalue("dist") == "loadfile":
+        from tests.scheduling import SharedBuildScheduling
+
+        return SharedBuildScheduling(config, log)
+    return None

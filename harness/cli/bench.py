@@ -142,7 +142,6 @@ def config(args: argparse.Namespace):
     from engines import SERVED, UnknownName, pick
     from engines.registry import entry, memory_refusal
     from harness.cli.args import device_of, model_dir
-    from harness.run.bench import BenchConfig
     from harness.run.targets import TargetRefused, open_targets
 
     with usage_errors(UnknownName):
@@ -153,10 +152,6 @@ def config(args: argparse.Namespace):
     for name in engines:
         if not entry(name).installed():
             raise UsageError(f"--engines {name}: {name} is not installed: run `{entry(name).install}`")
-    device = device_of(args.device)
-    if args.memory == "cuda" and not device.startswith("cuda"):
-        raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
-                         f"on a GPU), not {device}")
     if refused := memory_refusal(engines, args.memory):
         raise UsageError(refused)
     if args.compare_alloc_conf:
@@ -165,6 +160,12 @@ def config(args: argparse.Namespace):
         model_dir(args.model, "run `make model`")
     check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
     budgets = kv_budgets(args, engines) if engines else [args.kv_budget]
+    device = device_of(args.device)  # last: "auto" asks torch whether CUDA is there, seconds of import
+    if args.memory == "cuda" and not device.startswith("cuda"):
+        raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
+                         f"on a GPU), not {device}")
+    from harness.run.bench import BenchConfig  # after the checks: a refusal need not load torch and the harness
+
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
                        duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
                        threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
@@ -181,10 +182,10 @@ def config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = config(args)  # every refusal before the harness (and torch) loads: a bad command line exits at once
     from harness.run.bench import Bench
     from harness.views.report import render
 
-    cfg = config(args)
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()

@@ -14,7 +14,7 @@ from xdist.scheduler import LoadFileScheduling
 # fixture -> the test files whose tests use it (directly or through another fixture)
 SHARED_BUILDS: dict[str, tuple[str, ...]] = {
     "swept": ("test_capacity.py", "test_fragmentation.py", "test_twin.py", "test_verdict.py"),
-    "servers": ("test_check.py", "test_openai_api.py", "test_reliability.py", "test_server.py"),
+    "servers": ("test_bad_input.py", "test_check.py", "test_openai_api.py", "test_reliability.py", "test_server.py"),
 }
 GROUP_OF = {name: fixture for fixture, names in SHARED_BUILDS.items() for name in names}
 

@@ -89,13 +89,14 @@ def hostile(draw) -> bytes:
 
 
 @pytest.fixture(scope="module", params=["paged", "static", "hf", "hf-cb"])
-def live(request, tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("fuzz") / f"{request.param}.log"
-    with start_server(request.param, str(tiny_model), "16MiB", log, extra=["--max-seq-len", "256"]) as srv:
-        status, first = complete(srv.url, json.dumps(NORMAL).encode())
-        assert status == 200
-        srv.expected = first["choices"][0]["token_ids"]
-        yield srv
+def live(request, servers):
+    # the session's server of that engine, the one test_reliability's cancel storms use (tests/conftest.py): a short
+    # max-seq-len bounds what a fuzzed request can cost, and a hostile body must not harm a server others use
+    srv = servers(request.param, "32MiB", "--max-seq-len", "256")
+    status, first = complete(srv.url, json.dumps(NORMAL).encode())
+    assert status == 200
+    srv.expected = first["choices"][0]["token_ids"]
+    return srv
 
 
 # make stress runs many more (FRAGBENCH_FUZZ_EXAMPLES)

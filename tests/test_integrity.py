@@ -4,6 +4,7 @@ planted fault (a paged engine that frees a live block early) found under churn w
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 
 import pytest
@@ -59,14 +60,22 @@ def test_the_summary_names_each_divergence():
 
 
 def churned(url: str, out, tiny_model, fault: bool) -> dict:
-    """Probes served alone, then into a saturating churn of the mixed workload."""
+    """Probes served alone, then into a saturating churn of the mixed workload. The probes start once the churn
+    runs (a sequence besides theirs in the engine): the load generator takes seconds to start on a busy machine,
+    and probes sent before it would meet an idle engine, whose freed block nobody takes."""
     check = Integrity(url, 512, "float32", state=lambda: fetch_stats(url), gap_s=0.0)
     check.idle()
     assert len(check.reference) == len(check.probes)
     load = LoadArgs(target=url, workload="mixed-churn", out=out, duration_s=10, max_seq_len=512, rate=6.0,
-                    grace_s=5, t0=time.time())
+                    grace_s=5)
+    loader = threading.Thread(target=run_loadgen, args=(load,),
+                              kwargs={"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL})
+    loader.start()
+    deadline = time.time() + 120
+    while loader.is_alive() and not (fetch_stats(url) or {}).get("running") and time.time() < deadline:
+        time.sleep(0.1)
     with check:
-        run_loadgen(load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        loader.join()
     return check.result()
 
 

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+from scipy.special import betaincinv  # the Beta quantile (stats.beta.ppf's, without scipy.stats' 2 s import)
 
 from harness.analysis.capacity import SLO
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
@@ -168,7 +168,7 @@ def replicate_attainments(points: dict[str, list[Judged]], replicates: int = REP
     out = {}
     for engine, pts in points.items():
         d = design_effect(pts)
-        cols = [stats.beta.ppf(uniforms[p.key], p.met.sum() / d + 0.5, (len(p.met) - p.met.sum()) / d + 0.5)
+        cols = [betaincinv(p.met.sum() / d + 0.5, (len(p.met) - p.met.sum()) / d + 0.5, uniforms[p.key])
                 if len(p.met) else np.zeros(replicates) for p in pts]
         out[engine] = np.column_stack(cols) if cols else np.zeros((replicates, 0))
     return out

@@ -1,5 +1,5 @@
 """What `--memory caching` costs an engine's step: the same engine serving the same requests on the arena and on the
-caching allocator emulator (engines/caching_memory.py), side by side in one run, at the default bench's KV budget
+caching allocator emulator (engines/memory/caching_memory.py), side by side in one run, at the default bench's KV budget
 (16 MiB) on the tiny model. Goal: the emulator costs at most 5 % of a step.
 
 Run by hand:  .venv/bin/python benchmarks/caching_overhead.py [--model models/tiny-llama] [--rounds 3]
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from engines.allocstats import kv_memory
 from engines.engine import Request
 from engines.factory import EngineSpec, make_engine
+from engines.memory.allocstats import kv_memory
 from engines.sequence import SamplingParams
 
 MiB = 2**20

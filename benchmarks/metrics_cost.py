@@ -24,7 +24,7 @@ from engines.api.metrics import MetricsCollector
 from engines.api.server import EngineThread
 from engines.engine import TokenEvent
 from engines.factory import EngineSpec, make_engine
-from engines.memory import OOMEvent
+from engines.memory.arena import OOMEvent
 from engines.sequence import SamplingParams, Sequence
 
 

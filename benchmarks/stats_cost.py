@@ -22,7 +22,7 @@ import time
 from engines.api.server import EngineThread
 from engines.factory import EngineSpec, make_engine
 from engines.kv import PagedKV
-from engines.memory import Arena
+from engines.memory.arena import Arena
 from engines.sequence import SamplingParams, Sequence
 
 ROW_BYTES = 128 * 2**10  # Llama-3-8B, bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from engines.kv import Breakdown, KVStats
-from engines.memory import DeviceMemory, OOMEvent
+from engines.memory.arena import DeviceMemory, OOMEvent
 from engines.sampler import Logprob
 from engines.sequence import FinishReason, SamplingParams, Sequence
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from engines.kv import make_policy
-from engines.memories import make_memory
+from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
 from engines.scheduled.scheduler import SchedulerConfig

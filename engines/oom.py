@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from engines.memory import OOMEvent
+from engines.memory.arena import OOMEvent
 from engines.sequence import Sequence
 
 # reject: the request fails; crash: the engine goes down; wait: the request waits (or is preempted) and

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Literal
 
 Layout = Literal["blocks", "contiguous"]  # where an engine keeps its KV: fixed-size blocks, or one extent a sequence
-Placement = Literal["best-fit", "buddy"]  # the simulator's arena placement (engines/memory.py)
+Placement = Literal["best-fit", "buddy"]  # the simulator's arena placement (engines/memory/arena.py)
 ANY_MEMORY = ("arena", "cuda", "caching")  # --memory kinds an in-house engine whose KV may be many tensors takes
 # contiguous reservations are rows of one store: one arena, or the caching emulator's one address space
 ARENA_ONLY = ("arena", "caching")

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from engines.cuda import CudaMemory, device_info, device_snapshot
 from engines.factory import EngineSpec, make_engine
-from engines.memory import Arena, OutOfMemory
+from engines.memory.arena import Arena, OutOfMemory
+from engines.memory.cuda import CudaMemory, device_info, device_snapshot
+from engines.memory.replay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
+from engines.memory.snapshot import load_data, write_state
 from engines.offline import generate
 from engines.sequence import SamplingParams
-from engines.snapshot import load_data, write_state
-from harness.allocreplay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
 from harness.fetch import request
 from harness.run.servers import start_server, tail
 

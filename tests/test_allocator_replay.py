@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-import harness.allocreplay as ar
-from engines.allocconf import parse_alloc_conf
-from engines.caching import AllocatorOOM, CachingAllocator
-from engines.snapshot import snapshot
-from harness.allocreplay import dump_paths, load_trace, replay
+import engines.memory.replay as ar
+from engines.memory.allocconf import parse_alloc_conf
+from engines.memory.caching import AllocatorOOM, CachingAllocator
+from engines.memory.replay import dump_paths, load_trace, replay
+from engines.memory.snapshot import snapshot
 from harness.cli import main
 from tests.conftest import ROOT
 
@@ -71,7 +71,7 @@ def synthetic_snapshot(path, n_ops: int, capacity: int | None = None, conf: str 
 def test_a_trace_replays_to_its_own_segment_events(tmp_path, conf, capacity):
     path = tmp_path / "snap.pickle"
     truth = synthetic_snapshot(path, 1500, capacity, conf)
-    from engines.allocconf import parse_alloc_conf
+    from engines.memory.allocconf import parse_alloc_conf
 
     result = replay(load_trace(path), capacity, parse_alloc_conf(conf))
     assert truth["segment_events"] > 0
@@ -85,7 +85,7 @@ def test_a_trace_replays_to_its_own_segment_events(tmp_path, conf, capacity):
 def test_another_setting_changes_what_is_reproduced(tmp_path):
     path = tmp_path / "snap.pickle"
     synthetic_snapshot(path, 1500, 80 * MiB)
-    from engines.allocconf import parse_alloc_conf
+    from engines.memory.allocconf import parse_alloc_conf
 
     other = replay(load_trace(path), 80 * MiB, parse_alloc_conf("expandable_segments:True"))
     assert other.segment_events_matched < other.segment_events_trace

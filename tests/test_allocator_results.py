@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from engines.caching_memory import CachingMemory, size_class
-from engines.memory import OutOfMemory
-from engines.snapshot import read_snapshot
+from engines.memory.arena import OutOfMemory
+from engines.memory.caching_memory import CachingMemory, size_class
+from engines.memory.snapshot import read_snapshot
 from harness.analysis.allocator import COLUMNS, allocator_block, counter_total
 from harness.results import SAMPLE_COLUMNS
 from harness.run.sampler import allocator_fields

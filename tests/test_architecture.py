@@ -11,7 +11,8 @@ from tests.conftest import ROOT
 # workloads and engines never import harness; engines never import workloads.
 ROOMS = {
     "workloads": 0,
-    "engines.foundation": 0,  # memory, sequences, sampling, shapes, processes: what every engine builds on
+    "engines.memory": 0,  # where the KV's memory comes from: the arena, CUDA, the caching allocator, snapshots
+    "engines.foundation": 0,  # sequences, sampling, shapes, processes, the registry: what every engine builds on
     "engines.kv": 1,
     "engines.interface": 2,  # Engine, its stats and OOM handling, offline generation
     "engines.scheduled": 3,
@@ -29,11 +30,9 @@ ROOMS = {
     "harness.cli": 10,
 }
 FOUNDATION = {
-    "engines": {"engines", "engines.memory", "engines.cuda", "engines.nvml", "engines.procs", "engines.percentile",
-                "engines.shapes", "engines.sequence", "engines.sampler", "engines.modelbuild", "engines.registry",
-                "engines.memories", "engines.caching", "engines.expandable", "engines.allocconf",
-                "engines.caching_memory", "engines.snapshot", "engines.allocstats"},
-    "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch", "harness.allocreplay"},
+    "engines": {"engines", "engines.procs", "engines.percentile", "engines.shapes", "engines.sequence",
+                "engines.sampler", "engines.modelbuild", "engines.registry"},
+    "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}
 LAYERS = ("workloads", "engines", "harness")  # the top level: each may import only those before it
@@ -86,6 +85,74 @@ def test_every_import_points_down():
             if theirs != mine and ROOMS[theirs] >= ROOMS[mine]:
                 wrong.add(f"{name} ({mine}) imports {target} ({theirs})")
     assert not wrong, "imports against the layout:\n" + "\n".join(sorted(wrong))
+
+
+def edges(found: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Module -> the modules of the tree it imports (a package's name where the import names the package)."""
+    out = {}
+    for name, tree in found.items():
+        targets = set()
+        for target in imports(tree):
+            while target not in found and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in found and target != name:
+                targets.add(target)
+        out[name] = targets
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative): each is an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycle():
+    """No two modules import each other, however far round (a room's own modules included, and imports inside
+    functions, which the arrows between rooms cannot see)."""
+    found = cycles(edges(modules()))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_module_is_too_long():

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.kv import GrowthKV, PagedKV, StaticKV
-from engines.memory import Arena
+from engines.memory.arena import Arena
 from engines.peers.vllm import vllm_python
 from engines.procs import free_port
 from harness.run.servers import start_server

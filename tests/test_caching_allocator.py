@@ -1,4 +1,4 @@
-"""The caching allocator emulator (engines/caching.py), one test per rule at the sizes that tell it apart, the
+"""The caching allocator emulator (engines/memory/caching.py), one test per rule at the sizes that tell it apart, the
 PYTORCH_CUDA_ALLOC_CONF parser, and a property test that its stats always add up."""
 
 import pytest
@@ -6,8 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.allocconf import AllocConfError, parse_alloc_conf
-from engines.caching import AllocatorOOM, CachingAllocator, round_size
+from engines.memory.allocconf import AllocConfError, parse_alloc_conf
+from engines.memory.blocks import round_size
+from engines.memory.caching import AllocatorOOM, CachingAllocator
 
 MiB = 2**20
 BIG = 10**12  # a cap that never binds
@@ -217,7 +218,7 @@ def test_stats_always_add_up(conf, cap_mib, ops):
 # ---- --memory caching: the emulator behind the engines' DeviceMemory ------------------------------------------
 
 def test_caching_memory_views_hold_bytes_and_stats_carry_the_allocator():
-    from engines.caching_memory import CachingMemory
+    from engines.memory.caching_memory import CachingMemory
 
     mem = CachingMemory(64 * MiB, "")
     a, b = mem.allocate(3 * MiB, "a"), mem.allocate(700, "b")
@@ -233,8 +234,8 @@ def test_caching_memory_views_hold_bytes_and_stats_carry_the_allocator():
 
 
 def test_caching_memory_oom_says_which_layer_failed():
-    from engines.caching_memory import CachingMemory
-    from engines.memory import OutOfMemory
+    from engines.memory.arena import OutOfMemory
+    from engines.memory.caching_memory import CachingMemory
 
     mem = CachingMemory(30 * MiB, "")
     first = mem.allocate(8 * MiB)
@@ -268,9 +269,9 @@ def test_engines_compute_on_caching_memory_as_on_the_arena(tiny_model, name):
 def test_stats_carry_the_allocator_and_fill_torch_figures_on_the_cpu():
     from types import SimpleNamespace
 
-    from engines.allocstats import allocator_stats
-    from engines.caching_memory import CachingMemory
-    from engines.memory import Arena
+    from engines.memory.allocstats import allocator_stats
+    from engines.memory.arena import Arena
+    from engines.memory.caching_memory import CachingMemory
 
     mem = CachingMemory(64 * MiB, "")
     mem.allocate(3 * MiB)

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from engines.cuda import device_info
-from engines.memory import resolve_device
+from engines.memory.arena import resolve_device
+from engines.memory.cuda import device_info
 from tests.conftest import run_cli
 
 
@@ -33,7 +33,7 @@ def test_bench_on_cuda_without_cuda_exits_2_with_one_line(tiny_model, tmp_path):
 
 
 def test_allocator_columns_are_sampled_and_empty_without_cuda(monkeypatch):
-    from engines.cuda import ALLOCATOR_FIELDS, device_snapshot
+    from engines.memory.cuda import ALLOCATOR_FIELDS, device_snapshot
     from harness.results import SAMPLE_COLUMNS
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -42,7 +42,7 @@ def test_allocator_columns_are_sampled_and_empty_without_cuda(monkeypatch):
 
 
 def test_allocator_columns_come_from_torch_memory_stats(monkeypatch):
-    from engines.cuda import device_snapshot
+    from engines.memory.cuda import device_snapshot
 
     stats = {"allocated_bytes.all.current": 3, "reserved_bytes.all.current": 8, "inactive_split_bytes.all.current": 5,
              "num_ooms": 1}

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engines.cuda as cuda
-import engines.nvml
+import engines.memory.cuda as cuda
+import engines.memory.nvml
 from engines.factory import EngineConfigError, EngineSpec, make_engine
-from engines.memories import make_memory
-from engines.memory import Arena
+from engines.memory.arena import Arena
+from engines.memory.kinds import make_memory
 from tests.conftest import ROOT, run_cli
 
 MiB = 2**20
@@ -98,7 +98,7 @@ def test_6_the_snapshot_reads_the_engines_gpu_by_its_uuid(fake_cuda, monkeypatch
     lib = SimpleNamespace(nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
                           nvmlDeviceGetUUID=lambda h: gpus[h][0],
                           nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=gpus[h][1], total=1000))
-    monkeypatch.setattr(engines.nvml, "nvml", lambda: lib)
+    monkeypatch.setattr(engines.memory.nvml, "nvml", lambda: lib)
     monkeypatch.setattr(cuda, "nvml", lambda: lib)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda d=None: {"allocated_bytes.all.current": 5})
     snap = cuda.device_snapshot("cuda:0")
@@ -400,8 +400,8 @@ def test_41_the_churn_varies_its_requests_within_the_servers_context():
 
 
 def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
-    from engines.allocconf import parse_alloc_conf
-    from harness.allocreplay import Event, Trace, replay
+    from engines.memory.allocconf import parse_alloc_conf
+    from engines.memory.replay import Event, Trace, replay
 
     events = [Event(a, addr, size, 0, i) for i, (a, addr, size) in enumerate(rows)]
     return replay(Trace(events, 0, 0), capacity_bytes, parse_alloc_conf(""))
@@ -409,7 +409,7 @@ def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
 
 def test_41_the_churn_verdict_passes_a_trace_reproduced_and_lists_each_mismatch_with_its_rule(tmp_path):
     import scripts.gpu_check as gpu_check
-    from harness.allocreplay import RELEASE_RULE
+    from engines.memory.replay import RELEASE_RULE
 
     same = hand_replay([("segment_alloc", 1, 20 * MiB), ("alloc", 1, 5 * MiB), ("free", 1, 5 * MiB)])
     assert "all 1 segment events reproduced one for one" in gpu_check.churn_verdict(same, tmp_path / "m.txt")
@@ -445,7 +445,7 @@ def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_pa
     import pickle
 
     import scripts.gpu_check as gpu_check
-    from harness.allocreplay import RECORDING_KEY, load_trace, replay_recorded
+    from engines.memory.replay import RECORDING_KEY, load_trace, replay_recorded
     from tests.test_allocator_replay import synthetic_snapshot
 
     recorded, fixture = tmp_path / "recorded.pickle", tmp_path / "fixture.pickle"

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engines.kv import PagedKV, make_policy
-from engines.memory import Arena, OutOfMemory
+from engines.memory.arena import Arena, OutOfMemory
 from engines.registry import entry, policies
 from engines.sequence import SamplingParams, Sequence
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engines.kv import GrowthKV, PagedKV, StaticKV
-from engines.memory import Arena, OutOfMemory
+from engines.memory.arena import Arena, OutOfMemory
 from tests.helpers import seq
 
 KVB = 512  # bytes per token: below every rounding granule, so the arithmetic stays visible

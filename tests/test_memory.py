@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from engines.memory import Arena, MiB, OutOfMemory, round_size
+from engines.memory.arena import Arena, MiB, OutOfMemory, round_size
 
 
 def test_rounding_follows_the_caching_allocator():
@@ -105,7 +105,7 @@ def test_buddy_handles_capacity_that_is_not_a_power_of_two():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is absent")
 def test_cuda_backend_reports_oom_events():
-    from engines.cuda import CudaMemory
+    from engines.memory.cuda import CudaMemory
 
     m = CudaMemory(64 * MiB)
     x = m.allocate(32 * MiB)

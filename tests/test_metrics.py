@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engines.api.metrics import E2E_BUCKETS_S, TTFT_BUCKETS_S, MetricsCollector, token_buckets
 from engines.engine import TokenEvent
-from engines.memory import OOMEvent
+from engines.memory.arena import OOMEvent
 from engines.sequence import SamplingParams, Sequence
 
 STATS = {"kv_capacity_bytes": 4096 * 100, "allocated_bytes": 4096 * 60, "token_states_bytes": 4096 * 30,

@@ -9,7 +9,7 @@ import torch
 
 from engines.kv import PagedKV
 from engines.kv.base import Breakdown, KVPolicy, KVStats, SeqLike
-from engines.memory import Arena, OOMEvent, OutOfMemory
+from engines.memory.arena import Arena, OOMEvent, OutOfMemory
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import FinishReason, SeqStatus
 from tests.helpers import seq

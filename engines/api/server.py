@@ -26,16 +26,16 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engines.allocstats import allocator_stats
 from engines.api.metrics import MetricsCollector
 from engines.api.openai import MAX_BODY_BYTES, OpenAIRoutes, error_response
 from engines.api.validation import InvalidRequest
-from engines.cuda import device_snapshot
 from engines.engine import Engine, Request, TokenEvent
+from engines.memory.allocstats import allocator_stats
+from engines.memory.cuda import device_snapshot
+from engines.memory.snapshot import write_state
 from engines.oom import EngineCrash
 from engines.percentile import percentile
 from engines.procs import serve_app
-from engines.snapshot import write_state
 
 CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
 ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
@@ -184,7 +184,7 @@ class EngineThread:
     def _stats(self) -> dict:
         stats = self.engine.stats().to_json()
         stats.update(device_snapshot(getattr(self.engine, "device", "cpu")))
-        stats.update(allocator_stats(self.engine, stats))  # the caching emulator's figures (engines/allocstats.py)
+        stats.update(allocator_stats(self.engine, stats))  # the caching emulator's (memory/allocstats.py)
         releases = sorted(self.engine.abort_release_s)
         stats.update(
             t_s=time.monotonic() - self.started_s,

@@ -1,10 +1,10 @@
-"""KV-cache allocation policies: pure bookkeeping over `engines.memory`, shared by engines and simulator."""
+"""KV-cache allocation policies: pure bookkeeping over `engines.memory.arena`, shared by engines and simulator."""
 
 from engines.kv.base import Breakdown, KVOptions, KVPolicy, KVStats, SeqLike
 from engines.kv.growth import GrowthKV
 from engines.kv.paged import PagedKV
 from engines.kv.static import StaticKV
-from engines.memory import DeviceMemory
+from engines.memory.arena import DeviceMemory
 from engines.registry import REGISTRY, policies
 
 

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from engines.memory import DeviceMemory
+from engines.memory.arena import DeviceMemory
 
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 # each category's column in /stats and samples: free is the free bytes that would hold the next allocation

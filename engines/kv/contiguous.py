@@ -8,7 +8,7 @@ from collections import deque
 import torch
 
 from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
-from engines.memory import Allocation, DeviceMemory
+from engines.memory.arena import Allocation, DeviceMemory
 
 RECENT_ALLOCATIONS = 256  # allocations whose median stands for the next one when no request waits
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.kv.base import KVOptions, SeqLike
 from engines.kv.contiguous import ContiguousKV
-from engines.memory import DeviceMemory
+from engines.memory.arena import DeviceMemory
 
 
 class GrowthKV(ContiguousKV):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.kv.base import Breakdown, HeldTotals, KVOptions, KVPolicy, KVStats, SeqLike, seq_accounting
-from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
+from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
 
 
 @dataclass

@@ -6,7 +6,7 @@ from typing import Literal
 
 from engines.kv.base import KVOptions, SeqLike
 from engines.kv.contiguous import ContiguousKV
-from engines.memory import DeviceMemory, next_pow2
+from engines.memory.arena import DeviceMemory, next_pow2
 
 Reserve = Literal["max", "pow2", "oracle"]
 

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
-from engines.memory import Allocation, DeviceMemory, OOMEvent, OutOfMemory
+from engines.memory.arena import Allocation, DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
 from engines.sampler import StepLogits, process, prompt_logprobs
 from engines.sequence import FinishReason, SeqStatus, Sequence

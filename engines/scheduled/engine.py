@@ -11,7 +11,7 @@ import torch
 
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
-from engines.memory import DeviceMemory, OOMEvent, OutOfMemory
+from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import oom_context
 from engines.sampler import make_generator, process, prompt_logprobs, sample
 from engines.scheduled.model import ModelRunner

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engines.kv.base import KVPolicy
-from engines.memory import OOMEvent, OutOfMemory
+from engines.memory.arena import OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, OnOOM, oom_context
 from engines.scheduled.model import Chunk
 from engines.sequence import FinishReason, SeqStatus, Sequence

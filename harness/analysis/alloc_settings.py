@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from engines.registry import entry
@@ -30,8 +31,10 @@ def setting_id(number: int, conf: str) -> str:
     return f"{number}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", conf.strip()) or "default")
 
 
-def settings_block(run_dir: Path, summary: dict, cfg: dict) -> list[dict] | None:
-    """One record per setting, the run's own first; None where the run compared none."""
+def settings_block(run_dir: Path, summary: dict, cfg: dict,
+                   finalize: Callable[[Path], dict]) -> list[dict] | None:
+    """One record per setting, the run's own first; None where the run compared none. `finalize` summarizes a
+    setting's run that never wrote its summary (summary.finalize, handed in: that module imports this one)."""
     confs = cfg.get("compare_alloc_confs") or []
     if not confs:
         return None
@@ -39,19 +42,17 @@ def settings_block(run_dir: Path, summary: dict, cfg: dict) -> list[dict] | None
     out = [setting_record(cfg.get("alloc_conf") or "default", None, summary, engines)]
     for number, conf in enumerate(confs, start=1):
         rel = f"{SETTINGS_DIR}/{setting_id(number, conf)}"
-        out.append(setting_record(conf, rel, setting_summary(run_dir / rel), engines))
+        out.append(setting_record(conf, rel, setting_summary(run_dir / rel, finalize), engines))
     return out
 
 
-def setting_summary(sub: Path) -> dict | None:
+def setting_summary(sub: Path, finalize: Callable[[Path], dict]) -> dict | None:
     """A setting's summary.json; one its run never wrote (the run was killed in it) is computed from the rows it
     left, as any partial run's is; None where the setting's run never began."""
     if (sub / "summary.json").is_file():
         return json.loads((sub / "summary.json").read_text())
     if not (sub / "run.json").is_file():
         return None
-    from harness.analysis.summary import finalize  # the summary's own module imports this one
-
     return finalize(sub)
 
 

@@ -15,7 +15,7 @@ COLUMNS = {"allocated_bytes": "alloc_allocated_bytes", "reserved_bytes": "alloc_
 # requests by PyTorch's size class (engines/caching_memory.size_class) -> the samples columns counting them
 CLASS_COLUMNS = {"small": "alloc_small_requests", "large": "alloc_large_requests", "huge": "alloc_huge_requests"}
 STATS_COLUMNS = {**COLUMNS, **{f"{c}_requests": col for c, col in CLASS_COLUMNS.items()}}  # what the sampler reads
-LAYERS = ("policy", "allocator")  # which layer an OOM under the caching allocator failed (engines/caching_memory.py)
+LAYERS = ("policy", "allocator")  # which layer an OOM under the caching allocator failed (memory/caching_memory.py)
 PEAKS = ("allocated_bytes", "reserved_bytes", "segments")  # what a peak says more of than the last value
 
 

@@ -341,7 +341,7 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
     if len(cfg.get("kv_budgets") or []) > 1:
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]
-    if settings := settings_block(run_dir, summary, cfg):  # --compare-alloc-conf: each setting's own run
+    if settings := settings_block(run_dir, summary, cfg, finalize):  # --compare-alloc-conf: each setting's own run
         summary["alloc_settings"] = settings
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?
         summary["size_classes_rule"] = rule

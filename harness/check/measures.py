@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from engines.nvml import fullest_gpu
+from engines.memory.nvml import fullest_gpu
 from engines.procs import metric_samples
 from harness.analysis.integrity import sentence
 from harness.fetch import answers, request, stream, text_or_none

@@ -159,7 +159,7 @@ def trace_of(name: str, seed: int, max_seq_len: int, vocab_size: int):
 
 
 def device_of(requested: str) -> str:
-    from engines.memory import resolve_device
+    from engines.memory.arena import resolve_device
 
     with usage_errors(ValueError):
         return resolve_device(requested)

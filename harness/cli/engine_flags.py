@@ -39,7 +39,7 @@ def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> No
 
 def alloc_conf_arg(text: str) -> str:
     """A PYTORCH_CUDA_ALLOC_CONF string, checked as PyTorch checks it (the bad key or value, named)."""
-    from engines.allocconf import AllocConfError, parse_alloc_conf
+    from engines.memory.allocconf import AllocConfError, parse_alloc_conf
 
     try:
         parse_alloc_conf(text)

@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 def memory_recording(args: argparse.Namespace):
     """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
     (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
+    from engines.memory.replay import MemoryRecording
     from engines.registry import Kind, entry
-    from harness.allocreplay import MemoryRecording
 
     if entry(args.engine).kind is Kind.PEER:
         raise UsageError(f"--record-memory-history: the {args.engine} engine serves from a process of its own; "

@@ -435,7 +435,7 @@ class Bench:
         state = {k: ev.get(k) for k in OOM_STATE}
         words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
                           for k, v in state.items() if v is not None)
-        # which layer failed, where a caching allocator holds the KV (engines/caching_memory.py); null elsewhere
+        # which layer failed, where a caching allocator holds the KV (engines/memory/caching_memory.py); null elsewhere
         layer = {k: ev.get(k) if self.cfg.memory == "caching" else None for k in OOM_LAYER}
         self.event(run, "oom", t_s, requested_bytes=ev.get("requested_bytes"), free_bytes=ev.get("free_bytes"),
                    largest_free_bytes=ev.get("largest_free_bytes"), cause=ev.get("cause"),

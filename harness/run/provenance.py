@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from engines.cuda import device_info, device_note
+from engines.memory.cuda import device_info, device_note
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from engines.nvml import fullest_gpu
+from engines.memory.nvml import fullest_gpu
 from harness.fetch import HTTPError, answers, bearer, request
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 

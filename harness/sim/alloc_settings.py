@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from engines.allocconf import parse_alloc_conf
+from engines.memory.allocconf import parse_alloc_conf
 
 SWEEP, COMPLETED = "sweep", "completed"  # where a row's sustained rate comes from
 

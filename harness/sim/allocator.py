@@ -1,5 +1,5 @@
 """`fragbench simulate --memory caching`: the engines' KV policies at real model shapes on PyTorch's caching allocator
-(engines/caching.py) instead of the arena, its bookkeeping alone (no tensor behind it: a 60 GiB budget costs
+(engines/memory/caching.py) instead of the arena, its bookkeeping alone (no tensor behind it: a 60 GiB budget costs
 nothing). The allocator's classes are absolute (512 B, 1 MiB, 10 MiB, 20 MiB), so only at a real model's sizes do
 its segments, splits and cached blocks fall as they would on the GPU. `AllocatorTrack` follows the allocator over
 simulated time for the result's `allocator` block: what torch.cuda.memory_stats() would say after the run, its
@@ -7,8 +7,8 @@ peaks, and the share of the budget reserved but allocated to nothing (time-weigh
 
 from __future__ import annotations
 
-from engines.caching_memory import CachingMemory
-from engines.memory import Arena, DeviceMemory
+from engines.memory.arena import Arena, DeviceMemory
+from engines.memory.caching_memory import CachingMemory
 
 SIM_MEMORIES = ("arena", "caching")
 

@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from engines.memory.snapshot import read_snapshot
 from engines.percentile import percentile
-from engines.snapshot import read_snapshot
 from harness.analysis.integrity import sentence
 from harness.analysis.rundir import load_frames, load_meta
 from harness.analysis.summary import SHARE_COLUMNS, read_summary

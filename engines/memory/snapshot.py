@@ -7,7 +7,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from engines.caching import Block, CachingAllocator
+from engines.memory.blocks import Block
+from engines.memory.caching import CachingAllocator
 
 
 def snapshot(alloc: CachingAllocator, device: int = 0, traces: list[dict] | None = None) -> dict:

@@ -1,9 +1,9 @@
-"""A device memory by its `--memory` name. Apart from engines/memory.py so that the interface does not import
-what implements it (engines/cuda.py imports the interface; the interface importing cuda.py was a circle)."""
+"""A device memory by its `--memory` name. Apart from engines/memory/arena.py so that the interface does not import
+what implements it (engines/memory/cuda.py imports the interface; the interface importing cuda.py was a circle)."""
 
 from __future__ import annotations
 
-from engines.memory import Arena, DeviceMemory, Placement
+from engines.memory.arena import Arena, DeviceMemory, Placement
 
 MEMORY_KINDS = ("arena", "cuda", "caching")
 
@@ -16,11 +16,11 @@ def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: 
     if kind == "arena":
         return Arena(capacity_bytes, placement, backing_device=device)
     if kind == "cuda":
-        from engines.cuda import CudaMemory  # torch.cuda's side, apart
+        from engines.memory.cuda import CudaMemory  # torch.cuda's side, apart
 
         return CudaMemory(capacity_bytes, device, headroom_bytes)
     if kind == "caching":
-        from engines.caching_memory import CachingMemory
+        from engines.memory.caching_memory import CachingMemory
 
         return CachingMemory(capacity_bytes, alloc_conf, backing_device=device)
     raise ValueError(f"memory backend must be one of {', '.join(MEMORY_KINDS)}, not {kind!r}")

@@ -1,4 +1,4 @@
-"""expandable_segments:True for the caching allocator emulator (engines/caching.py): one segment per pool and
+"""expandable_segments:True for the caching allocator emulator (engines/memory/caching.py): one segment per pool and
 stream reserves a virtual range of 1 1/8 the device's bytes (here: the cap's) and maps pages into it, 2 MiB for
 the small pool and 20 MiB for the large, at the lowest address where free and unmapped space together hold the
 request; before the last retry every empty page is unmapped, and a segment left with nothing mapped is released.
@@ -6,15 +6,10 @@ A page maps only while the reserved bytes plus the page stay within the cap (the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engines.caching import CachingAllocator, Pool
-
-from engines.caching import LARGE_BUFFER_BYTES, SMALL_BUFFER_BYTES, Block, Expandable
+from engines.memory.blocks import LARGE_BUFFER_BYTES, SMALL_BUFFER_BYTES, Block, Expandable, Pool, SegmentHost, merge
 
 
-def allocate_expandable(alloc: CachingAllocator, pool: Pool, size: int, stream: int) -> Block | None:
+def allocate_expandable(alloc: SegmentHost, pool: Pool, size: int, stream: int) -> Block | None:
     """A free mapped block of at least `size` at the lowest address that can hold it (mapping pages), or None."""
     candidate = _find(alloc, pool, size, stream)
     if candidate is None:
@@ -31,7 +26,7 @@ def allocate_expandable(alloc: CachingAllocator, pool: Pool, size: int, stream: 
     return candidate
 
 
-def release_expandable(alloc: CachingAllocator, pool: Pool, blocks: list[Block]) -> None:
+def release_expandable(alloc: SegmentHost, pool: Pool, blocks: list[Block]) -> None:
     """Unmap the empty pages of these free blocks; a segment with nothing mapped goes back whole."""
     for block in blocks:
         _unmap(alloc, pool, block)
@@ -54,7 +49,7 @@ def _room(block: Block, size: int) -> bool:
     return total >= size
 
 
-def _find(alloc: CachingAllocator, pool: Pool, size: int, stream: int) -> Block | None:
+def _find(alloc: SegmentHost, pool: Pool, size: int, stream: int) -> Block | None:
     for key in sorted(k for k in pool.unmapped if k[0] == stream):
         candidate = pool.unmapped[key]
         if _free(candidate.prev):  # a free block just before the unmapped range starts lower
@@ -82,7 +77,7 @@ def _splice(block: Block, before: Block | None, after: Block | None) -> None:
         after.prev = block
 
 
-def _map(alloc: CachingAllocator, pool: Pool, block: Block, size: int) -> bool:
+def _map(alloc: SegmentHost, pool: Pool, block: Block, size: int) -> bool:
     segment = block.segment
     page = segment.page
     first = (block.addr - segment.base) // page
@@ -98,15 +93,15 @@ def _map(alloc: CachingAllocator, pool: Pool, block: Block, size: int) -> bool:
         _splice(rest, block, block.next)
         pool.unmapped[(rest.stream, rest.addr)] = rest
         block.size = mapped
-    alloc._try_merge(block, block.prev, pool)
-    alloc._try_merge(block, block.next, pool)
+    merge(block, block.prev, pool)
+    merge(block, block.next, pool)
     pool.insert(block)
     alloc._reserve(mapped)
     alloc._event("segment_map", block.addr, mapped, block.stream)
     return True
 
 
-def _unmap(alloc: CachingAllocator, pool: Pool, block: Block) -> None:
+def _unmap(alloc: SegmentHost, pool: Pool, block: Block) -> None:
     segment = block.segment
     page = segment.page
     offset = block.addr - segment.base
@@ -125,8 +120,8 @@ def _unmap(alloc: CachingAllocator, pool: Pool, block: Block) -> None:
         _splice(tail, block, block.next)
         pool.insert(tail)
     block.addr, block.size, block.mapped = start, size, False
-    alloc._try_merge(block, block.prev, pool)
-    alloc._try_merge(block, block.next, pool)
+    merge(block, block.prev, pool)
+    merge(block, block.next, pool)
     pool.unmapped[(block.stream, block.addr)] = block
     alloc.reserved -= size
     alloc._event("segment_unmap", start, size, block.stream)

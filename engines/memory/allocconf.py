@@ -2,7 +2,7 @@
 (`roundup_power2_divisions:[256:1,512:2,>:4]`), spaces ignored. A bad key or value is an `AllocConfError`
 naming it, so the CLI can say it in one line before any engine starts.
 
-The same string configures the emulator (`engines/caching.py`, `--memory caching`) and, under
+The same string configures the emulator (`engines/memory/caching.py`, `--memory caching`) and, under
 `--memory cuda`, the real allocator of the server's process (set in its environment before CUDA starts).
 """
 

@@ -1,13 +1,13 @@
 """The CUDA side of device memory: PyTorch's caching allocator under a per-process cap (`CudaMemory`), and
 what the device says of itself (the allocator's counters, NVML) for the samples and run.json. Imported only
-where a GPU path runs or is described; `engines/memory.py` holds the arena every machine has."""
+where a GPU path runs or is described; `engines/memory/arena.py` holds the arena every machine has."""
 
 from __future__ import annotations
 
 import torch
 
-from engines.memory import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory, round_size
-from engines.nvml import memory_info, nvml
+from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory, round_size
+from engines.memory.nvml import memory_info, nvml
 
 # What a forward takes from the same per-process cap as the KV: cuBLAS's workspace (":4096:8", eight 4 MiB
 # chunks, the default on sm90; less on older GPUs) beside the activations the caller sizes.

@@ -1,4 +1,4 @@
-"""The caching allocator's figures: its stats and OOM records (engines/caching.py), and /stats' `allocator`,
+"""The caching allocator's figures: its stats and OOM records (engines/memory/caching.py), and /stats' `allocator`,
 read from the engine's KV memory (the emulator's under --memory caching; none for the arena). Where no GPU
 answers for torch_allocated_bytes and torch_reserved_bytes (the debugging pass reads them), the emulator's
 figures stand in for PyTorch's."""

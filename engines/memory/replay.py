@@ -21,18 +21,17 @@ from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
 
-from engines.allocconf import NO_LIMIT, AllocConf, parse_alloc_conf
-from engines.caching import (
+from engines.memory.allocconf import NO_LIMIT, AllocConf, parse_alloc_conf
+from engines.memory.blocks import (
     LARGE_BUFFER_BYTES,
     MIN_LARGE_ALLOC_BYTES,
     ROUND_LARGE_BYTES,
     SMALL_SIZE_BYTES,
-    AllocatorOOM,
-    CachingAllocator,
     round_size,
     segment_size,
 )
-from engines.snapshot import ClassInPickle, load_data, write_snapshot, write_state
+from engines.memory.caching import AllocatorOOM, CachingAllocator
+from engines.memory.snapshot import ClassInPickle, load_data, write_snapshot, write_state
 
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 RELEASE_ACTIONS = ("segment_free", "segment_unmap")
@@ -44,7 +43,7 @@ UNCAPPED = 2**62  # no --capacity: the emulated device never refuses a segment
 RECORDING_KEY = "fragbench_recording"  # beside segments and device_traces: {"capacity_bytes", "alloc_conf"}
 RECORD_MAX_ENTRIES = 2_000_000  # the trace's ring buffer: a long server keeps its last events, not all memory
 
-# the rules of engines/caching.py a disagreeing segment event points at
+# the rules of engines/memory/caching.py a disagreeing segment event points at
 ROUNDING_RULE = "rounding to 512 B / roundup_power2_divisions"
 SMALL_POOL_RULE = "small pool 2 MiB segments for <= 1 MiB"
 LARGE_POOL_RULE = "large pool: 1-10 MiB requests carve a 20 MiB segment"
@@ -393,7 +392,7 @@ class MemoryRecording:
         before lies under it): the replay's capacity, as the allocator computes it from the fraction."""
         import torch
 
-        from engines.cuda import cuda_device
+        from engines.memory.cuda import cuda_device
 
         dev = cuda_device(device)
         total_bytes = torch.cuda.mem_get_info(dev)[1]

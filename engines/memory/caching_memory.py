@@ -1,4 +1,4 @@
-"""`--memory caching`: the KV held through the caching allocator emulator (engines/caching.py) under a cap equal to
+"""`--memory caching`: the KV held through the caching allocator emulator (caching.py) under a cap equal to
 the KV budget, as `set_per_process_memory_fraction` caps PyTorch's: allocated and reserved differ where
 PyTorch's would, and an OOM says which layer failed.
 
@@ -14,20 +14,27 @@ import threading
 
 import torch
 
-from engines.allocconf import AllocConf, parse_alloc_conf
-from engines.caching import (
+from engines.memory.allocconf import AllocConf, parse_alloc_conf
+from engines.memory.arena import (
+    Allocation,
+    AllocatorFigures,
+    BestFitHeap,
+    DeviceMemory,
+    MemoryStats,
+    OOMEvent,
+    OutOfMemory,
+)
+from engines.memory.blocks import (
     LARGE_BUFFER_BYTES,
     MIN_BLOCK_BYTES,
     MIN_LARGE_ALLOC_BYTES,
     ROUND_LARGE_BYTES,
     SMALL_SIZE_BYTES,
-    AllocatorOOM,
-    CachingAllocator,
     round_size,
     segment_size,
 )
-from engines.memory import Allocation, AllocatorFigures, BestFitHeap, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
-from engines.snapshot import snapshot
+from engines.memory.caching import AllocatorOOM, CachingAllocator
+from engines.memory.snapshot import snapshot
 
 SPARE_ADDRESS_BYTES = 64 * 2**20  # beyond three caps: an expandable segment's 1 1/8 cap per pool, rounded to pages
 

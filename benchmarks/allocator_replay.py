@@ -1,5 +1,5 @@
 """What `fragbench allocator replay` costs per trace event: the caching allocator emulator replaying a trace of
-1,000,000 allocations and frees, beside a plain best-fit arena (engines/memory.Arena, bookkeeping only) replaying
+1,000,000 allocations and frees, beside a plain best-fit arena (engines/memory/arena.Arena, bookkeeping only) replaying
 the same events, in one run. Goal: the emulator under 20 s for 1,000,000 events on one core.
 
 Run by hand:  .venv/bin/python benchmarks/allocator_replay.py [--events 1000000] [--alloc-conf CONF]

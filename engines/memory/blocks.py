@@ -144,7 +144,7 @@ def expandable_size(block: Block) -> int:
 class SegmentHost(Protocol):
     """What expandable segments read and change of the allocator that holds them (caching.CachingAllocator)."""
 
-    capacity_bytes: int
+    device_bytes: int
     reserved: int
     addresses: BumpAddresses
     expandables: list[Expandable]

@@ -17,8 +17,11 @@ Reimplemented from the rules of c10/cuda/CUDACachingAllocator.cpp (torch 2.13), 
 - expandable_segments:True: one segment per pool and stream that maps 2 MiB (small) or 20 MiB (large) pages at
   its lowest free address, and unmaps its empty pages before the last retry.
 
-The cap is `set_per_process_memory_fraction`'s: reserved bytes plus the new segment must stay within it (a GPU maps
-a segment's pages under fresh virtual addresses, so the device itself never fragments)."""
+The cap is `set_per_process_memory_fraction`'s, checked where `alloc_block` checks it: reserved bytes plus the
+segment a request asks for (`alloc_size`) must stay within it, before any segment is made. Past that check a
+segment fails only when the device runs out (`device_bytes`): cudaMalloc for a whole segment; for expandable
+segments each page's cuMemCreate, which maps whole pages, so an expandable segment may grow past the cap by up to
+a page less 2 MiB (a GPU maps a segment's pages under fresh virtual addresses, so the device never fragments)."""
 
 from __future__ import annotations
 
@@ -42,17 +45,19 @@ from engines.memory.expandable import allocate_expandable, release_expandable
 
 
 class CachingAllocator:
-    """The allocator of one device under a cap of `capacity_bytes` reserved. `addresses` places segments
-    (reserve/release); `events`, when a list, receives (action, address, size, stream) for every segment_alloc,
-    segment_free, segment_map and segment_unmap, as PyTorch's trace names them."""
+    """The allocator of one device of `device_bytes` (default: the cap; the device's total memory, which sizes an
+    expandable segment's virtual range and refuses what it cannot hold) under a cap of `capacity_bytes` reserved.
+    `addresses` places segments (reserve/release); `events`, when a list, receives (action, address, size,
+    stream) for every segment_alloc, segment_free, segment_map and segment_unmap, as PyTorch's trace names them."""
 
     def __init__(self, capacity_bytes: int, conf: AllocConf | str | None = None, addresses=None,
-                 events: list | None = None):
+                 events: list | None = None, device_bytes: int | None = None):
         self.conf = conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf)
         if self.conf.backend != "native":
             raise AllocConfError(f"alloc conf: backend:{self.conf.backend} is CUDA's own allocator, not the "
                                  "caching allocator: there are no rules to emulate")
         self.capacity_bytes = capacity_bytes
+        self.device_bytes = capacity_bytes if device_bytes is None else device_bytes
         self.addresses = addresses or BumpAddresses()
         self.events = events
         self.small, self.large = Pool(True), Pool(False)
@@ -199,10 +204,12 @@ class CachingAllocator:
     def _alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int, retry: bool) -> Block | None:
         if retry:
             self.retries += 1
-        if self.reserved + alloc_size > self.capacity_bytes:
+        if self.reserved + alloc_size > self.capacity_bytes:  # alloc_block: the fraction's one check
             return None
-        if self.conf.expandable_segments:
+        if self.conf.expandable_segments:  # pages map until the device runs out (ExpandableSegment::map)
             return allocate_expandable(self, pool, size, stream)
+        if self.reserved + alloc_size > self.device_bytes:  # cudaMalloc: the device is out
+            return None
         addr = self.addresses.reserve(alloc_size)
         if addr is None:
             return None
@@ -223,7 +230,9 @@ class CachingAllocator:
             self.events.append((action, addr, size, stream))
 
     def _release_block(self, block: Block, pool: Pool) -> None:
-        """A whole cached segment back to the device (cudaFree)."""
+        """A whole cached segment back to the device (cudaFree); never an expandable segment's block (PyTorch
+        asserts `!block->expandable_segment_`: those are unmapped page by page, release_expandable)."""
+        assert block.segment is None, "release_block of an expandable segment's block"
         self._event("segment_free", block.addr, block.size, block.stream)
         self.addresses.release(block.addr, block.size)
         self.reserved -= block.size
@@ -231,21 +240,29 @@ class CachingAllocator:
         pool.remove(block)
 
     def _release_available_cached_blocks(self, pool: Pool, size: int, stream: int) -> bool:
-        """Free one oversize cached block that covers the request (or the largest few that together do)."""
+        """Free one oversize cached block that covers the request (or the largest few that together do).
+        Expandable segments' blocks are never freed here: the search skips one found first (to the largest few)
+        and the loop passes over them (CUDACachingAllocator.cpp: `(*it)->expandable_segment_` in the search,
+        `if (!(*cur)->expandable_segment_)` in the loop); only their empty pages go, at the last retry."""
         if self.max_split >= 2**63 - 1:
             return False
         want = max(size, self.max_split)
         keys = pool.keys
         i = bisect_left(keys, (stream, want, 0))
-        if i < len(keys) and keys[i][0] == stream:
+        if i < len(keys) and keys[i][0] == stream and pool.free[keys[i][2]].segment is None:
             self._release_block(pool.free[keys[i][2]], pool)
             return True
+        if i == 0:
+            return False
         released = 0
-        i -= 1
-        while i >= 0 and released < want and keys[i][0] == stream and keys[i][1] >= self.max_split:
+        i -= 1  # the largest block below the key: every stream's blocks lie in one order, this stream's last
+        while released < want and keys[i][1] >= self.max_split and keys[i][0] == stream:
             block = pool.free[keys[i][2]]
-            released += block.size
-            self._release_block(block, pool)
+            if block.segment is None:
+                released += block.size
+                self._release_block(block, pool)
+            if i == 0:
+                break
             i -= 1
         return released >= want
 
@@ -285,7 +302,8 @@ class CachingAllocator:
                     self._release_block(block, pool)
 
     def _oom_info(self, orig_size: int, size: int, alloc_size: int) -> AllocatorOOMInfo:
+        limit = min(self.capacity_bytes, self.device_bytes)
         return AllocatorOOMInfo(orig_size, size, alloc_size, self.reserved, self.allocated,
-                                self.reserved - self.allocated, max(0, self.capacity_bytes - self.reserved),
+                                self.reserved - self.allocated, max(0, limit - self.reserved),
                                 self.largest_cached_bytes())
 

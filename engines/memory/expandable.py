@@ -1,8 +1,10 @@
-"""expandable_segments:True for the caching allocator emulator (engines/memory/caching.py): one segment per pool and
-stream reserves a virtual range of 1 1/8 the device's bytes (here: the cap's) and maps pages into it, 2 MiB for
-the small pool and 20 MiB for the large, at the lowest address where free and unmapped space together hold the
-request; before the last retry every empty page is unmapped, and a segment left with nothing mapped is released.
-A page maps only while the reserved bytes plus the page stay within the cap (the emulated device holds no more)."""
+"""expandable_segments:True for the caching allocator emulator (caching.py): one segment per pool and stream
+reserves a virtual range of 1 1/8 the device's memory (`numSegments(prop.totalGlobalMem + prop.totalGlobalMem / 8)`
+pages, whatever the cap) and maps pages into it, 2 MiB for the small pool and 20 MiB for the large, at the lowest
+address where free and unmapped space together hold the request; before the last retry every empty page is
+unmapped, and a segment left with nothing mapped is released. The cap is checked once, before (caching.py's
+`_alloc_block`, as `alloc_block` checks it); a page then maps unless the device itself is out
+(`ExpandableSegment::map` fails only when cuMemCreate does), so the segment may pass the cap by part of a page."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _find(alloc: SegmentHost, pool: Pool, size: int, stream: int) -> Block | Non
         if _room(candidate, size):
             return candidate
     page = SMALL_BUFFER_BYTES if pool.small else LARGE_BUFFER_BYTES
-    span = -(-(alloc.capacity_bytes + alloc.capacity_bytes // 8) // page) * page
+    span = -(-(alloc.device_bytes + alloc.device_bytes // 8) // page) * page  # the device's, not the cap's
     base = alloc.addresses.reserve(span)
     if base is None:
         return None
@@ -83,7 +85,7 @@ def _map(alloc: SegmentHost, pool: Pool, block: Block, size: int) -> bool:
     first = (block.addr - segment.base) // page
     end = -(-(block.addr + size - segment.base) // page)
     mapped = (end - first) * page
-    if mapped == 0 or alloc.reserved + mapped > alloc.capacity_bytes:
+    if mapped == 0 or alloc.reserved + mapped > alloc.device_bytes:  # cuMemCreate: the device is out
         return False
     del pool.unmapped[(block.stream, block.addr)]
     block.mapped = True

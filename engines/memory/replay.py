@@ -11,8 +11,11 @@ block is reusable), or at `free_requested` in a trace that has no completions. A
 allocation follows is `torch.cuda.empty_cache()` (inside a malloc, PyTorch frees segments only to make room for
 the one it then maps, or before the OOM it then records): the replay empties the emulator's cache there too.
 
+The cap is a `set_per_process_memory_fraction` cap on a device of `device_bytes` (the device's total memory: an
+expandable segment's virtual range is sized from it, and pages map past the cap until it runs out, caching.py).
+
 `serve --record-memory-history FILE` records such a pickle of a whole server (`MemoryRecording`), with the cap
-its allocator ran under and its PYTORCH_CUDA_ALLOC_CONF beside the trace (`RECORDING_KEY`)."""
+its allocator ran under, the device's memory and its PYTORCH_CUDA_ALLOC_CONF beside the trace (`RECORDING_KEY`)."""
 
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ RELEASE_ACTIONS = ("segment_free", "segment_unmap")
 # or of a segment against expandable segments' page), not two
 KIND = {"segment_alloc": "grow", "segment_map": "grow", "segment_free": "shrink", "segment_unmap": "shrink",
         "oom": "oom"}
-UNCAPPED = 2**62  # no --capacity: the emulated device never refuses a segment
-RECORDING_KEY = "fragbench_recording"  # beside segments and device_traces: {"capacity_bytes", "alloc_conf"}
+# no --capacity, no device size: neither refuses a segment. 64 TiB, more than any device holds, keeps an expandable
+# segment's range (9/8 of it) and so every address under 2**53, where the snapshot viewer's numbers stay exact
+UNCAPPED = 2**46
+RECORDING_KEY = "fragbench_recording"  # beside segments and device_traces: {"capacity_bytes", "device_bytes", ...}
 RECORD_MAX_ENTRIES = 2_000_000  # the trace's ring buffer: a long server keeps its last events, not all memory
 
 # the rules of engines/memory/caching.py a disagreeing segment event points at
@@ -76,6 +81,7 @@ class Trace:
     skipped: int  # entries of other kinds (oom, snapshot, free_requested beside completions, ...)
     capacity_bytes: int | None = None  # the cap its allocator ran under, where the recording noted it
     alloc_conf: str | None = None  # its PYTORCH_CUDA_ALLOC_CONF, where the recording noted it
+    device_bytes: int | None = None  # the device's total memory, where the recording noted it
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class SegmentMismatch:
 @dataclass(frozen=True)
 class ReplayOOM:
     event_index: int
-    requested_bytes: int
+    requested_bytes: int  # rounded, as PyTorch's OOM trace entry records the request (params.size())
     reserved_bytes: int
     allocated_bytes: int
     cached_free_bytes: int
@@ -160,37 +166,58 @@ def load_trace(path: str | Path) -> Trace:
                             "torch.cuda.memory._record_memory_history() before taking the snapshot")
     try:
         trace = _events(entries, device)
-    except (KeyError, TypeError) as e:
+    except KeyError as e:
         raise SnapshotError(f"{path}: a trace entry lacks {e}: not a memory snapshot's trace") from None
+    except (TypeError, ValueError) as e:
+        raise SnapshotError(f"{path}: not a memory snapshot's trace ({e})") from None
     noted = data.get(RECORDING_KEY)
     if not isinstance(noted, dict):
         return trace
-    capacity, conf = noted.get("capacity_bytes"), noted.get("alloc_conf")
-    return Trace(trace.events, device, trace.skipped, capacity if isinstance(capacity, int) else None,
-                 conf if isinstance(conf, str) else None)
+    capacity, conf, total = (_size(noted.get("capacity_bytes")), noted.get("alloc_conf"),
+                             _size(noted.get("device_bytes")))
+    return Trace(trace.events, device, trace.skipped, capacity, conf if isinstance(conf, str) else None, total)
+
+
+def _size(value: object) -> int | None:
+    """A noted byte count: a positive int, else none noted."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _field(entry: dict, key: str, default: int | None = None) -> int:
+    """An entry's address, size or stream: a non-negative int, as PyTorch writes them (a stream is a handle)."""
+    value = entry.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"entry {key} {value!r} is not a non-negative integer")
+    return value
 
 
 def _events(entries: list[dict], device: int) -> Trace:
+    strange = next((e for e in entries if not isinstance(e, dict)), None)
+    if strange is not None:
+        raise TypeError(f"an entry is a {type(strange).__name__}, not a dict")
     completes = any(e.get("action") == "free_completed" for e in entries)
     free_action = "free_completed" if completes else "free_requested"
     events, skipped = [], 0
     for i, e in enumerate(entries):
         action = e["action"]
         if action == free_action:
-            events.append(Event("free", e["addr"], e["size"], e.get("stream", 0), i))
+            events.append(Event("free", _field(e, "addr"), _field(e, "size"), _field(e, "stream", 0), i))
         elif action == "oom":  # a request that failed (and was caught): the allocator's retries still ran
-            events.append(Event("oom", 0, e["size"], e.get("stream", 0), i))
+            events.append(Event("oom", 0, _field(e, "size"), _field(e, "stream", 0), i))
         elif action == "alloc" or action in SEGMENT_ACTIONS:
-            events.append(Event(action, e["addr"], e["size"], e.get("stream", 0), i))
+            events.append(Event(action, _field(e, "addr"), _field(e, "size"), _field(e, "stream", 0), i))
         else:
             skipped += 1
     return Trace(events, device, skipped)
 
 
-def replay(trace: Trace, capacity_bytes: int | None, conf: AllocConf, dump: Path | None = None) -> ReplayResult:
-    """The trace's allocations and frees through a fresh emulator: its peaks, retries and first OOM, and its
-    segment events against the trace's; `dump` receives its final state as a snapshot pickle."""
-    run = _Replay(CachingAllocator(capacity_bytes or UNCAPPED, conf, events=[]))
+def replay(trace: Trace, capacity_bytes: int | None, conf: AllocConf, dump: Path | None = None,
+           device_bytes: int | None = None) -> ReplayResult:
+    """The trace's allocations and frees through a fresh emulator on a device of `device_bytes` (default: what the
+    recording noted, else UNCAPPED): its peaks, retries and first OOM, and its segment events against the trace's;
+    `dump` receives its final state as a snapshot pickle."""
+    device = device_bytes or trace.device_bytes or UNCAPPED
+    run = _Replay(CachingAllocator(capacity_bytes or UNCAPPED, conf, events=[], device_bytes=device))
     for index, event in enumerate(trace.events):
         run.step(index, event)
     run.flush_releases(None)  # frees at the very end: an empty_cache() the trace ends with
@@ -206,7 +233,7 @@ def replay(trace: Trace, capacity_bytes: int | None, conf: AllocConf, dump: Path
 
 def replay_recorded(trace: Trace) -> ReplayResult:
     """A trace under the cap and allocator settings its recording noted (none noted: uncapped, PyTorch's)."""
-    return replay(trace, trace.capacity_bytes, parse_alloc_conf(trace.alloc_conf))
+    return replay(trace, trace.capacity_bytes, parse_alloc_conf(trace.alloc_conf), device_bytes=trace.device_bytes)
 
 
 class _Replay:
@@ -250,7 +277,7 @@ class _Replay:
             self.failed += 1
             if self.oom is None:
                 i = e.info
-                self.oom = ReplayOOM(index, i.requested_bytes, i.reserved_bytes, i.allocated_bytes,
+                self.oom = ReplayOOM(index, i.rounded_bytes, i.reserved_bytes, i.allocated_bytes,
                                      i.cached_free_bytes, i.device_free_bytes)
             return False
         if event.action == "alloc":
@@ -384,6 +411,7 @@ class MemoryRecording:
                                "has no CUDA device")
         self.path = path
         self.capacity_bytes: int | None = None
+        self.device_bytes: int | None = None
         torch.cuda.init()  # the device's allocator exists before it is told to record: one made later may not
         torch.cuda.memory._record_memory_history("all", context=None, max_entries=max_entries)
 
@@ -397,6 +425,7 @@ class MemoryRecording:
         dev = cuda_device(device)
         total_bytes = torch.cuda.mem_get_info(dev)[1]
         self.capacity_bytes = int(torch.cuda.get_per_process_memory_fraction(dev) * total_bytes)
+        self.device_bytes = total_bytes
 
     def dump(self) -> Path:
         import torch
@@ -404,5 +433,6 @@ class MemoryRecording:
         state = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(None)
         conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        state[RECORDING_KEY] = {"capacity_bytes": self.capacity_bytes, "alloc_conf": conf}
+        state[RECORDING_KEY] = {"capacity_bytes": self.capacity_bytes, "device_bytes": self.device_bytes,
+                                "alloc_conf": conf}
         return write_state(state, self.path)

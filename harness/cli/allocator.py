@@ -21,6 +21,10 @@ def register(sub) -> None:
     replay.add_argument("--capacity", type=size_arg,
                         help="cap on reserved bytes, as torch.cuda.set_per_process_memory_fraction sets it, e.g. "
                              "40GiB (default: none, the replay never runs out)")
+    replay.add_argument("--device-memory", type=size_arg, metavar="SIZE",
+                        help="the total memory of the device the trace ran on, e.g. 80GiB: an expandable segment's "
+                             "virtual range is 9/8 of it, and its pages map past --capacity until it runs out "
+                             "(default: what the recording noted, else 64 TiB: never refused)")
     replay.add_argument("--alloc-conf", action="append", type=alloc_conf_arg, metavar="CONF",
                         help="a PYTORCH_CUDA_ALLOC_CONF setting, e.g. expandable_segments:True; repeat to compare "
                              "several (default: PyTorch's defaults alone)")
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.snapshot)
     confs = [parse_alloc_conf(text) for text in (args.alloc_conf or [""])]
     dumps = dump_paths(args.dump, len(confs)) if args.dump else [None] * len(confs)
-    results = [replay(trace, args.capacity, conf, dump) for conf, dump in zip(confs, dumps, strict=True)]
+    results = [replay(trace, args.capacity, conf, dump, args.device_memory)
+               for conf, dump in zip(confs, dumps, strict=True)]
     if args.json:
         print(json.dumps([r.contract() for r in results], indent=2))
         return 0
@@ -54,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {r.alloc_conf}: peak reserved {format_bytes(r.peak_reserved_bytes)}, peak allocated "
               f"{format_bytes(r.peak_allocated_bytes)}, segments max {r.segments_max}, retries {r.alloc_retries}, "
               f"first OOM {oom}")
+        if args.capacity and r.peak_reserved_bytes > args.capacity:  # only expandable segments get there
+            print(f"    reserved {format_bytes(r.peak_reserved_bytes - args.capacity)} past the cap: the fraction is "
+                  "checked before a request's pages map, and they map whole")
         if r.segment_events_trace:
             print(f"    segment events reproduced exactly: {r.segment_events_matched} of {r.segment_events_trace}")
             for m in r.mismatches[:20]:  # each with the allocator rule it most likely breaks

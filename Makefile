@@ -9,6 +9,7 @@ MODEL_DIR := models/tiny-llama
 # The tested torch, on both kinds. On CPU its wheel lies on disk; on a GPU box PyPI's Linux wheel of the same
 # version is the CUDA build (an unpinned torch would pull whatever is newest).
 TORCH_VERSION := 2.13.0
+OTAVA_VERSION := 0.8.0
 
 .PHONY: setup test lint model vllm bench bench-quick nightly stress clean gpu-check
 
@@ -30,6 +31,10 @@ else
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 endif
 	$(BIN)/pip install -q -e '.[dev]'
+# Apache Otava, `fragbench history`'s change points: without its dependencies, which pin numpy 2.2 and scipy < 1.17
+# and pull BigQuery, Postgres and Slack clients; otava.analysis needs numpy and scipy alone, which the venv has
+	$(BIN)/pip install -q --no-deps apache-otava==$(OTAVA_VERSION)
+	$(BIN)/python -c "from otava.analysis import compute_change_points"
 	$(BIN)/python -m engines.scheduled.kernels
 	rm -f $(VENV)/.fragbench-installed*
 	touch $(STAMP)

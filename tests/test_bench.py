@@ -117,21 +117,31 @@ def test_kill_9_mid_run_leaves_a_partial_run_that_reports(tiny_model, tmp_path):
     assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 3
 
 
-def fake_run(path: Path, tok_s: float, ttft: float) -> Path:
+def fake_run(path: Path, tok_s: float, ttft: float, rps: float = 3.0, ci: tuple = (2.5, 3.6)) -> Path:
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
     engines = {"paged": {"output_tokens_per_s": tok_s, "ttft_p99_s": ttft, "token_states_share": 0.9}}
-    (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete", "engines": engines}))
+    capacity = {"paged": {"sustained_rps": rps, "sustained_rps_ci": list(ci)}}
+    (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete", "engines": engines,
+                                                   "capacity": capacity}))
     return path
 
 
-def test_compare_fails_on_a_regression_beyond_the_threshold(tmp_path):
+def test_compare_gates_the_sustained_rate_on_its_intervals_and_not_the_pooled_figures(tmp_path):
+    """A/A: pooled figures far apart (output tokens/s halved, TTFT p99 x7) with overlapping rate intervals pass;
+    a rate whose interval lies wholly under the base's and is a third lower fails; one whose intervals separate by
+    less than the threshold (3 %) passes."""
     base = fake_run(tmp_path / "base", 100.0, 1.0)
-    same = fake_run(tmp_path / "same", 95.0, 1.05)
-    slow = fake_run(tmp_path / "slow", 70.0, 1.0)
+    same = fake_run(tmp_path / "same", 50.0, 7.0, 2.7, (2.2, 3.3))
+    slow = fake_run(tmp_path / "slow", 100.0, 1.0, 2.0, (1.7, 2.3))
     ok = run_cli("compare", str(base), str(same), "--threshold", "10", "--out", str(tmp_path / "a.html"))
     assert ok.returncode == 0, ok.stdout
+    assert "intervals overlap: no measurable difference" in ok.stdout and "2.5, 3.6" in ok.stdout
     bad = run_cli("compare", str(base), str(slow), "--threshold", "10", "--out", str(tmp_path / "b.html"))
-    assert bad.returncode == 1 and "REGRESSION" in bad.stdout
+    assert bad.returncode == 1 and "REGRESSION: intervals separate and worse by 33.3 %" in bad.stdout
     assert (tmp_path / "b.html").is_file()
+    tight = fake_run(tmp_path / "tight", 100.0, 1.0, 3.0, (2.95, 3.05))
+    close = fake_run(tmp_path / "close", 100.0, 1.0, 2.9, (2.85, 2.93))
+    small = run_cli("compare", str(tight), str(close), "--threshold", "10", "--out", str(tmp_path / "c.html"))
+    assert small.returncode == 0 and "worse by 3.3 % <= 10 %" in small.stdout
     assert run_cli("compare", str(base), str(tmp_path / "nope")).returncode == 2

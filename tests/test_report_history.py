@@ -62,7 +62,49 @@ def test_history_draws_the_readable_runs_and_names_the_skipped_one(results, tmp_
     html = out.read_text()
     assert "mixed-churn at 32MiB: 2 runs" in html and "Skipped: r3 (unreadable" in html
     assert "2026-11-20T03:00:00" in html and "2026-11-21T03:00:00" in html
-    assert "REGRESSION" in html  # r2's paged is far slower than r1's
+    assert "No change point in 2 runs" in html  # two runs are too few for a change point
+
+
+def series_run(folder, i: int, paged_rps: float, static_rps: float):
+    """A run whose summary holds a capacity block per engine and a headline, as a sweep's does."""
+    run = folder / f"r{i:02d}"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "started": f"2026-11-{i + 1:02d}T03:00:00+00:00",
+                                              "git_sha": f"{i:040d}", "status": "complete",
+                                              "config": {"workload": "mixed-churn", "kv_budget": "16MiB"}}))
+    cap = {e: {"sustained_rps": v, "sustained_rps_ci": [0.9 * v, 1.1 * v]}
+           for e, v in (("paged", paged_rps), ("static-oracle", static_rps))}
+    (run / "summary.json").write_text(json.dumps({
+        "run_id": run.name, "status": "complete", "engines": {e: {} for e in cap}, "capacity": cap,
+        "headline": {"engine": "paged", "against": "static-oracle", "ratio": paged_rps / static_rps,
+                     "ratio_ci": [0.8 * paged_rps / static_rps, 1.2 * paged_rps / static_rps]}}))
+
+
+def test_history_finds_the_one_change_after_the_fifth_run_and_calls_it_a_regression(tmp_path):
+    """Eight runs with noise of about 2 %; paged slows by a third from the sixth on, static-oracle does not: Otava's
+    E-divisive with its t-test at p < 0.001 finds one change in paged's rate, at the sixth run (index 5), and one
+    in the ratio, and none in static-oracle's."""
+    noise = [1.00, 1.02, 0.98, 1.01, 0.99, 1.02, 0.98, 1.00]
+    for i, n in enumerate(noise):
+        series_run(tmp_path / "results", i, (3.0 if i < 5 else 2.0) * n, 2.4 * noise[-1 - i])
+    r = run_cli("history", str(tmp_path / "results"), "--out", str(tmp_path / "h.html"), "--json")
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    by = {(c["engine"], c["figure"]): c for c in found["change_points"]}
+    assert set(by) == {("paged", "sustained_rps"), ("paged/static-oracle", "headline_ratio")}
+    paged = by[("paged", "sustained_rps")]
+    assert paged["index"] == 5 and paged["run_id"] == "r05" and paged["worse"] and paged["confirmed"]
+    assert paged["mean_before"] == pytest.approx(3.0 * sum(noise[:5]) / 5)
+    text = run_cli("history", str(tmp_path / "results"), "--out", str(tmp_path / "h.html"))
+    assert "paged sustained_rps: REGRESSION at run r05 (#6)" in text.stdout
+    assert "REGRESSION" in (tmp_path / "h.html").read_text()
+
+
+def test_history_of_one_steady_series_finds_no_change_point(tmp_path):
+    for i, n in enumerate([1.00, 1.02, 0.98, 1.01, 0.99, 1.02, 0.98, 1.00]):
+        series_run(tmp_path / "results", i, 3.0 * n, 2.4 * n)
+    r = run_cli("history", str(tmp_path / "results"), "--out", str(tmp_path / "h.html"), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["change_points"] == []
 
 
 def test_history_of_nothing_readable_exits_2(tmp_path):

@@ -14,7 +14,7 @@ from harness.analysis.capacity import SLO
 from harness.analysis.design import Design, share_s
 from harness.analysis.headline import headline, resolvable, time_to_resolve
 from harness.analysis.knee import Judged, KneeSearch, decreasing, design_effect, replicate_knees
-from harness.analysis.steady import fewest_to_pass, halves, warmup_s, wilson
+from harness.analysis.steady import fewest_to_pass, halves, knee_use, warmup_s, wilson
 from tests.conftest import run_cli
 from workloads.schedule import ScheduleReader, ScheduleWriter
 from workloads.spec import load_spec
@@ -96,15 +96,28 @@ def test_the_warm_up_is_one_p90_latency_and_at_least_a_second():
     assert warmup_s([0.1, 0.2]) == 1.0 and warmup_s([]) == 1.0
 
 
-def test_halves_that_disagree_mark_a_point_unsteady():
+def test_a_point_is_judged_on_its_attainment_against_the_target_not_on_its_queue():
+    """Issue 48's cases, by the rule: halves on one side of the 90 % target count whatever the queue did; a
+    collapse under the target while the queue grew is a miss; two sides with disjoint intervals and a flat queue
+    are unsteady."""
     rng = np.random.default_rng(0)
+    queue = rng.normal(5, 1, 400)
     calm = (rng.random(200) < 0.95).astype(float)
-    running = rng.normal(5, 1, 400)
-    assert halves(calm, running[:200], running[200:]).steady
-    building = np.concatenate([np.ones(100), (rng.random(100) < 0.4).astype(float)])
-    assert not halves(building, running[:200], running[200:]).steady
-    growing = halves(calm, running[:200], running[200:] + 6)
-    assert not growing.steady and growing.to_json()["running_halves"][1] > 10
+    assert knee_use(halves(calm, queue[:200], queue[200:]), 0.9) == "steady"
+    # run A's paged at 3.67 req/s: 92.9 % then 100 % met (both pass), the running count moving with preemption
+    both_pass = np.concatenate([(np.arange(85) % 14 != 0).astype(float), np.ones(86)])
+    moved = halves(both_pass, queue[:200], queue[200:] + 6)
+    assert knee_use(moved, 0.9) == "steady"
+    # run B's paged at 4.36 req/s: 29 % then 26 % met (both miss): a miss, counted
+    both_miss = np.concatenate([(np.arange(100) % 100 < 29).astype(float), (np.arange(100) % 100 < 26).astype(float)])
+    assert knee_use(halves(both_miss, queue[:200], queue[200:] - 3), 0.9) == "steady"
+    # run A's paged at 4.56 req/s: 77 % then 35 % met while the queue grew: over its knee (a miss)
+    collapsing = np.concatenate([(np.arange(100) % 100 < 77).astype(float), (np.arange(100) % 100 < 35).astype(float)])
+    assert knee_use(halves(collapsing, queue[:200], queue[200:] + 6), 0.9) == "over_knee"
+    # the same collapse with a queue that did not grow, halves on two sides of the target: unsteady
+    two_sides = np.concatenate([np.ones(100), (np.arange(100) % 100 < 40).astype(float)])
+    flat = halves(two_sides, queue[:200], queue[200:] - 1)
+    assert not flat.agree and knee_use(flat, 0.9) == "unsteady"
 
 
 # -- the design
@@ -113,7 +126,7 @@ def test_the_design_derives_its_numbers_from_the_precision_and_the_time():
     assert d.min_judged == 25 and d.max_judged == 100
     assert 1 + d.tolerance == pytest.approx(1.5 ** (1 / (2 * np.sqrt(2))), abs=1e-4)
     assert len(d.rules()) == 4 and "25" in d.rules()[0]
-    assert share_s(600, 2, 20) == pytest.approx((600 - 20) / 3)
+    assert share_s(600, 2, 20) == pytest.approx((600 - 20) / (2 + 2))  # two engines and two decision shares
     assert share_s(600, 1, 20, decision=False) == 600
 
 
@@ -161,9 +174,16 @@ def test_engines_that_judged_the_same_requests_pair_and_the_ratio_is_read_jointl
            "static-oracle": shared}
     knees = replicate_knees(pts, slo, 1.15)
     r = np.corrcoef(knees["paged"] < 2.0, knees["static-oracle"] < 1.5)[0, 1]
-    assert r > 0.3  # the same 1.5 req/s requests: when one engine's point fails in a replicate, so does the other's
+    # the same 1.5 req/s requests: when one engine's point fails in a replicate, so does the other's; the same
+    # points on streams of their own (other keys) draw apart
+    apart = {"paged": [Judged(p.offered_rps, p.key + "x", p.met, p.index) for p in pts["paged"]],
+             "static-oracle": shared}
+    alone = replicate_knees(apart, slo, 1.15)
+    r_apart = np.corrcoef(alone["paged"] < 2.0, alone["static-oracle"] < 1.5)[0, 1]
+    assert r > 0.2 and abs(r_apart) < 0.1, (r, r_apart)
     h = headline(pts, slo, 1.15, 1.5)
-    assert h.engine == "paged" and h.against == "static-oracle" and h.decided
+    assert h.engine == "paged" and h.against == "static-oracle" and h.ratio_ci[0] < h.ratio < h.ratio_ci[1]
+    assert h.decided == (h.ratio_ci[0] > 1.0)  # both knees bracketed: decided where the interval clears 1.0
     assert h.judged == {"paged": 180, "static-oracle": 180}
     assert resolvable(h, 4.0) < resolvable(h, 1.0) and time_to_resolve(h, pts, slo, 1.5) >= 0
 

@@ -15,7 +15,7 @@ from harness.analysis.headline import bracket_ends, headline, point_estimate, ra
 from harness.analysis.knee import Judged, knee_points, replicate_knees, rests_on_unsteady
 from harness.analysis.steady import halves, knee_use
 from harness.results import request_row
-from harness.run.verdicts import decision_line, verdict_final, verdict_now
+from harness.run.verdicts import decision_line, verdict_now
 from harness.views.verdict import lateness_sentence
 from tests.conftest import run_cli
 from workloads.generate import TraceRequest
@@ -64,21 +64,34 @@ def test_no_knee_rests_on_an_unsteady_point_and_one_over_its_knee_is_a_miss_in_e
 
 # -- one computation
 def test_the_runs_verdict_is_summary_jsons_headline_and_the_decision_line_prints_it(swept):
+    """The headline is read off summary.json's own capacity block (the ratio of the two sustained rates, decided
+    only where the interval excludes 1.0 and each engine has a rate that met the SLO under one that missed it,
+    read by hand from its points), and what the run said while it ran (its journals, nothing in flight) is it."""
     run_dir, report = swept
     summary = json.loads((run_dir / "summary.json").read_text())
-    final = verdict_final(run_dir)
-    assert final.headline == summary["headline"]
-    assert final.capacity == summary["capacity"] and final.ratios == summary["capacity_ratios"]
+    h, cap = summary["headline"], summary["capacity"]
+    assert h["ratio"] == pytest.approx(cap[h["engine"]]["sustained_rps"] / cap[h["against"]]["sustained_rps"],
+                                       rel=1e-3)
+    target = cap[h["engine"]]["slo"]["attainment"]
+
+    def bracketed(points):
+        usable = [p for p in points if p["knee_use"] != "unsteady"]
+        misses = [p["offered_rps"] for p in usable if (p["halves"][1] if p["knee_use"] == "over_knee"
+                                                       else p["slo_attainment"]) < target]
+        return bool(misses) and any(p["offered_rps"] < min(misses) and p["slo_attainment"] >= target for p in usable)
+
+    for e in (h["engine"], h["against"]):
+        assert h["bracketed"][e] == bracketed(cap[e]["points"]), e
+    lo, hi = h["ratio_ci"]
+    assert h["decided"] == (not lo <= 1.0 <= hi and all(h["bracketed"].values()))
     meta = json.loads((run_dir / "run.json").read_text())
-    assert verdict_now(run_dir, meta, []).headline == summary["headline"]
-    h = summary["headline"]
+    assert verdict_now(run_dir, meta, []).headline == h  # plumbing: the console's reader is summary.json's
     line = decision_line(h)
-    assert f"= {h['ratio']:.2f} [{h['ratio_ci'][0]:.2f}, {h['ratio_ci'][1]:.2f}]" in line
+    assert f"= {h['ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in line
     assert ("undecided" in line) != h["decided"]
     for engine, ends in h["bracket_ends"].items():
         # an unsteady point places a knee only where none of the engine's points settled, and the run says so
-        allowed = ("steady", "over_knee", "unsteady") if summary["capacity"][engine]["rests_on_unsteady"] else \
-            ("steady", "over_knee")
+        allowed = ("steady", "over_knee", "unsteady") if cap[engine]["rests_on_unsteady"] else ("steady", "over_knee")
         assert all(isinstance(p["steady"], bool) and p["use"] in allowed for p in ends), (engine, ends)
     # the report opens with the verdict at a glance, the method after the figures
     html = report.read_text()
@@ -107,24 +120,26 @@ def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept)
 
 @pytest.mark.timeout(900)
 def test_the_consoles_last_decision_line_is_summary_jsons_headline(tiny_model, tmp_path):
+    """Whatever the little time measured, headline or none: the console's last `decision:` line is the one
+    summary.json's headline prints, read from the console and from the file apart."""
     r = run_cli("bench", "--engines", "static-oracle,paged", "--model", str(tiny_model), "--kv-budget", "16MiB",
                 "--workload", "mixed-churn", "--sweep", "--time", "110", "--calibrate-duration", "3", "--grace", "2",
                 "--points", "3", "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "decided",
                 timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = re.findall(r"decision: (\S+) / (\S+) = ([\d.]+) \[([\d.]+), ([\d.]+)\]: (\w+)", r.stderr)
+    lines = [line[line.index("decision:"):] for line in r.stderr.splitlines() if "decision:" in line]
     summary = json.loads((tmp_path / "decided" / "summary.json").read_text())
     h = summary.get("headline")
-    if h is None:  # no engine placed a knee on steady points in this little time: the console says so too
-        assert "decision: no headline" in r.stderr
-        return
     assert lines, r.stderr[-3000:]
-    engine, against, ratio, lo, hi, word = lines[-1]
+    assert lines[-1].startswith(decision_line(h)), (lines[-1], h)
+    if h is None:
+        assert lines[-1].startswith("decision: no headline")
+        return
+    engine, against, ratio, lo, hi, word = re.match(
+        r"decision: (\S+) / (\S+) = ([\d.]+) \[([\d.]+), ([\d.]+)\]: (\w+)", lines[-1]).groups()
     assert (engine, against) == (h["engine"], h["against"])
     assert (ratio, lo, hi) == (f"{h['ratio']:.2f}", f"{h['ratio_ci'][0]:.2f}", f"{h['ratio_ci'][1]:.2f}")
     assert (word == "decided") == h["decided"]
-    for pts in h["bracket_ends"].values():
-        assert all("steady" in p for p in pts)
 
 
 # -- latency from the due time
@@ -157,12 +172,26 @@ def test_points_of_a_bursty_workload_hold_its_bursts_by_a_printed_rule():
 
 
 def test_the_headline_reads_the_knee_points_alone():
+    """By hand, interpolating linearly between the points a knee rests on (target 0.9): paged between 2.0 (100 %)
+    and 4.0 (40 %), its unsteady 3.0 left out: 2 + 2 x 0.1 / 0.6 = 2.333; static-oracle between 1.0 (100 %) and
+    2.0 (50 %): 1 + 0.1 / 0.5 = 1.2; the ratio 1.944 (with the unsteady point it would be 3.12 / 1.2 = 2.6)."""
     slo = SLO()
     pts = {"paged": [judged(2.0, 1.0), judged(3.0, 0.97, use="unsteady"), judged(4.0, 0.4)],
            "static-oracle": [judged(1.0, 1.0), judged(2.0, 0.5)]}
     h = headline(pts, slo, 1.15, 1.5)
     assert h.engine == "paged" and h.judged["paged"] == 300
-    assert h.ratio == pytest.approx(point_estimate(pts["paged"], slo) / point_estimate(pts["static-oracle"], slo))
+    assert h.ratio == pytest.approx((2 + 2 * 0.1 / 0.6) / 1.2)
+    assert h.bracketed == {"paged": True, "static-oracle": True} and h.replications == {"paged": 1, "static-oracle": 1}
+
+
+def test_a_ratio_of_knees_past_every_rate_measured_decides_nothing():
+    """Both engines met the SLO at every rate measured: their knees are bounds, and however far the interval lies
+    from 1.0 the headline is undecided."""
+    slo = SLO()
+    pts = {"paged": [judged(1.0, 1.0), judged(1.5, 1.0)], "static-oracle": [judged(4.0, 1.0), judged(5.0, 0.95)]}
+    h = headline(pts, slo, 1.15, 1.5)
+    assert h.ratio_ci[1] < 1.0 and not h.decided and h.bracketed == {"paged": False, "static-oracle": False}
+    assert "not bracketed" in decision_line(h.to_json())
 
 
 # -- the decision's next step
@@ -196,10 +225,19 @@ def decider(design):
 def test_an_unsteady_bracket_end_is_extended_at_its_rate_before_anything_else():
     d = decider(Design.of(900, 1.5, 0.9))
     pts = [judged(1.0, 1.0, 60), judged(1.6, 0.97, 60, use="unsteady"), judged(2.56, 0.3, 60)]
-    assert d.next_for(None, pts) == (1.6, True)  # the same point, more arrivals
+    assert d.round_plan(None, pts) == [(1.6, 0, True)]  # the same point, more arrivals
     settled = [pts[0], Judged(1.6, key_of(1.6), pts[1].met, pts[1].index, "steady"), pts[2]]
-    rate, extend = d.next_for(None, settled)  # a bracket [1.6, 2.56] wider than the tolerance: bisected
-    assert not extend and 1.6 < rate < 2.56
+    [(rate, rep, extend)] = d.round_plan(None, settled)  # a bracket [1.6, 2.56] wider than the tolerance: bisected
+    assert not extend and rep == 0 and 1.6 < rate < 2.56
     # an open bracket (no rate met the SLO) is the widest uncertainty: a lower rate first, however unsteady
-    rate, extend = d.next_for(None, [judged(2.5, 0.6, 60, use="unsteady")])
+    [(rate, rep, extend)] = d.round_plan(None, [judged(2.5, 0.6, 60, use="unsteady")])
     assert not extend and rate < 2.5
+
+
+def test_a_narrow_bracket_gets_a_fresh_realization_of_both_its_ends_each_round():
+    d = decider(Design.of(900, 1.5, 0.9))
+    narrow = [judged(1.0, 1.0, 60), judged(1.6, 0.95, 60), judged(1.7, 0.5, 60)]  # 1.7 / 1.6 < 1.154
+    assert d.round_plan(None, narrow) == [(1.6, 1, False), (1.7, 1, False)]
+    again = [*narrow, Judged(1.6, key_of(1.6, 1), np.ones(60), np.arange(60)),
+             Judged(1.7, key_of(1.7, 1), np.zeros(60), np.arange(60))]
+    assert d.round_plan(None, again) == [(1.6, 2, False), (1.7, 2, False)]

@@ -9,6 +9,9 @@ workload, and every engine offered that rate draws the same ones (common random 
   `TRACE_SLICES` and reads on in the trace's order, wrapping at its end. Keys a multiple of `TRACE_SLICES`
   apart (a factor 2^(TRACE_SLICES / STEPS_PER_OCTAVE) in rate) start on the same rows, and a point that
   takes more than a slice reads into the next key's rows: the request ids (the trace row and its lap) say so.
+- Replications: key `g<k>r<r>` is the r-th independent realization of grid rate k (a stream of its own seed,
+  or a trace slice of its own), so that a point measured again as a replication judges requests no earlier
+  realization judged: the variation between realizations (bursts, lengths) lands in the interval.
 - A `Segment` is a stretch of one stream at one rate: requests `first`, `first + 1`, ... arriving from
   `start_s` on, the stream's own arrival gaps rescaled to the rate, until `end_s`. A point of a knee search
   is one or more segments; an extended point continues its stream where it stopped.
@@ -46,8 +49,16 @@ def snap(rate_rps: float) -> float:
     return grid_rate(grid_index(rate_rps))
 
 
-def key_of(rate_rps: float) -> str:
-    return f"g{grid_index(rate_rps)}"
+def key_of(rate_rps: float, replication: int = 0) -> str:
+    """The stream of a grid rate; replication r > 0 is an independent realization of it (its own seed, and for
+    a trace its own slice): the same engines offered it judge the same requests, no other point does."""
+    return f"g{grid_index(rate_rps)}" + (f"r{replication}" if replication else "")
+
+
+def replication_of(key: str | None) -> int:
+    """The replication a stream key names (0: the rate's first stream, or a key of another kind)."""
+    head, _, rep = (key or "").partition("r")
+    return int(rep) if head.startswith("g") and rep.isdigit() else 0
 
 
 def stream_seed(seed: int, key: str) -> int:

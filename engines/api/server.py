@@ -56,8 +56,9 @@ class Stream:
 
 class EngineThread:
     def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
-                 fail_at_step: int | None = None, oom_snapshot: Path | None = None):
+                 fail_at_step: int | None = None, oom_snapshot: Path | None = None, slow_step: float = 1.0):
         self.engine = engine
+        self.slow_step = slow_step  # fault injection (serve --slow-step): every step takes this many times its time
         self.oom_snapshot = oom_snapshot  # where the (emulated) CUDA allocator's segments at the first OOM go, once
         self.on_crash = on_crash
         self.on_fatal = on_fatal
@@ -106,7 +107,10 @@ class EngineThread:
             while not self.stopping:
                 self.poll()
                 if self.engine.has_work():
+                    began = time.perf_counter()
                     self.engine.step()
+                    if self.slow_step > 1.0:  # asleep, not computing: a slower engine, not a busier machine
+                        time.sleep((self.slow_step - 1.0) * (time.perf_counter() - began))
                     self.stepped()
                     self.save_oom_snapshot()
                     if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
@@ -216,7 +220,8 @@ class EngineThread:
 
 class CompletionServer:
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
-                 fail_at_step: int | None = None, model_root: str | None = None, oom_snapshot: Path | None = None):
+                 fail_at_step: int | None = None, model_root: str | None = None, oom_snapshot: Path | None = None,
+                 slow_step: float = 1.0):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -224,7 +229,7 @@ class CompletionServer:
         self.created = int(time.time())
         self.routes = OpenAIRoutes(self)
         self.api_key = api_key
-        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot)
+        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot, slow_step)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
         self.metrics = MetricsCollector(self.routes.ignored, engine)

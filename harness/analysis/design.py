@@ -17,9 +17,10 @@ when it stops, how narrow a bracket the search bisects to, how the time is share
   (1.154 at precision 1.5), leaving the other half to sampling.
 - Time: the whole budget (`--time`) counts from the bench's start. Before each engine's search, what is left
   (less the set-up the engines still to come will spend, as measured on those done) is shared equally
-  between that engine, the engines after it, and one share for the decision (`bench`: the headline's two
-  engines get more judged requests until the ratio's interval is decided and as narrow as asked, or the time
-  is spent).
+  between that engine, the engines after it, and `DECISION_SHARES` shares for the decision (`bench`: the
+  headline's two engines measured in alternating rounds, their bracket ends replicated on independent
+  realizations, until the ratio's interval is decided and as narrow as asked, or the time is spent). No point
+  runs past its engine's share: a slow engine's point judges fewer requests, and its interval says so.
 """
 
 from __future__ import annotations
@@ -29,8 +30,15 @@ from dataclasses import asdict, dataclass
 
 from harness.analysis.steady import Z90, fewest_to_pass
 
+# independent realizations of each headline engine's bracket ends before a decided headline may stop the decision:
+# the level the run-to-run variance arises at is replicated (Kalibera and Jones 2013), three as `vllm bench sweep
+# serve --num-runs` does by default
+MIN_REPLICATIONS = 3
 EARLY_JUDGED = 10  # a point clearly under the target may stop with this many judged requests
 GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to this range
+# the decision's shares of the time: its rounds visit two engines each and replicate both bracket ends, so that
+# three realizations of each fit beside the searches (a round costs about what one engine's search does)
+DECISION_SHARES = 2
 
 
 @dataclass(frozen=True)
@@ -76,15 +84,17 @@ class Design:
             f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (precision "
             f"{self.precision:g} ^ (1 / (2 sqrt 2)): two brackets in quadrature take half the ratio's log-width)",
             f"the {self.time_s:g} s budget is shared equally, before each engine's search, between it, the engines "
-            "after it and the decision; the decision gives the headline's two engines more judged requests at "
-            f"their bracket ends until the ratio's interval excludes 1.0 with hi / lo <= {self.precision:g}",
+            f"after it and {DECISION_SHARES} shares for the decision; no point runs past its engine's share; the "
+            "decision measures the headline's two engines in alternating rounds, each round a fresh independent "
+            "realization (stream) of both engines' bracket ends, until the ratio's interval (the rounds resampled) "
+            f"excludes 1.0 with hi / lo <= {self.precision:g} on at least {MIN_REPLICATIONS} realizations",
         ]
 
 
 def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True) -> float:
     """An engine's search time: what is left, less the set-up of the engines after it, over the engines
-    left (this one included) and one share for the decision (where there is a headline to decide)."""
-    return max(0.0, (left_s - setup_s * (engines_left - 1)) / (engines_left + int(decision)))
+    left (this one included) and `DECISION_SHARES` for the decision (where there is a headline to decide)."""
+    return max(0.0, (left_s - setup_s * (engines_left - 1)) / (engines_left + DECISION_SHARES * int(decision)))
 
 
 def guard_s(e2e_median_s: float | None) -> float:

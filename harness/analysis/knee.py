@@ -22,6 +22,17 @@ Beta(met / d + 1/2, missed / d + 1/2); points of two engines that judged the sam
 rate, the same requests) draw with one uniform (paired, by quantile). A point cannot show a correlation
 longer than itself: on a bursty workload the design effect is a lower bound.
 
+Replications (`replicate_knees`): the variation between two runs of one commit is mostly not inside one
+stream. Whether an engine near its knee tips into preemption depends on the stream's bursts and on what the
+machine did that minute, and a binomial draw inside one realization sees neither. So the bracket ends of the
+headline's engines are measured again on independent realizations of their rates (workloads/streams.key_of's
+replications), in rounds that visit the two engines alternately, and each replicate also resamples the rounds
+(a hierarchical bootstrap, Kalibera and Jones 2013: resample at each level the variance arises at): the same
+rounds for every engine (one round's points of both engines were measured minutes apart, under one machine),
+each rate's attainment the effective-size-weighted mean of its points in the rounds drawn (a rate none of whose
+rounds was drawn keeps all of its points). The share of the ratio interval's log-width that resampling the
+rounds adds is the run-to-run share (`run_to_run_share`).
+
 Each replicate's attainments are made non-increasing in the rate (pool adjacent violators, weighted by judged
 requests: attainment cannot rise with the load, so a dip under a higher rate is noise), then every engine's
 bracket re-read (its highest rate meeting the target below the lowest that misses it) and the knee drawn
@@ -35,13 +46,14 @@ which every rate met the SLO puts the knee within one search step (x step) past 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import betaincinv  # the Beta quantile (stats.beta.ppf's, without scipy.stats' 2 s import)
 
 from harness.analysis.capacity import SLO
-from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
+from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, replication_of
 
 CONFIDENCE = 0.9
 REPLICATES = 2000
@@ -105,9 +117,9 @@ def bracket_of(points: list[dict], slo: SLO) -> tuple[float | None, float | None
 class Judged:
     """One point's judged requests, as the intervals resample them: each one's verdict (1 met the SLO, 0
     missed it) and its index in the point's stream, in arrival order; and what a knee may make of it
-    (harness/analysis/steady.knee_use): `steady` (its halves agree), `over_knee` (its second half collapsed
-    while its running count climbed: the queue grew without bound, a miss), or `unsteady` (its halves
-    disagree otherwise: no knee rests on it)."""
+    (harness/analysis/steady.knee_use): `steady` (its halves' attainments on one side of the target, or their
+    intervals overlapping), `over_knee` (attainment collapsed while the queue grew: a miss), or `unsteady` (halves
+    on two sides of the target with disjoint intervals: no knee rests on it)."""
 
     offered_rps: float
     key: str  # the stream (workloads/streams.key_of): points of two engines with one key judged the same requests
@@ -118,6 +130,11 @@ class Judged:
     @property
     def attainment(self) -> float:
         return float(self.met.mean()) if len(self.met) else 0.0
+
+    @property
+    def replication(self) -> int:
+        """The independent realization of its rate it judged (0: the search's; workloads/streams.key_of)."""
+        return replication_of(self.key)
 
 
 def knee_points(points: list[Judged]) -> list[Judged]:
@@ -132,6 +149,24 @@ def knee_points(points: list[Judged]) -> list[Judged]:
         elif p.use != "unsteady":
             out.append(p)
     return out if out else list(points)
+
+
+def pooled(points: list[Judged]) -> list[Judged]:
+    """One point per offered rate, its replications' verdicts together (ascending rates): what a rate's pass or
+    miss is judged on once it was measured more than once."""
+    out = []
+    for rate in sorted({p.offered_rps for p in points}):
+        mine = [p for p in points if p.offered_rps == rate]
+        use = "over_knee" if all(p.use == "over_knee" for p in mine) else mine[0].use
+        out.append(mine[0] if len(mine) == 1 else Judged(rate, mine[0].key, np.concatenate([p.met for p in mine]),
+                                                          np.concatenate([p.index for p in mine]), use))
+    return out
+
+
+def replications(points: list[Judged], rates: list[float]) -> int:
+    """How many independent realizations each of `rates` was judged on, at the least (0 without rates)."""
+    counts = [len({p.replication for p in points if p.offered_rps == r}) for r in rates]
+    return min(counts) if counts else 0
 
 
 def rests_on_unsteady(points: list[Judged]) -> bool:
@@ -162,9 +197,9 @@ def replicate_attainments(points: dict[str, list[Judged]], replicates: int = REP
                           seed: int = 0) -> dict[str, np.ndarray]:
     """Per engine, a (replicates x points) array of attainments drawn from each point's posterior at its
     effective size; one uniform per stream, shared by every engine that judged it."""
-    rng = np.random.default_rng(seed)
     keys = sorted({p.key for pts in points.values() for p in pts})
-    uniforms = {key: rng.random(replicates) for key in keys}
+    # one generator per stream, seeded by its name: a stream's draws do not depend on which others the run holds
+    uniforms = {key: named_rng(seed, key).random(replicates) for key in keys}
     out = {}
     for engine, pts in points.items():
         d = design_effect(pts)
@@ -172,6 +207,11 @@ def replicate_attainments(points: dict[str, list[Judged]], replicates: int = REP
                 if len(p.met) else np.zeros(replicates) for p in pts]
         out[engine] = np.column_stack(cols) if cols else np.zeros((replicates, 0))
     return out
+
+
+def named_rng(seed: int, name: str) -> np.random.Generator:
+    """A generator of its own for one stream or engine (its draws the same whatever else is drawn beside it)."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
 def decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -210,22 +250,47 @@ def crossings(rates: np.ndarray, att: np.ndarray, target: float, step: float,
     return lo * (hi / lo) ** rng.random(len(att))
 
 
-def replicate_knees(points: dict[str, list[Judged]], slo: SLO, step: float,
-                    replicates: int = REPLICATES, seed: int = 0) -> dict[str, np.ndarray]:
+def round_weights(points: dict[str, list[Judged]], replicates: int, rng: np.random.Generator,
+                  resample: bool = True) -> dict[int, np.ndarray]:
+    """Per round (replication), how many times each replicate draws it: one multinomial draw of the rounds per
+    replicate, shared by every engine (the rounds' pairing); all ones when the rounds are not resampled."""
+    rounds = sorted({p.replication for pts in points.values() for p in pts})
+    if not resample or len(rounds) < 2:
+        return {r: np.ones(replicates) for r in rounds}
+    counts = rng.multinomial(len(rounds), [1 / len(rounds)] * len(rounds), size=replicates)
+    return {r: counts[:, i].astype(float) for i, r in enumerate(rounds)}
+
+
+def pooled_draws(pts: list[Judged], att: np.ndarray, weights: dict[int, np.ndarray], d: float) -> tuple:
+    """(rates ascending, replicates x rates attainments, judged per rate): each rate's attainment the mean of its
+    points' draws weighted by effective size and by how often the replicate drew each point's round; a rate none
+    of whose rounds was drawn keeps all its points."""
+    rates = sorted({p.offered_rps for p in pts})
+    group = np.array([[p.offered_rps == r for r in rates] for p in pts], dtype=float)  # points x rates
+    size = np.array([max(len(p.met), 1) / d for p in pts])
+    w = np.column_stack([weights[p.replication] for p in pts]) * size  # replicates x points
+    none = (w @ group) == 0  # replicates x rates: no round of this rate drawn
+    w = np.where(none @ group.T > 0, size, w)
+    return (np.array(rates), (w * att) @ group / (w @ group),
+            np.array([sum(len(p.met) for p in pts if p.offered_rps == r) for r in rates], dtype=float))
+
+
+def replicate_knees(points: dict[str, list[Judged]], slo: SLO, step: float, replicates: int = REPLICATES,
+                    seed: int = 0, resample_rounds: bool = True) -> dict[str, np.ndarray]:
     """Per engine, its knee in each joint replicate, on the points a knee rests on (`knee_points`; a point over
-    its knee misses the target in every replicate); engines without such points are left out."""
+    its knee misses the target in every replicate), the rounds resampled (`round_weights`) unless told not to;
+    engines without such points are left out."""
     points = {e: knee_points(p) for e, p in points.items()}
-    reps = replicate_attainments({e: p for e, p in points.items() if p}, replicates, seed)
-    rng = np.random.default_rng(seed + 1)
+    points = {e: p for e, p in points.items() if p}
+    reps = replicate_attainments(points, replicates, seed)
+    weights = round_weights(points, replicates, np.random.default_rng(seed + 2), resample_rounds)
     out = {}
     for engine, att in reps.items():
         pts = points[engine]
         over = np.array([p.use == "over_knee" for p in pts])
         att = np.where(over, np.minimum(att, slo.attainment - 1e-9), att)
-        order = np.argsort([p.offered_rps for p in pts], kind="stable")
-        rates = np.array([pts[i].offered_rps for i in order])
-        weights = np.array([len(pts[i].met) for i in order], dtype=float)
-        out[engine] = crossings(rates, monotone(att[:, order], weights), slo.attainment, step, rng)
+        rates, att, judged = pooled_draws(pts, att, weights, design_effect(pts))
+        out[engine] = crossings(rates, monotone(att, judged), slo.attainment, step, named_rng(seed + 1, engine))
     return out
 
 

@@ -7,14 +7,18 @@ the binomial intervals the search and the report use.
   left after one p90 E2E latency. (MSER-5 on the 10 Hz running + waiting series was tried first: on the bursty
   arrivals of the churn presets its truncation followed bursts, not the transient, and cut half of a
   stationary window.)
-- Stationarity (`halves`): the judged requests split in two by arrival; each half's SLO attainment with its
-  Wilson 90 % interval, and each half's mean running count with a batch-means 90 % interval (10 batches).
-  The halves agree when both pairs of intervals overlap; a point whose halves disagree is not `steady`.
-- What a knee makes of a point (`knee_use`): a steady point is used as it is. One whose second half's
-  attainment interval lies wholly under the target while its running count climbed is `over_knee`: its
-  queue grew without bound inside the point, so at steady state it would miss by more still (a miss, not an
-  uncertain attainment). Any other point whose halves disagree is `unsteady`: no knee rests on it, and the
-  decision phase extends it at the same rate until its halves agree.
+- Halves (`halves`): the judged requests split in two by arrival; each half's SLO attainment with its Wilson
+  90 % interval, and each half's mean queue (running + waiting requests) with a batch-means 90 % interval (10
+  batches). The queue's halves are reported; they do not decide whether a point counts.
+- What a knee makes of a point (`knee_use`), judged on the question asked, SLO attainment against the target:
+  a point whose halves' attainments lie on one side of the target (both pass, or both miss) or whose halves'
+  intervals overlap is `steady`, used as it is, whatever its queue did (a paged engine's running count moves
+  with preemption: that is how it serves, not a transient). One whose attainment fell while its queue grew
+  (the second half's interval wholly under the target, its mean queue above the first half's) is `over_knee`:
+  its queue grew without bound inside the point, so at steady state it would miss by more still (a miss, not
+  an uncertain attainment). Only a point whose halves fall on two sides of the target with disjoint intervals
+  and no growing queue is `unsteady`: no knee rests on it, and the decision phase extends it at the same rate
+  until it settles.
 """
 
 from __future__ import annotations
@@ -73,8 +77,14 @@ class Halves:
     running_ci: tuple[tuple[float, float] | None, tuple[float, float] | None]
 
     @property
-    def steady(self) -> bool:
-        return overlap(*self.attainment_ci) and overlap(*self.running_ci)
+    def agree(self) -> bool:
+        """The halves' attainment intervals overlap."""
+        return overlap(*self.attainment_ci)
+
+    def one_side(self, target: float) -> bool:
+        """Both halves pass, or both miss: the point answers the question whatever its halves' difference."""
+        a1, a2 = self.attainment
+        return a1 is not None and a2 is not None and (a1 >= target) == (a2 >= target)
 
     def to_json(self) -> dict:
         def r(x):
@@ -84,12 +94,12 @@ class Halves:
                 "halves_ci": [None if c is None else [r(c[0]), r(c[1])] for c in self.attainment_ci],
                 "running_halves": [r(m) for m in self.running],
                 "running_halves_ci": [None if c is None else [r(c[0]), r(c[1])] for c in self.running_ci],
-                "steady": self.steady}
+                "attainment_halves_agree": self.agree}
 
 
 def halves(met: np.ndarray, running_first: np.ndarray, running_second: np.ndarray) -> Halves:
-    """`met`: the judged requests' verdicts in arrival order (1 met, 0 missed); the running counts sampled
-    while each half's requests arrived."""
+    """`met`: the judged requests' verdicts in arrival order (1 met, 0 missed); the queue (running + waiting)
+    sampled while each half's requests arrived."""
     half = len(met) // 2
     parts = (met[:half], met[half:])
     att = tuple(float(p.mean()) if len(p) else None for p in parts)
@@ -101,9 +111,9 @@ def halves(met: np.ndarray, running_first: np.ndarray, running_second: np.ndarra
 
 def knee_use(h: Halves, target: float) -> str:
     """`steady`, `over_knee` or `unsteady` (the module's docstring says why)."""
-    if h.steady:
-        return "steady"
-    (a1, a2), (_, ci2), (r1, r2) = h.attainment, h.attainment_ci, h.running
+    (a1, a2), (_, ci2), (q1, q2) = h.attainment, h.attainment_ci, h.running
     collapsed = a1 is not None and a2 is not None and a2 < a1 and ci2 is not None and ci2[1] < target
-    climbing = r1 is not None and r2 is not None and r2 > r1
-    return "over_knee" if collapsed and climbing else "unsteady"
+    growing = q1 is not None and q2 is not None and q2 > q1
+    if collapsed and growing:
+        return "over_knee"
+    return "steady" if h.agree or h.one_side(target) else "unsteady"

@@ -16,7 +16,7 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
-from harness.analysis.headline import Headline, headline, reaching, rows_of
+from harness.analysis.headline import Headline, bracket_ends, headline, reaching, rows_of
 from harness.analysis.integrity import integrity
 from harness.analysis.knee import (
     Judged,
@@ -26,6 +26,7 @@ from harness.analysis.knee import (
     knee_points,
     ratio_replicates,
     replicate_knees,
+    replications,
     rests_on_unsteady,
 )
 from harness.analysis.rundir import (
@@ -45,6 +46,7 @@ from harness.analysis.steady import halves, knee_use
 from harness.results import read_rows
 from harness.units import parse_size
 from workloads.outcome import UNFINISHED
+from workloads.streams import replication_of
 
 SHARE_COLUMNS = {f"{c}_share": column for c, column in CATEGORY_COLUMNS.items()}  # summary key -> samples column
 
@@ -151,13 +153,16 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
     index = np.where(index >= 0, index, np.arange(len(index)))
     arrivals = pd.to_numeric(kept.arrival_s, errors="coerce").to_numpy()[order]
     split = arrivals[len(arrivals) // 2] if len(arrivals) else 0.0
-    running = pd.to_numeric(in_window.running, errors="coerce")
-    first, second = running[in_window.t_s < split].dropna(), running[in_window.t_s >= split].dropna()
+    # the queue: requests the engine holds, running or waiting (a queue that grows while attainment falls is a miss)
+    waiting = pd.to_numeric(in_window.get("waiting", pd.Series(0, index=in_window.index)), errors="coerce").fillna(0)
+    queue = pd.to_numeric(in_window.running, errors="coerce") + waiting
+    first, second = queue[in_window.t_s < split].dropna(), queue[in_window.t_s >= split].dropna()
     split_halves = halves(met, first.to_numpy(), second.to_numpy())
     halves_of, use = split_halves.to_json(), knee_use(split_halves, slo.attainment)
     segs = segments(window, meta)
     point = {"offered_rps": window["offered_rps"], "key": window.get("key"), **metrics, "judged": metrics["requests"],
-             "warmup_s": segs[0]["warmup_s"], **halves_of, "knee_use": use,
+             "warmup_s": segs[0]["warmup_s"], **halves_of, "knee_use": use, "steady": use == "steady",
+             "replication": replication_of(window.get("key")),
              "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
              "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
              "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
@@ -245,6 +250,8 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
+        # independent realizations (replications) the knee rests on: the fewest at either bracket end
+        out[e]["replications"] = replications(knee_points(j), [p.offered_rps for p in bracket_ends(j, slo)])
     ratios = {}
     for a in knees:
         for b in knees:
@@ -263,7 +270,7 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
 
 def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[dict | None, Headline | None]:
     """`headline_of`'s block and the Headline it was read from (its per-engine uncertainty: the decision's)."""
-    from harness.analysis.headline import bracket_ends, resolvable, time_to_resolve
+    from harness.analysis.headline import resolvable, time_to_resolve
 
     cfg, search = meta.get("config", {}), (meta.get("sweep") or {}).get("search") or {}
     precision = float(search.get("precision") or cfg.get("precision") or 1.5)

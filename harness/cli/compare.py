@@ -9,12 +9,16 @@ from harness.cli.args import UsageError, run_dir
 
 
 def register(sub) -> None:
-    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 on a regression")
+    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 when a gated figure (a sustained rate, the "
+                                          "headline ratio) regressed: its intervals separate and it is worse by more "
+                                          "than the threshold")
     cmp_.add_argument("base", help="the earlier run's directory")
     cmp_.add_argument("new", help="the later run's directory")
     cmp_.add_argument("--threshold", type=float, default=10.0,
-                      help="percent a figure may worsen before it counts as a regression")
-    cmp_.add_argument("--out", metavar="FILE", help="write the comparison as an HTML page to FILE")
+                      help="percent a gated figure whose intervals separate may worsen before it counts as a "
+                           "regression (default: %(default)s)")
+    cmp_.add_argument("--out", metavar="FILE", help="write the comparison as an HTML page to FILE (default: "
+                                                    "reports/compare-BASE-vs-NEW.html)")
     cmp_.set_defaults(func=run)
 
 

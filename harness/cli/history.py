@@ -1,29 +1,47 @@
-"""`fragbench history`: every run of a results folder over time, regressions marked."""
+"""`fragbench history`: every run of a results folder over time, and the change points of its gated series."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from harness.cli.args import UsageError, usage_errors
+from harness.cli.args import number_in, usage_errors
 
 
 def register(sub) -> None:
-    hist = sub.add_parser("history", help="every run of a results folder over time, regressions marked")
-    hist.add_argument("results", help="a results folder (results/ by default for bench)")
-    hist.add_argument("--out", default="reports/history.html", help="the HTML page written")
-    hist.add_argument("--baseline", type=int, default=7, help="previous runs whose median the last is held to")
-    hist.add_argument("--threshold", type=float, default=10.0,
-                      help="percent a figure may worsen against that median before it is marked a regression")
+    hist = sub.add_parser("history", help="every run of a results folder over time, and the change points of each "
+                                          "engine's sustained rate and of the headline ratio (Apache Otava)")
+    hist.add_argument("results", help="a results folder (results/ for make bench)")
+    hist.add_argument("--out", default="reports/history.html", help="the HTML page written (default: %(default)s)")
+    hist.add_argument("--json", action="store_true", help="print the runs and change points as JSON (default: text)")
+    hist.add_argument("--pvalue", type=pvalue_arg, default=0.001,
+                      help="the t-test's p-value a change point must be under (Otava's default: %(default)s)")
+    hist.add_argument("--min-magnitude", type=magnitude_arg, default=0.0,
+                      help="the relative change (0.05 = 5 %%) a change point must exceed (default: %(default)s)")
     hist.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from harness.views.history import render_history
+def pvalue_arg(text: str) -> float:
+    return number_in(text, lambda v: 0 < v < 1, "a p-value between 0 and 1")
 
-    if args.baseline < 1 or not 0 <= args.threshold < float("inf"):
-        raise UsageError("--baseline must be at least 1 and --threshold a percentage >= 0")
-    with usage_errors(ValueError):
-        out, count = render_history(Path(args.results), Path(args.out), args.baseline, args.threshold)
-    print(f"history of {count} runs: {out}")
+
+def magnitude_arg(text: str) -> float:
+    return number_in(text, lambda v: 0 <= v < float("inf"), "a finite relative change >= 0")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.views.history import ChangePoint, ChangePointsUnavailable, render_history
+
+    with usage_errors(ValueError, ChangePointsUnavailable):
+        out, found = render_history(Path(args.results), Path(args.out), args.pvalue, args.min_magnitude)
+    if args.json:
+        print(json.dumps({**found, "report": str(out)}, indent=2))
+        return 0
+    cps = [ChangePoint(**c) for c in found["change_points"]]
+    print(f"history of {len(found['runs'])} runs: {len(cps)} change point{'s' * (len(cps) != 1)}")
+    for c in cps:
+        print(c.line())
+    print(f"report: {out}")
     return 0
+

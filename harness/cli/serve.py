@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, device_of, positive_int, usage_errors
+from harness.cli.args import UsageError, device_of, number_in, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
@@ -23,6 +23,10 @@ def register(sub) -> None:
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71; default: none)")
+    srv.add_argument("--slow-step", type=slow_factor, default=1.0, metavar="F",
+                     help="fault injection, to test a regression gate: every engine step takes F times its wall time "
+                          "(the engine thread sleeps (F - 1) x the step's time after it; F >= 1; bench passes it "
+                          "with --engine-args ENGINE='--slow-step F'; default: 1, off)")
     srv.add_argument("--inject-kv-fault", choices=["early-free"],
                      help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
                           "next-to-last block back to the pool while the sequence still reads it (default: none)")
@@ -47,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
     recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
+        if args.slow_step != 1.0:
+            raise UsageError(f"--slow-step: the {args.engine} engine steps in a process of its own; fragbench "
+                             "cannot slow its steps")
         from engines.peers.base import PeerUnavailable, serve_peer
 
         with usage_errors(PeerUnavailable):
@@ -68,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         engine.step_recorder = StepRecorder(Path(args.step_log))
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
                               args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()),
-                              oom_snapshot=Path(args.oom_snapshot) if args.oom_snapshot else None)
+                              oom_snapshot=Path(args.oom_snapshot) if args.oom_snapshot else None,
+                              slow_step=args.slow_step)
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
@@ -99,3 +107,7 @@ def memory_recording(args: argparse.Namespace):
         use_real_alloc_conf(args.alloc_conf)  # read when the allocator starts, which recording does
     with usage_errors(RuntimeError):
         return MemoryRecording(Path(args.record_memory_history))
+
+
+def slow_factor(text: str) -> float:
+    return number_in(text, lambda v: 1.0 <= v < float("inf"), "a finite number >= 1")

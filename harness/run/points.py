@@ -123,12 +123,14 @@ class PointRunner:
         start = round(max(self.clock(), self.writer.current.end_s if self.writer.current else 0.0) + LEAD_S, 3)
         judged_share = 1 - self.cancel_share(job.key)
         judging_s = max(job.min_judged / job.rate_rps / judged_share, job.min_judged_s)
-        plan = (job.warmup_guess_s if job.warm else 0.0) + judging_s
+        # a point never plans past its engine's share (stop_by_s): a slow engine's point judges fewer requests, and
+        # its interval says so, rather than taking the next engine's time
+        plan = min((job.warmup_guess_s if job.warm else 0.0) + judging_s, max(job.stop_by_s - start, DECIDE_S + 1.0))
         segs = [self.writer.start(Segment(job.point, job.key, job.rate_rps, start, job.first,
                                           round(start + plan, 3)))]
         self.segments.append(segs[0])
         while True:
-            now = self.wait_until(segs[-1].end_s - DECIDE_S)
+            now = self.wait_until(min(segs[-1].end_s - DECIDE_S, job.stop_by_s))
             state = self.state(segs, start, now, warm=job.warm)
             show(f"{job.rate_rps:g} req/s, {len(state.judged)} judged")
             if self.enough(job, state, now, start):
@@ -140,7 +142,8 @@ class PointRunner:
                 self.segments.append(segs[-1])
                 continue
             short = max(job.min_judged - len(state.judged), 1) / job.rate_rps / judged_share
-            segs[-1] = self.segments[-1] = self.writer.end_at(segs[-1].end_s + max(2.0, short))
+            end = min(segs[-1].end_s + max(2.0, short), max(job.stop_by_s + DECIDE_S, segs[-1].end_s))
+            segs[-1] = self.segments[-1] = self.writer.end_at(end)
         judged_end = round(max(now, segs[-1].start_s), 3)
         if now < segs[-1].end_s - LATE_S:  # the tail guard: the judged requests finish under their own load
             segs[-1] = self.segments[-1] = self.writer.end_at(max(judged_end + guard_s(state.e2e_median_s),

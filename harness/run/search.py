@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from harness.analysis.design import share_s
-from harness.analysis.headline import PAGED, bracket_ends, raw_bracket_ends, reference_of
-from harness.analysis.knee import Judged, KneeSearch, design_effect, knee_points
-from harness.analysis.steady import wilson
+from harness.analysis.design import MIN_REPLICATIONS, share_s
+from harness.analysis.headline import PAGED, bracketed, raw_bracket_ends, reference_of
+from harness.analysis.knee import Judged, KneeSearch, knee_points, pooled
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import EngineRun, Host, Visit, Visits
 from workloads.streams import grid_index, grid_rate
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
-DECISION_JUDGED = 2  # the decision phase takes a bracket end up to this many times the search's most
+DECISION_JUDGED = 2  # the decision phase takes an unsteady bracket end up to this many times the search's most
+
 SETUP_GUESS_S = 45.0  # an engine's set-up (server, debugging pass, calibration) before any has been measured
 
 
@@ -104,106 +104,85 @@ class KneeSearching:
         ref = reference_of(self.host.cfg.engines)
         if ref is None or run.engine == ref or run.budget != self.host.cfg.kv_budget:
             return False
-        ci = self.verdict(visit).ratio_ci(ref, run.engine)
-        return ci is not None and not ci[0] <= 1.0 <= ci[1]
+        v = self.verdict(visit)
+        ci = v.ratio_ci(ref, run.engine)
+        closed = all(bracketed(v.points.get(e, []), self.host.slo) for e in (ref, run.engine))
+        return ci is not None and not ci[0] <= 1.0 <= ci[1] and closed
 
     def decide(self, runs: dict[str, EngineRun], shower) -> None:
-        """The decision phase: while the headline (as summary.json computes it) is undecided or wider than asked,
-        one more step where it narrows the ratio most for its time (`choose`). When the open visit's verdicts
-        say decided, the visit ends (its requests in flight finish) and the final rows decide again: the phase
-        stops only on the verdict the summary will print."""
+        """The decision phase, in rounds: each round visits the headline's two engines one after the other (the
+        order alternating, ABBA, so that neither is always measured second) and gives each its next step
+        (`round_plan`): a new rate while its bracket is open or wider than the tolerance, else a fresh replication
+        of both bracket ends. It stops once the headline (as summary.json computes it, every row final) is decided
+        and as precise as asked with each engine's bracket ends judged on at least `MIN_REPLICATIONS` independent
+        realizations, or when the next round does not fit in the time left."""
         show = shower("decision", max(1.0, self.host.left_s))
-        visit: Visit | None = None
         log = self.host.run_meta.setdefault("decision", [])
-        try:
-            while (v := self.verdict(visit)).headline is not None:
-                h = v.headline
-                log.append({"t_s": round(time.time() - self.host.started, 1), "settled": visit is None,
-                            **{k: h[k] for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise")}})
-                if h["decided"] and h["precise"]:
-                    if visit is not None:  # settle: what is in flight finishes, then the final rows decide
-                        self.visits.end_visit(visit)
-                        visit = None
-                        continue
-                    self.host.say(v.line("search done"))
-                    break
-                step = self.choose(runs, v, visit)
-                if step is None:
-                    self.host.say(v.line("every bracket at the grid's resolution and steady, or its points spent"))
-                    break
-                engine, rate, extend, need = step
-                if self.host.left_s < need:
-                    self.host.say(v.line("time spent"))
-                    break
-                run = runs[engine]
-                if visit is None or visit.run.engine != engine:
-                    if visit is not None:
-                        self.visits.end_visit(visit)
-                    visit = self.visits.revisit(run)
-                    if visit is None:
-                        break
-                what = "the same point, more arrivals" if extend else "a new point"
-                self.host.plain(f"deciding: {engine} at {rate:g} req/s ({what}); so far {v.line()[len('decision: '):]}")
-                stop_by = time.time() - run.t0 + self.host.left_s
-                d = self.host.design
-                self.visits.measure(visit, rate, show, min_judged=d.min_judged,
-                                    max_judged=d.min_judged if extend else d.max_judged,
-                                    early_judged=d.early_judged, fixed=extend, stop_by_s=stop_by)
-        finally:
-            if visit is not None:
-                self.visits.end_visit(visit)
+        rounds = 0
+        while (v := self.verdict()).headline is not None:
+            h = v.headline
+            log.append({"t_s": round(time.time() - self.host.started, 1), "round": rounds,
+                        **{k: h.get(k) for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise",
+                                                 "replications", "run_to_run_share")}})
+            if h["decided"] and h["precise"] and min(h["replications"].values()) >= MIN_REPLICATIONS:
+                self.host.say(v.line("search done"))
+                break
+            pair = [h["engine"], h["against"]] if rounds % 2 == 0 else [h["against"], h["engine"]]
+            plans = {e: self.round_plan(runs[e], v.points.get(e, [])) for e in pair if e in runs}
+            if not any(plans.values()):
+                self.host.say(v.line("every bracket at the grid's resolution, replicated, or its points spent"))
+                break
+            if self.host.left_s < sum(self.round_cost(runs[e], plan) for e, plan in plans.items()):
+                self.host.say(v.line("time spent"))
+                break
+            rounds += 1
+            for engine in pair:
+                self.visit_round(runs[engine], plans.get(engine) or [], show, rounds)
         self.host.write_meta()
 
-    def choose(self, runs: dict[str, EngineRun], v: Verdict, visit: Visit | None):
-        """(engine, rate, extend, seconds it needs) of the step that narrows the ratio most per second: each of
-        the two engines' next step (`next_for`), valued at its engine's share of the ratio's variance (its log
-        knee's variance over the joint replicates) over the seconds the step takes (a restart when the engine
-        is not the one running, its warm-up, its fewest judged arrivals). None: neither has a step left."""
-        h, best = v.headline, None
-        for engine in (h["engine"], h["against"]):
-            run = runs.get(engine)
-            if run is None or not (run.searched.get(self.host.cfg.kv_budget) and
-                                   run.searched[self.host.cfg.kv_budget].search):
-                continue
-            step = self.next_for(run, v.points.get(engine, []))
-            if step is None:
-                continue
-            rate, extend = step
-            restart = visit is None or visit.run.engine != engine
-            need = (self.setup_s() / 3 if restart else 0.0) + self.visits.searched(run).warmup_s + \
-                self.host.design.min_judged / rate
-            value = v.log_sd.get(engine, 0.0) ** 2 / need
-            if best is None or value > best[0]:
-                best = (value, engine, rate, extend, need)
-        return None if best is None else best[1:]
+    def visit_round(self, run: EngineRun, plan: list[tuple[float, int, bool]], show, rounds: int) -> None:
+        """One engine's turn in a round: its server again, its planned points, then the server stops."""
+        if not plan or (visit := self.visits.revisit(run)) is None:
+            return
+        d = self.host.design
+        try:
+            for rate, replication, extend in plan:
+                what = "more arrivals" if extend else (f"replication {replication}" if replication else "a new rate")
+                self.host.plain(f"deciding, round {rounds}: {run.engine} at {rate:g} req/s ({what})")
+                self.visits.measure(visit, rate, show, replication=replication, min_judged=d.min_judged,
+                                    max_judged=d.min_judged if extend else d.max_judged, early_judged=d.early_judged,
+                                    fixed=extend, stop_by_s=time.time() - run.t0 + self.host.left_s)
+        finally:
+            self.visits.end_visit(visit)
 
-    def next_for(self, run: EngineRun, points: list[Judged]) -> tuple[float, bool] | None:
-        """(rate, extend), on the points as the summary judges them: while the knee's bracket (on the points a knee
-        rests on) is open, a new rate past its open side (the widest uncertainty there is); then a bracket end
-        whose halves disagree gets more arrivals at its rate (the same stream read on) until they agree or it is
-        over its knee, up to the decision's most; then a bisection while the bracket is wider than the
-        tolerance; then a bracket end whose Wilson interval (at the effective size) still holds the target gets
-        more requests, up to the decision's most; then bisections down to one grid step; None when nothing is
-        left to do."""
+    def round_cost(self, run: EngineRun, plan: list[tuple[float, int, bool]]) -> float:
+        """Seconds an engine's turn takes at the least: a restart, and each point's warm-up and fewest arrivals."""
+        if not plan:
+            return 0.0
+        warm = self.visits.searched(run).warmup_s
+        return self.setup_s() / 3 + sum(warm + self.host.design.min_judged / rate for rate, _, _ in plan)
+
+    def round_plan(self, run: EngineRun, points: list[Judged]) -> list[tuple[float, int, bool]]:
+        """(rate, replication, extend) for one engine's turn, on the points as the summary judges them: while the
+        knee's bracket (on the points a knee rests on, replications pooled) is open, a new rate past its open side;
+        then a bracket end whose halves fall on two sides of the target gets more arrivals on its stream, up to
+        the decision's most; then a bisection while the bracket is wider than the tolerance; else each bracket
+        end's next independent realization (`MIN_REPLICATIONS` and on: the ratio narrows by replications once
+        the bracket is as narrow as asked). Empty when nothing is left to do."""
         most = DECISION_JUDGED * self.host.design.max_judged
-        usable = knee_points(points)
+        usable = pooled(knee_points(points))
         st = self.visits.searched(run)
+        if st.search is None:
+            return []
         now = replace(st.search, max_points=10**6, measured=[(p.offered_rps, p.attainment) for p in usable])
         lo, hi = now.bracket()
         if lo is None or hi is None:
             rate = now.next_rate()
-            return None if rate is None else (rate, False)
-        for p in raw_bracket_ends(points, self.host.slo):
-            if p.use == "unsteady" and len(p.met) < most:
-                return p.offered_rps, True
-        middle = grid_rate((grid_index(lo) + grid_index(hi)) // 2)
+            return [] if rate is None else [(rate, 0, False)]
+        raw = {p.offered_rps for p in raw_bracket_ends(points, self.host.slo)}  # where an unsteady point would put it
+        for p in points:
+            if p.offered_rps in raw and p.use == "unsteady" and len(p.met) < most:
+                return [(p.offered_rps, p.replication, True)]
         if hi > lo * (1 + self.host.design.tolerance) + 1e-9 and grid_index(hi) - grid_index(lo) > 1:
-            return middle, False
-        d = design_effect(usable)
-        ends = [p for p in bracket_ends(points, self.host.slo) if p.use == "steady"]
-        open_ends = [p for p in ends if len(p.met) < most and
-                     wilson(float(p.met.sum()) / d, len(p.met) / d)[0] <= self.host.slo.attainment
-                     <= wilson(float(p.met.sum()) / d, len(p.met) / d)[1]]
-        if open_ends:
-            return min(open_ends, key=lambda p: len(p.met)).offered_rps, True
-        return (middle, False) if grid_index(hi) - grid_index(lo) > 1 else None
+            return [(grid_rate((grid_index(lo) + grid_index(hi)) // 2), 0, False)]
+        return [(rate, 1 + max(p.replication for p in points if p.offered_rps == rate), False) for rate in (lo, hi)]

@@ -56,8 +56,13 @@ class Searched:
     cursors: dict[str, int] = field(default_factory=dict)
     warmup_s: float = 3.0  # the last point's warm-up: the next one's plan
 
-    def of_rate(self, rate: float) -> int | None:
-        return next((i for i, p in enumerate(self.points) if p["offered_rps"] == rate), None)
+    def of_key(self, key: str) -> int | None:
+        """The point that judged stream `key` (a rate and its replication: workloads/streams.key_of)."""
+        return next((i for i, p in enumerate(self.points) if p["key"] == key), None)
+
+    def of_rate(self, rate: float) -> list[int]:
+        """Every point at `rate`: its replications."""
+        return [i for i, p in enumerate(self.points) if p["offered_rps"] == rate]
 
     def judged_points(self) -> list[Judged]:
         return [Judged(p["offered_rps"], p["key"], *self.judged[i]) for i, p in enumerate(self.points)
@@ -74,6 +79,7 @@ class Visit:
     loadgen: subprocess.Popen
     number: int  # the engine's visits at this budget before it (its schedule file's number)
     last_rate: float | None = None  # the rate its last point ended at: the next at that rate needs no warm-up
+    last_key: str | None = None  # and the stream it read: another replication of one rate is warmed up again
     missed: bool = False  # its last point missed the SLO: its backlog drains before the next point begins
 
 
@@ -173,12 +179,12 @@ class Visits:
             run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == run.budget])
         return run.searched[run.budget]
 
-    def measure(self, visit: Visit, rate: float, show, **rules) -> PointResult:
-        """One point (a new rate, or more of a rate already measured) on the visit's server, its record in
-        run.json as it is produced."""
+    def measure(self, visit: Visit, rate: float, show, replication: int = 0, **rules) -> PointResult:
+        """One point (a new rate, a replication of one measured: an independent realization of its stream, or more
+        of a point already measured) on the visit's server, its record in run.json as it is produced."""
         run, st = visit.run, self.searched(visit.run)
-        at = st.of_rate(rate)
-        key = key_of(rate)
+        key = key_of(rate, replication)
+        at = st.of_key(key)
         if at is None:
             mine = self.host.run_meta["sweep"]["points"].setdefault(run.engine, [])
             record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": run.budget, "segments": []}
@@ -186,14 +192,15 @@ class Visits:
             st.points.append(record)
             at = len(st.points) - 1
         record = st.points[at]
-        if visit.missed and visit.last_rate != rate:
+        same = visit.last_rate == rate and visit.last_key == key  # the point goes on: nothing to warm up
+        if visit.missed and not same:
             self.drain_visit(visit)
         job = PointJob(record["point"], rate, key, st.cursors.get(key, 0), target=self.host.slo.attainment,
-                       warmup_guess_s=st.warmup_s, warm=visit.last_rate != rate,
-                       earlier=tuple(p for p in st.judged_points() if p.offered_rps != rate), **rules)
+                       warmup_guess_s=st.warmup_s, warm=not same,
+                       earlier=tuple(p for p in st.judged_points() if p.key != key), **rules)
         res = visit.runner.run(job, lambda text: show(f"{run.engine:<6} {text}",
                                                       self.host.cfg.time_s - self.host.left_s))
-        visit.last_rate = rate
+        visit.last_rate, visit.last_key = rate, key
         record["segments"] += [{**seg, "visit": visit.number} for seg in res.segments]
         record["start_s"], record["end_s"] = record["segments"][0]["start_s"], record["segments"][-1]["end_s"]
         record["warmup_s"] = record["segments"][0]["warmup_s"]
@@ -205,9 +212,10 @@ class Visits:
         att = float(st.judged[at][0].mean()) if len(st.judged[at][0]) else None
         visit.missed = att is None or att < self.host.slo.attainment
         known = len(st.judged[at][0])
-        self.host.plain(f"{run.engine}: {rate:g} req/s: {res.judged} judged after a {res.warmup_s:.1f} s warm-up, SLO "
-                   f"attainment {'n/a' if att is None else f'{100 * att:.0f} %'} of the {known} verdicts known at "
-                   "this rate; "
+        rep = f" (replication {replication})" if replication else ""
+        self.host.plain(f"{run.engine}: {rate:g} req/s{rep}: {res.judged} judged after a {res.warmup_s:.1f} s "
+                        f"warm-up, SLO attainment {'n/a' if att is None else f'{100 * att:.0f} %'} of the {known} "
+                        "verdicts known on this stream; "
                    + self.host.figures(run, run.sampler))
         return res
 
@@ -221,11 +229,12 @@ class Visits:
             if stats and not stats.get("running") and not stats.get("waiting"):
                 break
             time.sleep(0.3)
-        visit.last_rate = None
+        visit.last_rate = visit.last_key = None
 
     def attainment(self, run: EngineRun, rate: float) -> float | None:
+        """At `rate`, its replications' verdicts together."""
         st = self.searched(run)
-        met = st.judged[st.of_rate(rate)][0]
+        met = np.concatenate([st.judged[i][0] for i in st.of_rate(rate) if i in st.judged] or [np.zeros(0)])
         return float(met.mean()) if len(met) else None
 
     def revisit(self, run: EngineRun) -> Visit | None:

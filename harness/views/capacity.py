@@ -72,14 +72,20 @@ def headline_sentence(summary: dict) -> str | None:
     if h["decided"]:
         line += (f", {best}, with the same memory: decided (the 90 % interval excludes 1.0"
                  + ("" if h["precise"] else f", though wider than the {h['precision']:g}x asked") + ")")
-    else:
+    elif lo <= 1.0 <= hi:
         line += (f", {best}: an interval that holds 1.0: no measurable difference at this run's "
                  "resolution")
+    else:
+        unbracketed = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
+        line += (f", {best}: undecided, {' and '.join(unbracketed)} with no rate that missed the SLO above one that "
+                 "met it (a knee past the rates measured is a bound, not a measurement)")
     line += f". The knees rest on {judged} ({ends})"
+    line += replication_words(h)
     left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}
     if left:
-        line += (". Left out of the knees, their halves disagreeing (the load was still moving) when the time ran "
-                 "out: " + "; ".join(f"{e} at {', '.join(f'{r:g}' for r in rates)} req/s" for e, rates in left.items()))
+        line += (". Left out of the knees, their halves on two sides of the target (the load was still moving) when "
+                 "the time ran out: " + "; ".join(f"{e} at {', '.join(f'{r:g}' for r in rates)} req/s"
+                                                  for e, rates in left.items()))
     if not (h["decided"] and h["precise"]):
         more, longer = h.get("more_arrival_s_to_precision"), h["resolvable_ratio_with_20_more_minutes"]
         spent = f" ({h['time_s']:g} s of bench)" if h.get("time_s") else ""
@@ -94,9 +100,27 @@ def headline_sentence(summary: dict) -> str | None:
     return line + "."
 
 
+def replication_words(h: dict) -> str:
+    """How many independent realizations the headline rests on, and how much of its width is run-to-run."""
+    reps = h.get("replications")
+    if not reps:
+        return ""
+    counts = ", ".join(f"{e} {n}" for e, n in reps.items())
+    within = h.get("ratio_ci_within_runs")
+    line = (f". Each engine's bracket ends were judged on independent realizations of their streams, measured in "
+            f"rounds alternating the two engines ({counts}); the interval resamples those rounds, and run-to-run "
+            f"variation makes up {100 * h.get('run_to_run_share', 0.0):.0f} % of its log-width")
+    if within:
+        line += f" (one realization's sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"
+    if min(reps.values()) < 3:
+        line += ("; fewer than the 3 realizations the decision asks for: the time ran out first, and the interval "
+                 "cannot yet hold the variation between runs")
+    return line
+
+
 def end_words(p: dict) -> str:
     if p.get("use") == "over_knee":
-        return ", over its knee: its second half collapsed while the running count climbed, a miss"
+        return ", over its knee: its attainment collapsed while its queue grew, a miss"
     return "" if p.get("steady", True) else ", not steady"
 
 
@@ -131,25 +155,28 @@ def bound_sentence(capacity: dict) -> str:
 
 
 def steady_sentence(capacity: dict) -> str | None:
-    """The points whose halves disagree: not a steady state (the queue still moved through the window)."""
+    """The points a knee does not take as they are: over the knee (attainment collapsing while the queue grew: a
+    miss) or unsteady (halves on two sides of the target, disjoint, the queue not growing: left out)."""
     def words(e: str, p: dict) -> str:
         return (f"{e} at {p['offered_rps']:g} req/s ({fmt(p['halves'][0], '%')} then {fmt(p['halves'][1], '%')} met "
-                f"the SLO; mean running {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})")
+                f"the SLO; mean queue {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})")
 
     points = [(e, p) for e, c in capacity.items() for p in c["points"]]
     if not any("steady" in p for _, p in points):
         return None
     over = [words(e, p) for e, p in points if p.get("knee_use") == "over_knee"]
     left = [words(e, p) for e, p in points if p.get("steady") is False and p.get("knee_use") != "over_knee"]
+    rule = ("a point counts as measured when its two halves' SLO attainments fall on one side of the target or their "
+            "intervals overlap, whatever its queue did")
     if not over and not left:
-        return f"Every one of the {len(points)} judged points is steady: its two halves agree."
-    line = f"{len(over) + len(left)} of {len(points)} judged points are not steady (their halves disagree)"
+        return f"Every one of the {len(points)} judged points counts as measured ({rule})."
+    line = f"{len(over) + len(left)} of {len(points)} judged points do not count as measured ({rule})"
     if over:
-        line += (f". Over the knee, counted as misses ({len(over)}: the second half collapsed under the target "
-                 "while the running count climbed, a queue growing without bound): " + "; ".join(over))
+        line += (f". Over the knee, counted as misses ({len(over)}: attainment collapsed under the target while the "
+                 "queue, running and waiting, grew): " + "; ".join(over))
     if left:
-        line += (f". Left out of every knee and interval ({len(left)}: the load was still moving when judged): "
-                 + "; ".join(left))
+        line += (f". Left out of every knee and interval ({len(left)}: halves on two sides of the target with "
+                 "disjoint intervals, the queue not growing): " + "; ".join(left))
     return line + "."
 
 
@@ -163,7 +190,7 @@ def knee_cells(c: dict) -> list[str]:
 
 def point_words(p: dict) -> str:
     mark = " (over its knee: a miss)" if p.get("knee_use") == "over_knee" else \
-        "" if p.get("steady", True) else " (not steady: left out)"
+        "" if p.get("steady", True) else " (unsteady: left out)"
     return f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')} of {p.get('judged', p.get('requests', '?'))}{mark}"
 
 

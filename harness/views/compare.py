@@ -1,4 +1,15 @@
-"""Two runs side by side; a regression beyond the threshold fails the comparison (nightly)."""
+"""Two runs side by side; the nightly gate fails only where a gated figure regressed beyond its noise.
+
+Gated: figures that mean the same thing in two runs of one commit, each with the interval its run computed:
+every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`) and the
+headline ratio (`headline.ratio`, `ratio_ci`) where both runs compare the same two engines. A gated figure
+regressed when its two intervals separate (the new one wholly on the worse side of the old one: a difference
+inside either is "no measurable difference") and its point estimate is worse by more than the threshold.
+
+Not gated (printed, marked "info"): figures pooled over whichever rates a sweep visited (output tokens/s, TTFT
+percentiles, shares, OOM counts). Two sweeps visit different rates by design, so these differ between two runs
+of one commit without anything having changed; they stay in the report and in the comparison, ungated.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# metric -> whether higher is better
+# figure -> whether higher is better (the ungated figures pooled over a run's points)
 HEADLINE = {
-    "sustained_rps": True,
     "output_tokens_per_s": True,
     "requests_per_s": True,
     "goodput_requests_per_s": True,
@@ -22,6 +32,7 @@ HEADLINE = {
     "crashes": False,
     "cancel_release_p99_s": False,
 }
+GATED = {"sustained_rps": True, "headline_ratio": True}
 
 
 @dataclass
@@ -32,6 +43,10 @@ class Row:
     new: float | None
     change_pct: float | None
     regressed: bool
+    gated: bool = False
+    base_ci: list[float] | None = None
+    new_ci: list[float] | None = None
+    why: str = ""
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -49,47 +64,106 @@ def figures(summary: dict, engine: str) -> dict:
     return out
 
 
+def change_pct(b: float, n: float) -> float:
+    return (n - b) / abs(b) * 100 if b else (0.0 if n == b else float("inf"))
+
+
+def separated(base_ci: list[float] | None, new_ci: list[float] | None, higher_better: bool) -> bool:
+    """The new interval lies wholly on the worse side of the old one."""
+    if not base_ci or not new_ci:
+        return False
+    return new_ci[1] < base_ci[0] if higher_better else new_ci[0] > base_ci[1]
+
+
+def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: float) -> Row:
+    """A gated figure: (estimate, interval) in each run."""
+    (b, b_ci), (n, n_ci) = base, new
+    if b is None or n is None:
+        return Row(engine, metric, b, n, None, False, True, b_ci, n_ci, "measured in one run only")
+    change = change_pct(b, n)
+    worse = -change if GATED[metric] else change
+    apart = separated(b_ci, n_ci, GATED[metric])
+    if b_ci is None or n_ci is None:
+        why = "no interval in one run: not gated"
+    elif not apart:
+        why = "intervals overlap: no measurable difference"
+    elif worse <= threshold_pct:
+        why = f"intervals separate, worse by {max(worse, 0):.1f} % <= {threshold_pct:g} %"
+    else:
+        why = f"intervals separate and worse by {worse:.1f} %"
+    return Row(engine, metric, b, n, change, apart and worse > threshold_pct, True, b_ci, n_ci, why)
+
+
 def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
     rows = []
     for engine in base["engines"]:
         if engine not in new["engines"]:
             continue
-        for metric, higher_better in HEADLINE.items():
+        caps = [s.get("capacity", {}).get(engine) for s in (base, new)]
+        if any(caps):
+            rows.append(gated_row(engine, "sustained_rps",
+                                  *[((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps],
+                                  threshold_pct=threshold_pct))
+    hb, hn = base.get("headline") or {}, new.get("headline") or {}
+    if hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against")):
+        rows.append(gated_row(f"{hb['engine']}/{hb['against']}", "headline_ratio",
+                              (hb.get("ratio"), hb.get("ratio_ci")), (hn.get("ratio"), hn.get("ratio_ci")),
+                              threshold_pct))
+    for engine in base["engines"]:
+        if engine not in new["engines"]:
+            continue
+        for metric in HEADLINE:
             b, n = figures(base, engine).get(metric), figures(new, engine).get(metric)
-            if metric == "sustained_rps" and b is None and n is None:
-                continue  # neither run swept rates
-            if b is None or n is None:
-                rows.append(Row(engine, metric, b, n, None, False))
-                continue
-            change = (n - b) / abs(b) * 100 if b else (0.0 if n == b else float("inf"))
-            worse = -change if higher_better else change
-            rows.append(Row(engine, metric, b, n, change, worse > threshold_pct))
+            rows.append(Row(engine, metric, b, n, None if b is None or n is None else change_pct(b, n), False,
+                            why="pooled over the rates the sweep visited: not gated"))
     return rows
 
 
+def fmt_ci(ci: list[float] | None) -> str:
+    return "" if not ci else f"[{ci[0]:.3g}, {ci[1]:.3g}]"
+
+
 def render_text(rows: list[Row], threshold_pct: float) -> str:
-    lines = [f"{'engine':<8}{'metric':<26}{'base':>12}{'new':>12}{'change':>10}  (regression: worse by > "
-             f"{threshold_pct:g} %)"]
-    for r in rows:
+    lines = [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} %)",
+             f"{'engine':<22}{'figure':<16}{'base [90 %]':>24}{'new [90 %]':>24}{'change':>9}  verdict"]
+    for r in (r for r in rows if r.gated):
+        change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+        b = "n/a" if r.base is None else f"{r.base:.4g} {fmt_ci(r.base_ci)}"
+        n = "n/a" if r.new is None else f"{r.new:.4g} {fmt_ci(r.new_ci)}"
+        verdict = "REGRESSION: " + r.why if r.regressed else r.why
+        lines.append(f"{r.engine:<22}{r.metric:<16}{b:>24}{n:>24}{change:>9}  {verdict}")
+    lines.append("info, not gated (pooled over the rates each sweep visited, which differ between runs by design)")
+    for r in (r for r in rows if not r.gated):
         change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f}%"
         b = "n/a" if r.base is None else f"{r.base:.4g}"
         n = "n/a" if r.new is None else f"{r.new:.4g}"
-        lines.append(f"{r.engine:<8}{r.metric:<26}{b:>12}{n:>12}{change:>10}{'  REGRESSION' if r.regressed else ''}")
+        lines.append(f"{r.engine:<22}{r.metric:<24}{b:>12}{n:>12}{change:>9}")
     return "\n".join(lines)
 
 
 def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float, out: Path) -> Path:
     esc = html.escape
-    body = "".join(
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.4g}"
+
+    gated = "".join(
         f"<tr{' class=bad' if r.regressed else ''}><td>{esc(r.engine)}</td><td>{esc(r.metric)}</td>"
-        f"<td>{'n/a' if r.base is None else f'{r.base:.4g}'}</td><td>{'n/a' if r.new is None else f'{r.new:.4g}'}</td>"
-        f"<td>{'n/a' if r.change_pct is None else f'{r.change_pct:+.1f} %'}</td></tr>" for r in rows)
+        f"<td>{num(r.base)} {fmt_ci(r.base_ci)}</td><td>{num(r.new)} {fmt_ci(r.new_ci)}</td>"
+        f"<td>{'n/a' if r.change_pct is None else f'{r.change_pct:+.1f} %'}</td>"
+        f"<td>{'REGRESSION: ' if r.regressed else ''}{esc(r.why)}</td></tr>" for r in rows if r.gated)
+    info = "".join(
+        f"<tr><td>{esc(r.engine)}</td><td>{esc(r.metric)}</td><td>{num(r.base)}</td><td>{num(r.new)}</td>"
+        f"<td>{'n/a' if r.change_pct is None else f'{r.change_pct:+.1f} %'}</td></tr>" for r in rows if not r.gated)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>compare</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
-        f"<h1>{esc(base_id)} vs {esc(new_id)}</h1><p>Regression: worse by more than {threshold_pct:g} %.</p>"
-        f"<table><tr><th>engine</th><th>metric</th><th>base</th><th>new</th><th>change</th></tr>{body}</table>"
-        "</body></html>")
+        f"<h1>{esc(base_id)} vs {esc(new_id)}</h1><h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
+        f"separate and the estimate is worse by more than {threshold_pct:g} %.</p>"
+        "<table><tr><th>engine</th><th>figure</th><th>base [90 %]</th><th>new [90 %]</th><th>change</th>"
+        f"<th>verdict</th></tr>{gated}</table><h2>Not gated</h2><p>Pooled over the rates each sweep visited, which "
+        "differ between two runs by design: shown, not gated.</p><table><tr><th>engine</th><th>figure</th>"
+        f"<th>base</th><th>new</th><th>change</th></tr>{info}</table></body></html>")
     return out

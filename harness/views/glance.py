@@ -63,7 +63,8 @@ def glance(summary: dict) -> str:
     order = sorted(cap, key=lambda e: cap[e]["sustained_rps"])
     verdict = "no headline" if not h else (
         f"{h['ratio']:.2f}x [{h['ratio_ci'][0]:.2f}, {h['ratio_ci'][1]:.2f}]: "
-        + ("decided" if h["decided"] else "no measurable difference"))
+        + ("decided" if h["decided"] else "no measurable difference"
+           if h["ratio_ci"][0] <= 1.0 <= h["ratio_ci"][1] else "undecided, a knee not bracketed"))
     fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.3, 0.32], horizontal_spacing=0.1,
                         subplot_titles=("sustained req/s at the SLO, 90 % interval", f"headline ratio: {verdict}",
                                         "memory at the knee, % of KV"))

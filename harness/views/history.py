@@ -1,23 +1,56 @@
-"""`fragbench history`: every run in a results folder over time, per engine, and the last run against the
-median of the ones before it. Runs of another workload or KV budget are another series, drawn apart."""
+"""`fragbench history`: every run in a results folder over time, per engine, and the change points of each gated
+series (each engine's sustained rate at the SLO, the headline ratio) found by Apache Otava: E-divisive means
+proposes change points, a Student t-test between the neighbouring segments keeps those under the p-value (0.001
+by default) and above a minimum relative magnitude (`otava.analysis.compute_change_points`, Fleming et al.,
+"Hunter", ICPE 2023). A change point for the worse is a regression; it is confirmed once its new segment holds
+`CONFIRM_RUNS` runs (the run that opened it and the ones after). Runs of another workload or KV budget are
+another series, drawn apart."""
 
 from __future__ import annotations
 
 import json
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from harness.views.compare import HEADLINE, figures
+from harness.views.compare import GATED, HEADLINE, figures
 from harness.views.html import ESC, PALETTE, STYLE, fig_html, fmt, table
 
 METRICS = ("sustained_rps", "output_tokens_per_s", "goodput_requests_per_s", "token_states_share", "oom_capacity",
            "oom_fragmentation", "crashes", "ttft_p99_s", "tpot_p99_s")
-HIGHER_BETTER = {**HEADLINE, "oom_capacity": False, "oom_fragmentation": False}
+HIGHER_BETTER = {**HEADLINE, **GATED, "oom_capacity": False, "oom_fragmentation": False}
+CONFIRM_RUNS = 3  # runs in a change point's new segment (the one that opened it included) that confirm it
+HEADLINE_SERIES = "headline_ratio"
+
+
+class ChangePointsUnavailable(RuntimeError):
+    """Apache Otava is not installed."""
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    setting: str
+    engine: str
+    figure: str
+    run_id: str  # the first run after the change
+    index: int  # its position in the series (0: the oldest run)
+    mean_before: float
+    mean_after: float
+    change_pct: float
+    pvalue: float
+    worse: bool
+    runs_after: int  # runs from the change on (the one that opened it included)
+    confirmed: bool
+
+    def line(self) -> str:
+        kind = "REGRESSION" if self.worse else "improvement"
+        state = "confirmed" if self.confirmed else f"not yet confirmed ({self.runs_after} of {CONFIRM_RUNS} runs)"
+        return (f"{self.setting}: {self.engine} {self.figure}: {kind} at run {self.run_id} (#{self.index + 1}): "
+                f"{self.mean_before:.4g} -> {self.mean_after:.4g} ({self.change_pct:+.1f} %, p = {self.pvalue:.2g}), "
+                f"{state}")
 
 
 @dataclass
@@ -27,6 +60,7 @@ class Run:
     git_sha: str | None
     setting: str  # workload and KV budget: runs compare only within one
     engines: dict[str, dict] = field(default_factory=dict)  # engine -> metric -> value
+    headline: tuple[str, float] | None = None  # ("paged/static-oracle", ratio) where the run has a headline
 
 
 def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -44,6 +78,9 @@ def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
                 # a target is its own series per model: a server it did not start changes outside fragbench
                 label = f"{engine} (target, {targets[engine]['model']})" if engine in targets else engine
                 run.engines[label] = {m: figures(summary, engine).get(m) for m in METRICS}
+            h = summary.get("headline") or {}
+            if h.get("ratio") is not None:
+                run.headline = (f"{h['engine']}/{h['against']}", float(h["ratio"]))
         except FileNotFoundError as e:
             skipped.append((folder.name, f"no {Path(e.filename).name}"))
             continue
@@ -54,31 +91,65 @@ def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
     return sorted(runs, key=lambda r: r.started), skipped
 
 
-def regressions(runs: list[Run], baseline: int, threshold_pct: float) -> list[list]:
-    """The last run against the median of up to `baseline` runs before it, per engine and metric."""
-    last, before = runs[-1], runs[-1 - baseline : -1]
-    rows = []
-    for engine, values in last.engines.items():
-        for metric in METRICS:
-            history = [r.engines[engine][metric] for r in before
-                       if engine in r.engines and r.engines[engine][metric] is not None]
-            new = values[metric]
-            if new is None or not history:
-                continue
-            median = statistics.median(history)
-            change = (new - median) / abs(median) * 100 if median else (0.0 if new == median else float("inf"))
-            worse = -change if HIGHER_BETTER[metric] else change
-            rows.append([engine, metric, fmt(median), fmt(new), f"{change:+.1f} %",
-                         "REGRESSION" if worse > threshold_pct else ""])
-    return rows
+def gated_series(runs: list[Run]) -> dict[tuple[str, str], list[tuple[Run, float]]]:
+    """(engine, figure) -> the runs that have it, oldest first, with its value: each engine's sustained rate and
+    each headline pair's ratio."""
+    out: dict[tuple[str, str], list[tuple[Run, float]]] = {}
+    for run in runs:
+        for engine, values in run.engines.items():
+            if values.get("sustained_rps") is not None:
+                out.setdefault((engine, "sustained_rps"), []).append((run, float(values["sustained_rps"])))
+        if run.headline is not None:
+            out.setdefault((run.headline[0], HEADLINE_SERIES), []).append((run, run.headline[1]))
+    return out
 
 
-def render_history(results: Path, out: Path, baseline: int = 7, threshold_pct: float = 10.0) -> tuple[Path, int]:
-    """The page, and how many runs it drew. Raises ValueError when no run is readable."""
+def change_points(runs: list[Run], setting: str, pvalue: float = 0.001,
+                  min_magnitude: float = 0.0) -> list[ChangePoint]:
+    """Every gated series' change points (Otava's E-divisive means with its t-test merge)."""
+    try:
+        from otava.analysis import compute_change_points
+    except ImportError as e:
+        raise ChangePointsUnavailable("fragbench history needs Apache Otava: .venv/bin/pip install --no-deps "
+                                      "apache-otava==0.8.0 (make setup installs it)") from e
+    out = []
+    for (engine, figure), points in gated_series(runs).items():
+        values = [v for _, v in points]
+        if len(values) < 3:
+            continue
+        found, _ = compute_change_points(values, window_len=50, max_pvalue=pvalue, min_magnitude=min_magnitude)
+        for cp in found:
+            before, after = float(cp.stats.mean_1), float(cp.stats.mean_2)
+            change = (after - before) / abs(before) * 100 if before else 0.0
+            higher = figure == HEADLINE_SERIES or HIGHER_BETTER.get(figure, True)
+            runs_after = len(values) - cp.index
+            out.append(ChangePoint(setting, engine, figure, points[cp.index][0].run_id, int(cp.index), before, after,
+                                   change, float(cp.stats.pvalue), bool((change < 0) == higher and change != 0),
+                                   int(runs_after), bool(runs_after >= CONFIRM_RUNS)))
+    return sorted(out, key=lambda c: (c.engine, c.figure, c.index))
+
+
+def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> dict:
+    """The runs, the skipped folders and every setting's change points, as `history --json` prints them."""
     runs, skipped = read_runs(results)
     if not runs:
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped) or "the folder holds no run"
         raise ValueError(f"no readable run in {results} ({reasons})")
+    settings = list(dict.fromkeys(r.setting for r in runs))
+    cps = [c for st in settings for c in change_points([r for r in runs if r.setting == st], st, pvalue, min_magnitude)]
+    return {"runs": [{"run_id": r.run_id, "started": r.started, "git_sha": r.git_sha, "setting": r.setting}
+                     for r in runs],
+            "skipped": [{"folder": n, "why": w} for n, w in skipped],
+            "method": f"Apache Otava compute_change_points (E-divisive means, t-test merge at p < {pvalue:g}, minimum "
+                      f"relative magnitude {min_magnitude:g}) on each engine's sustained rate and the headline ratio; "
+                      f"a change point is confirmed once {CONFIRM_RUNS} runs stand after it (it included)",
+            "change_points": [asdict(c) for c in cps]}
+
+
+def render_history(results: Path, out: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> tuple[Path, dict]:
+    """The page, and what `history` found. Raises ValueError when no run is readable."""
+    found = history(results, pvalue, min_magnitude)
+    runs, skipped = read_runs(results)
     parts = []
     for setting in dict.fromkeys(r.setting for r in runs):
         series = [r for r in runs if r.setting == setting]
@@ -94,18 +165,29 @@ def render_history(results: Path, out: Path, baseline: int = 7, threshold_pct: f
                                          line_color=PALETTE[i % len(PALETTE)], text=hover,
                                          hovertemplate="%{text}: %{y}<extra></extra>"), row=row, col=1)
         fig.update_layout(height=170 * len(METRICS))
-        rows = regressions(series, baseline, threshold_pct)
-        compared = (table(["engine", "metric", f"median of previous {min(baseline, len(series) - 1)}", "last",
-                           "change", ""], rows) if rows else "<p>Only one run of this setting: nothing to compare.</p>")
+        cps = [ChangePoint(**c) for c in found["change_points"] if c["setting"] == setting]
+        for c in cps:
+            if c.figure == "sustained_rps":  # marked where the change begins
+                fig.add_vline(x=series_started(series, c.run_id), line_dash="dash",
+                              line_color="#c0392b" if c.worse else "#27ae60", row=1, col=1)
+        rows = [[c.engine, c.figure, c.run_id, fmt(c.mean_before), fmt(c.mean_after), f"{c.change_pct:+.1f} %",
+                 f"{c.pvalue:.2g}", ("REGRESSION" if c.worse else "improvement"),
+                 "confirmed" if c.confirmed else f"{c.runs_after} of {CONFIRM_RUNS} runs"] for c in cps]
+        listed = (table(["engine", "figure", "first run after", "mean before", "mean after", "change", "p",
+                         "", "confirmed"], rows) if rows
+                  else f"<p>No change point in {len(series)} runs (p &lt; {pvalue:g}).</p>")
         parts.append(f"<section class='setting'><h2>{ESC(setting)}: {len(series)} runs</h2>{fig_html(fig)}"
-                     f"<h3>Last run ({ESC(series[-1].run_id)}) against the runs before it</h3>{compared}</section>")
+                     f"<h3>Change points</h3>{listed}</section>")
     note = ("<p class='partial' id='skipped'>Skipped: " + "; ".join(f"{ESC(n)} ({ESC(w)})" for n, w in skipped)
             + "</p>") if skipped else ""
     title = f"fragbench history of {results}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{ESC(title)}</title>"
                    f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body><h1>{ESC(title)}</h1>"
-                   f"<p class='how'>{len(runs)} runs. A regression is the last run worse than the median of the "
-                   f"previous {baseline} of its setting by more than {threshold_pct:g} %.</p>{note}{''.join(parts)}"
-                   "</body></html>")
-    return out, len(runs)
+                   f"<p class='how'>{len(runs)} runs. {ESC(found['method'])}; a change point for the worse is a "
+                   f"regression.</p>{note}{''.join(parts)}</body></html>")
+    return out, found
+
+
+def series_started(series: list[Run], run_id: str) -> str:
+    return next(r.started for r in series if r.run_id == run_id)

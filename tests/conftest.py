@@ -20,6 +20,71 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (the sweep, the servers) stay on one worker too (tests/scheduling.py, by the hook at the end of this file).
 
 
+# What pytest itself sets around each phase of a test: not the test's doing.
+PYTEST_OWN_ENVIRONMENT = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+def process_state() -> dict:
+    """What one test may change for every later test in its worker: the environment (a server or bench the later
+    test starts inherits it; CUDA reads PYTORCH_CUDA_ALLOC_CONF once), the working directory, and the engine
+    table (engines/registry.py), where imported."""
+    registry = sys.modules.get("engines.registry")
+    return {"environment": {k: v for k, v in os.environ.items() if k not in PYTEST_OWN_ENVIRONMENT},
+            "working directory": os.getcwd(), "engine table": dict(registry.REGISTRY) if registry else None}
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    out = []
+    for name in ("environment", "engine table"):
+        was, now = before[name], after[name]
+        if was is None or now is None:  # the table was first imported during the test: nothing to compare
+            continue
+        out += [f"{name}: {key} was {was.get(key, '(unset)')!r}, is {now.get(key, '(unset)')!r}"
+                for key in sorted(set(was) | set(now)) if (key in was) != (key in now) or was[key] != now[key]]
+    if before["working directory"] != after["working directory"]:
+        out.append(f"working directory was {before['working directory']}, is {after['working directory']}")
+    return out
+
+
+def put_environment(saved: dict[str, str]) -> None:
+    """os.environ as `saved`, but for what pytest sets itself (it pops PYTEST_CURRENT_TEST after a test)."""
+    for key in set(os.environ) - set(saved) - PYTEST_OWN_ENVIRONMENT:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v and k not in PYTEST_OWN_ENVIRONMENT})
+
+
+def restore(state: dict) -> None:
+    put_environment(state["environment"])
+    os.chdir(state["working directory"])
+    registry = sys.modules.get("engines.registry")
+    if registry and state["engine table"] is not None:
+        registry.REGISTRY.clear()
+        registry.REGISTRY.update(state["engine table"])
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_process_state():
+    """Each test leaves the process as it found it: a test that does not is failed, naming what it left, and the
+    state is put back (so that one leak fails one test). An autouse fixture is set up before the test's others
+    and torn down after them: what monkeypatch undoes is undone by then."""
+    before = process_state()
+    yield
+    left = differences(before, process_state())
+    if left:
+        restore(before)
+        pytest.fail("the test left process state behind (restore it: monkeypatch, or the `environ` fixture):\n"
+                    + "\n".join(left), pytrace=False)
+
+
+@pytest.fixture
+def environ():
+    """os.environ, put back as it was after the test: for code under test that writes it itself (monkeypatch
+    records nothing to undo when it deletes a variable that is not set)."""
+    saved = dict(os.environ)
+    yield os.environ
+    put_environment(saved)
+
+
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw

@@ -468,7 +468,8 @@ def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_pa
     assert fixture.stat().st_size < recorded.stat().st_size / 2
 
 
-def test_under_memory_cuda_the_alloc_conf_is_in_the_servers_environment_before_cuda_starts(monkeypatch, tmp_path):
+def test_under_memory_cuda_the_alloc_conf_is_in_the_servers_environment_before_cuda_starts(monkeypatch, tmp_path,
+                                                                                          environ):
     """The real allocator reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts: bench puts it in the server's
     environment, and a server started by hand sets it before the model touches CUDA."""
     from harness.cli.engine_flags import use_real_alloc_conf
@@ -491,6 +492,8 @@ def test_under_memory_cuda_the_alloc_conf_is_in_the_servers_environment_before_c
         servers.start_server("hf", "m", "16MiB", tmp_path / "hf.log", extra=["--memory", "cuda"],
                              alloc_conf="expandable_segments:True,max_split_size_mb:128")
     assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:128"
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    # use_real_alloc_conf writes os.environ itself: the `environ` fixture puts it back after the test (on a GPU,
+    # every later CUDA test in this worker would otherwise start its allocator under this setting)
+    environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     use_real_alloc_conf("garbage_collection_threshold:0.6")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.6"

@@ -1,5 +1,5 @@
 """One table of engines (engines/registry.py): every list and rule reads it, and a policy added there alone (its
-module and one entry) is served, searched by bench and simulated."""
+module and one entry) is served, swept by bench and simulated."""
 
 from __future__ import annotations
 
@@ -179,21 +179,25 @@ def test_a_throwaway_policy_added_through_the_table_alone_is_simulated(double):
     assert double_["internal_fragmentation_share"] > oracle["internal_fragmentation_share"] + 0.1
 
 
-def test_a_throwaway_policy_added_through_the_table_alone_is_served_and_searched(double, tiny_model, tmp_path):
-    """bench starts `fragbench serve --engine double` and runs its knee search on it: the least search bench
-    runs (short sequences, so a short debugging pass and probes; short calibration windows; two points of the
-    fewest judged requests, at a 50 % attainment target), its time capped by --search-time."""
-    r = run_cli("bench", "--engines", "double", "--model", str(tiny_model), "--sweep", "--time", "600",
-                "--search-time", "30", "--points", "2", "--slo-attainment", "0.5", "--calibrate-duration", "4",
-                "--grace", "2", "--max-seq-len", "256", "--kv-budget", "4MiB", "--out", str(tmp_path),
-                "--reports", str(tmp_path), "--run-id", "d", timeout=600)
+def test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept(double, tiny_model, tmp_path):
+    """bench starts `fragbench serve --engine double` and measures it at two offered rates. The rates are given
+    (--rates: a knee search in a few seconds may find no point on a busy machine), and the SLO is one every
+    request served meets (60 s to the first token, 10 s a token), with a grace long enough for every request
+    to end (a request still running when the grace ends misses): each point attains it, so by the rule (the
+    highest offered rate meeting the SLO) the sustained rate is one of the rates offered."""
+    rates = (1.0, 2.0)
+    r = run_cli("bench", "--engines", "double", "--model", str(tiny_model), "--sweep", "--rates",
+                ",".join(map(str, rates)), "--point-duration", "4", "--grace", "60", "--slo-ttft", "60",
+                "--slo-tpot", "10", "--slo-attainment", "0.5", "--max-seq-len", "256", "--kv-budget", "8MiB",
+                "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "d", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     meta = json.loads((tmp_path / "d" / "run.json").read_text())
-    assert meta["engine_config"]["double"]["4MiB"]["policy"] == "double"  # served by its own policy
+    assert meta["engine_config"]["double"]["8MiB"]["policy"] == "double"  # served by its own policy
     capacity = json.loads((tmp_path / "d" / "summary.json").read_text())["capacity"]["double"]
-    assert len(capacity["points"]) == 2 and capacity["sustained_rps"] is not None
-    assert sum(p["judged"] for p in capacity["points"]) > 0
-
+    points = capacity["points"]
+    assert [p["offered_rps"] for p in points] == list(rates), points
+    assert all(p["judged"] > 0 and p["slo_attainment"] >= 0.5 for p in points), points
+    assert capacity["sustained_rps"] in rates, capacity["sustained_rps"]
 
 
 def test_a_throwaway_peer_added_through_the_table_alone_is_served_behind_the_proxy(double, tiny_model, tmp_path):

@@ -144,12 +144,30 @@ METRICS_CONTRACT = ("fragbench:time_to_first_token_seconds", "fragbench:e2e_requ
                     "fragbench:request_prompt_tokens", "fragbench:request_generation_tokens")
 
 
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """Each contract histogram's (_count, _sum) on a /metrics page."""
+    def value(series: str) -> float:
+        return float(re.search(rf"^{series} (\S+)", text, re.M).group(1))
+
+    return {name: (value(f"{name}_count"), value(f"{name}_sum")) for name in METRICS_CONTRACT}
+
+
 def test_every_engines_metrics_carry_the_monitoring_contract(server):
+    """The session's server has served other tests' requests: what this request added is the difference of the
+    histograms before and after it (the server observes a request before it answers it, and this worker's tests
+    use it one at a time). 4 prompt tokens and 4 generated (ignore_eos): one observation each, those sums."""
+    before = get_text(f"{server.url}/metrics")
+    for name in METRICS_CONTRACT:
+        assert f"# TYPE {name} histogram" in before, name
     body = {"prompt": [5, 6, 7, 8], "max_tokens": 4, **GREEDY}
     assert post(f"{server.url}/v1/completions", json.dumps(body))[0] == 200
     text = get_text(f"{server.url}/metrics")
-    for name in METRICS_CONTRACT:  # histograms, observed by the request just served
-        assert f"# TYPE {name} histogram" in text, name
-        assert float(re.search(rf"^{name}_count (\S+)", text, re.M).group(1)) >= 1, name
+    was, now = histogram_totals(before), histogram_totals(text)
+    added = {name: (now[name][0] - was[name][0], now[name][1] - was[name][1]) for name in METRICS_CONTRACT}
+    for name in METRICS_CONTRACT:
+        assert added[name][0] == 1, (name, added[name])
+    assert added["fragbench:request_prompt_tokens"][1] == 4 and added["fragbench:request_generation_tokens"][1] == 4
+    for name in ("fragbench:time_to_first_token_seconds", "fragbench:e2e_request_latency_seconds"):
+        assert added[name][1] > 0, (name, added[name])  # a served request takes some time
     assert re.search(r"^fragbench:kv_live_tokens \S+", text, re.M)
     assert re.search(r'^fragbench:kv_failed_allocation_bytes_total\{cause="fragmentation"\} \S+', text, re.M)

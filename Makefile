@@ -141,6 +141,7 @@ TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
+	$(BIN)/pip install -q -e '.[dev,ray]'  # the ray extra: simulate --grid --ray's tests (pytest -m ray)
 	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 

@@ -26,6 +26,12 @@ GPUS: dict[str, GPU] = {
 }
 
 
+# What a GPU-hour of each preset costs, in USD: indicative on-demand cloud list prices (they vary by provider,
+# region and commitment, and drift), for `simulate --grid`'s requests per dollar; a grid file's
+# `price_per_gpu_hour` overrides them with the user's own.
+USD_PER_GPU_HOUR: dict[str, float] = {"a100-40gb": 1.50, "a100-80gb": 1.80, "h100-80gb": 2.50, "h200-141gb": 3.50}
+
+
 def gpu_preset(name: str) -> GPU:
     if name not in GPUS:
         raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")

@@ -29,10 +29,11 @@ def register(sub) -> None:
 
     sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model",
                          epilog=described(policies()))
-    sim.add_argument("--model", required=True, help="model preset or directory")
-    add_gpu_flags(sim, required=True, speed=True)
-    sim.add_argument("--workload", required=True, help="preset, spec file or trace file")
-    sim.add_argument("--policy", required=True, help=f"KV policies, comma-separated ({listing(policies())})")
+    # required unless --grid gives them (checked in run: argparse cannot make a flag required but for another)
+    sim.add_argument("--model", help="model preset or directory (required without --grid)")
+    add_gpu_flags(sim, required=False, speed=True)
+    sim.add_argument("--workload", help="preset, spec file or trace file (required without --grid)")
+    sim.add_argument("--policy", help=f"KV policies, comma-separated ({listing(policies())}; required without --grid)")
     sim.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block of the paged policy")
     sim.add_argument("--placement", choices=["best-fit", "buddy"],
                      help="arena placement for every policy (default: each policy's as the paper places it: "
@@ -65,12 +66,34 @@ def register(sub) -> None:
                      help="write an HTML page with the breakdown over time to FILE; with several --alloc-conf, a page "
                           "per setting, its name before FILE's suffix (default: none)")
     sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
+    grid = sim.add_argument_group("configuration grid (docs/simulate.md)")
+    grid.add_argument("--grid", metavar="GRID.yaml",
+                      help="simulate the product of the file's models, GPUs, budgets, policies, block sizes, "
+                           "allocator settings and workloads, a knee search at the SLO each; writes grid.parquet and "
+                           "grid.html to --out, resuming from the rows already there (default: none)")
+    grid.add_argument("--out", metavar="DIR", help="with --grid: the directory written (default: results/grid/ and "
+                                                   "the grid file's name)")
+    grid.add_argument("--ray", action="store_true",
+                      help="with --grid: run its simulations as Ray tasks on a local Ray started for the run (the "
+                           "`ray` extra), --jobs CPUs")
+    grid.add_argument("--ray-address", metavar="HOST:PORT",
+                      help="with --grid: run on the Ray cluster there (`ray start --head` prints it; implies --ray)")
     sweep_group(sim, "policy", points=12)
     sim.set_defaults(point_duration=None, calibrate_duration=None, warmup=None)  # bench's alone
     sim.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.grid:
+        from harness.cli.simulate_grid import run_grid_verb
+
+        return run_grid_verb(args)
+    if args.ray or args.ray_address or args.out:
+        raise UsageError("--ray, --ray-address and --out go with --grid GRID.yaml")
+    missing = [flag for flag, value in (("--model", args.model), ("--gpu or --gpu-mem", args.gpu or args.gpu_mem),
+                                        ("--workload", args.workload), ("--policy", args.policy)) if not value]
+    if missing:
+        raise UsageError(f"simulate needs {', '.join(missing)} (or --grid GRID.yaml)")
     check_memory_flags(args)  # before the heavy imports and the workload's draw: a wrong flag costs no wait
     from engines import UnknownName, pick
     from engines.registry import policies

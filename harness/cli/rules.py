@@ -24,7 +24,10 @@ def register(sub) -> None:
     p.add_argument("--envelope-share", type=fraction_arg, default=0.75,
                    help="live tokens under this share of the envelope are 'below the envelope'")
     p.add_argument("--free-below", type=fraction_arg, default=0.25,
-                   help="free KV under this share of capacity is 'running out'")
+                   help="usable free KV (the largest free extent) under this share of capacity is 'running out'")
+    p.add_argument("--untokened-above", type=fraction_arg, default=0.3,
+                   help="KV held by no token (reservations, rounding, holes outside the largest free extent) over "
+                        "this share of capacity is 'fragmented'; a block pool's stays at a few percent")
     p.add_argument("--kv-full", type=fraction_arg, default=0.95, help="KV usage at or above this share is 'full'")
     p.add_argument("--fragmentation-ooms", type=positive_int, default=1,
                    help="fragmentation failures in the window that make an alert")
@@ -50,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             envelope, source = envelope_from_check(args.from_check)
         thresholds = Thresholds(
             envelope_tokens=envelope, envelope_source=source if envelope is not None else Thresholds.envelope_source,
-            envelope_share=args.envelope_share, free_below=args.free_below, kv_full=args.kv_full,
+            envelope_share=args.envelope_share, free_below=args.free_below,
+            untokened_above=args.untokened_above, kv_full=args.kv_full,
             fragmentation_ooms=args.fragmentation_ooms, churn_rps=args.churn_rps,
             preemptions_per_s=args.preemptions_per_s, reserved_growth_bytes=args.reserved_growth,
             window=args.window, hold=args.hold)

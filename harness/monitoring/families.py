@@ -16,9 +16,9 @@ ALERTS = (FRAGMENTATION, RESERVED, FAILURES, PREEMPTIONS, CAPACITY)
 
 WHERE = "{{ $labels.instance }}"
 RUNBOOK = {
-    FRAGMENTATION: "Live tokens are low but KV is unavailable: inspect block release and allocator reuse. The KV is "
-                   "held by reservations and holes, not tokens (/stats?map=1 shows who holds it). A block-based KV "
-                   "policy fixes it; more GPUs do not.",
+    FRAGMENTATION: "KV is unavailable but much of it holds no token: inspect block release and allocator reuse. "
+                   "The KV is held by reservations and holes, not tokens (/stats?map=1 shows who holds it). A "
+                   "block-based KV policy fixes it; more GPUs do not.",
     RESERVED: "Reserved is high while allocated is not: inspect the framework pool and process lifecycle. PyTorch's "
               "caching allocator keeps freed blocks (torch.cuda.memory_snapshot, PYTORCH_CUDA_ALLOC_CONF); a "
               "restart gives them back.",
@@ -34,8 +34,12 @@ RUNBOOK = {
 }
 
 
+FRAGMENTATION_KIND = (FRAGMENTATION, FAILURES)  # labelled cause="fragmentation"
+
+
 def alert(name: str, expr: str, t: Thresholds, summary: str) -> Alert:
-    return Alert(name, expr, t.hold, f"{WHERE}: {summary}", RUNBOOK[name])
+    return Alert(name, expr, t.hold, f"{WHERE}: {summary}", RUNBOOK[name],
+                 cause="fragmentation" if name in FRAGMENTATION_KIND else None)
 
 
 def pct(share: float) -> str:
@@ -45,20 +49,25 @@ def pct(share: float) -> str:
 def fragbench(t: Thresholds) -> RuleSet:
     w = t.window
     envelope = str(t.envelope_tokens) if t.envelope_tokens is not None else "fragbench:kv_capacity_tokens"
-    envelope_words = f"{t.envelope_tokens} tokens" if t.envelope_tokens is not None else "the KV capacity"
     finished = f"fragbench:request_finished:rate{w}"
     records = [
-        Record("fragbench:kv_free_ratio", "fragbench:kv_free_bytes / fragbench:kv_capacity_bytes"),
+        # memory held by no token and not free for the next allocation: a contiguous policy's reservations, its
+        # rounding and the holes outside its largest free extent; a block pool's partly filled last blocks
+        # alone (its largest free extent is all its free blocks), a few percent at any utilization
+        Record("fragbench:kv_untokened_ratio", "(fragbench:kv_capacity_bytes - fragbench:kv_largest_free_bytes\n"
+               " - fragbench:kv_token_states_bytes) / fragbench:kv_capacity_bytes"),
+        Record("fragbench:kv_usable_free_ratio", "fragbench:kv_largest_free_bytes / fragbench:kv_capacity_bytes"),
         Record("fragbench:kv_live_envelope_ratio", f"fragbench:kv_live_tokens / {envelope}"),
         Record(finished, f"sum without (finished_reason) (rate(fragbench:request_success_total[{w}]))"),
         Record(f"fragbench:kv_failed_allocation_bytes:rate{w}",
                f"rate(fragbench:kv_failed_allocation_bytes_total[{w}])"),
     ]
     alerts = [
-        alert(FRAGMENTATION, f"avg_over_time(fragbench:kv_free_ratio[{w}]) < {t.free_below}\n"
-              f"and avg_over_time(fragbench:kv_live_envelope_ratio[{w}]) < {t.envelope_share}", t,
-              f"free KV averaged under {pct(t.free_below)} of capacity over {w} while live tokens stayed under "
-              f"{pct(t.envelope_share)} of the envelope ({envelope_words}): fragmentation suspected"),
+        alert(FRAGMENTATION, f"avg_over_time(fragbench:kv_untokened_ratio[{w}]) > {t.untokened_above}\n"
+              f"and avg_over_time(fragbench:kv_usable_free_ratio[{w}]) < {t.free_below}", t,
+              f"over {w}, more than {pct(t.untokened_above)} of the KV on average held by no token (reservations "
+              f"and holes) while its largest free extent averaged under {pct(t.free_below)} of capacity: "
+              "fragmentation suspected"),
         alert(RESERVED, f"delta(fragbench:memory_reserved_bytes[{w}]) > {t.reserved_growth_bytes}\n"
               f"and delta(fragbench:memory_allocated_bytes[{w}]) <= 0\nand on (instance, job) {finished} > 0", t,
               f"reserved memory grew by more than {t.reserved_growth_bytes} B over {w} while allocated memory did "
@@ -89,8 +98,9 @@ def vllm(t: Thresholds) -> RuleSet:
               "holds only live tokens)"),
     ]
     omitted = [
-        Omitted(FRAGMENTATION, "vLLM exports no live-token count, only the share of blocks in use "
-                               "(vllm:kv_cache_usage_perc); its paged pool holds little beyond live tokens"),
+        Omitted(FRAGMENTATION, "the rule needs the KV held by no token, and vLLM exports no live-token count or "
+                               "token bytes to subtract, only the share of blocks in use (vllm:kv_cache_usage_perc); "
+                               "its paged pool holds little beyond live tokens"),
         Omitted(RESERVED, "vLLM exports no allocator reserved or allocated bytes"),
         Omitted(FAILURES, "vLLM exports no failed allocations: it preempts instead (see the preemption storm)"),
     ]
@@ -108,8 +118,9 @@ def sglang(t: Thresholds) -> RuleSet:
               f"KV at least {pct(t.kv_full)} full over {w} with requests queued: capacity"),
     ]
     omitted = [
-        Omitted(FRAGMENTATION, "SGLang's one token count (sglang:num_used_tokens) is the pool's used slots, which "
-                               "its token-granular pool fills with live tokens alone: no gap to watch"),
+        Omitted(FRAGMENTATION, "the rule needs the KV held by no token, and SGLang's one token count "
+                               "(sglang:num_used_tokens) is the pool's used slots, which its token-granular pool "
+                               "fills with live tokens alone: no gap to watch"),
         Omitted(RESERVED, "SGLang exports no allocator reserved or allocated bytes"),
         Omitted(FAILURES, "SGLang exports no failed allocations: it retracts instead (see the preemption storm)"),
     ]

@@ -1,7 +1,7 @@
 """Prometheus rules for the seeds' alerts, as records: thresholds in, a rules file Prometheus loads out.
 
-The seeds' useful alert "is not simply GPU memory above 90 %": free KV falling while live tokens stay below
-the capacity envelope (fragmentation suspected), reserved memory growing after requests complete (the
+The seeds' useful alert "is not simply GPU memory above 90 %": usable KV running out while much of it is held
+by no token, in reservations and holes (fragmentation suspected), reserved memory growing after requests complete (the
 allocator keeping blocks), allocation failures with memory free concentrated after churn, preemption storms,
 and KV full with a waiting queue (capacity, the honest kind). Each family's expressions are in
 `families.py`; a rule whose signal the family does not export is left out, and the file says why.
@@ -39,7 +39,8 @@ class Thresholds:
     envelope_tokens: int | None = None  # live tokens the server held before its first OOM or preemption
     envelope_source: str = "none given: the KV capacity in tokens stands for it"
     envelope_share: float = 0.75  # live tokens under this share of the envelope count as "below" it
-    free_below: float = 0.25  # free KV under this share of capacity counts as running out
+    free_below: float = 0.25  # usable free KV (the largest free extent) under this share of capacity: running out
+    untokened_above: float = 0.3  # KV held by no token (reservations, rounding, holes) over this share: fragmented
     kv_full: float = 0.95  # KV usage at or above this share counts as full
     fragmentation_ooms: int = 1  # fragmentation failures in the window that make the alert
     churn_rps: float = 0.5  # finished requests per second (aborts included) that make the traffic churn
@@ -52,7 +53,7 @@ class Thresholds:
         for name in ("window", "hold"):
             if not DURATION.match(getattr(self, name)):
                 raise RulesRefused(f"--{name}: {getattr(self, name)!r} is not a Prometheus duration (30s, 5m, 1h)")
-        for name in ("envelope_share", "free_below", "kv_full"):
+        for name in ("envelope_share", "free_below", "untokened_above", "kv_full"):
             if not 0 < getattr(self, name) <= 1:
                 raise RulesRefused(f"--{name.replace('_', '-')} must be in (0, 1], not {getattr(self, name)}")
         if self.envelope_tokens is not None and self.envelope_tokens < 1:
@@ -76,9 +77,11 @@ class Alert:
     summary: str  # a template over the alert's labels, in the seeds' terms
     runbook: str  # what to look at first, in the seeds' terms
     severity: str = "warning"
+    cause: str | None = None  # "fragmentation" for the fragmentation kind: a route or a silence can match it
 
     def to_yaml(self) -> dict:
-        return {"alert": self.alert, "expr": self.expr, "for": self.hold, "labels": {"severity": self.severity},
+        labels = {"severity": self.severity, **({"cause": self.cause} if self.cause else {})}
+        return {"alert": self.alert, "expr": self.expr, "for": self.hold, "labels": labels,
                 "annotations": {"summary": self.summary, "runbook": self.runbook}}
 
 

@@ -4,8 +4,8 @@ that the files sharing one session-scoped build are dealt out together, so that 
 A session fixture is built once per worker: with loadfile alone, the session's sweep (conftest.swept, two minutes)
 was built on both workers, and each worker started its own server per engine. xdist's own `--dist loadgroup` would
 do this from `xdist_group` marks, but xdist 3.8 cannot name a group's tests under pytest 9.2 (the nodeid suffix it
-adds is lost), so the groups are named here, by file, and `tests/test_architecture.py` checks them against the
-fixtures the collected tests really use."""
+adds is lost), so the groups are named here, by file, and `tests/test_scheduling.py` checks them against the
+fixtures the tests of the whole suite use, as pytest collects them."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ from xdist.scheduler import LoadFileScheduling
 SHARED_BUILDS: dict[str, tuple[str, ...]] = {
     "swept": ("test_capacity.py", "test_fragmentation.py", "test_twin.py", "test_verdict.py"),
     "servers": ("test_bad_input.py", "test_check.py", "test_openai_api.py", "test_reliability.py", "test_server.py"),
+}
+# session fixtures built on each worker that uses them, and why that is cheap enough (tests/test_scheduling.py
+# checks that every session fixture of the tests is here or in SHARED_BUILDS)
+PER_WORKER: dict[str, str] = {
+    "tiny_model": "seconds (19 s measured on the shared 2-core machine), 18 MiB of seeded weights: each worker's "
+                  "are the same, and the worker without the shared builds needs them for its own tests",
 }
 GROUP_OF = {name: fixture for fixture, names in SHARED_BUILDS.items() for name in names}
 

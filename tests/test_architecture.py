@@ -181,16 +181,3 @@ def test_modules_that_find_the_checkout_find_it_from_their_room():
 
     for module in (engines.peers.vllm, harness.run.bench, harness.run.loadargs, harness.run.servers):
         assert module.ROOT == ROOT, f"{module.__name__}.ROOT is {module.ROOT}"
-
-
-def test_the_files_that_share_a_session_build_are_dealt_out_together(request):
-    """make test keeps a session fixture's users on one worker by file (tests/scheduling.py): the files named
-    there are exactly those whose collected tests use the fixture (whichever of them this session collected)."""
-    from tests.scheduling import SHARED_BUILDS, group_of
-
-    files = {item.path.name for item in request.session.items}
-    for fixture, named in SHARED_BUILDS.items():
-        using = {item.path.name for item in request.session.items if fixture in item.fixturenames}
-        assert using == set(named) & set(files), (fixture, sorted(using ^ (set(named) & set(files))))
-    assert group_of("tests/test_twin.py::test_x[a::b]") == "swept" and group_of("tests/test_knee.py::t") == \
-        "tests/test_knee.py"

@@ -133,8 +133,13 @@ class KneeSearching:
                 self.host.say(v.line("every bracket at the grid's resolution, replicated, or its points spent"))
                 break
             if self.host.left_s < sum(self.round_cost(runs[e], plan) for e, plan in plans.items()):
-                self.host.say(v.line("time spent"))
-                break
+                # not a whole round: an engine whose bracket is still open gets its turn if that fits (a knee
+                # bracketed beats a replication), else the time is spent
+                open_ = {e: plan for e, plan in plans.items() if not bracketed(v.points.get(e, []), self.host.slo)}
+                if not open_ or self.host.left_s < sum(self.round_cost(runs[e], p) for e, p in open_.items()):
+                    self.host.say(v.line("time spent"))
+                    break
+                plans = open_
             rounds += 1
             for engine in pair:
                 self.visit_round(runs[engine], plans.get(engine) or [], show, rounds)

@@ -77,8 +77,8 @@ def headline_sentence(summary: dict) -> str | None:
                  "resolution")
     else:
         unbracketed = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
-        line += (f", {best}: undecided, {' and '.join(unbracketed)} with no rate that missed the SLO above one that "
-                 "met it (a knee past the rates measured is a bound, not a measurement)")
+        line += (f", {best}: undecided, {' and '.join(unbracketed)} not bracketed (no rate that missed the SLO "
+                 "above one that met it: a knee past the rates measured is a bound, not a measurement)")
     line += f". The knees rest on {judged} ({ends})"
     line += replication_words(h)
     left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}

@@ -16,7 +16,7 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
-from harness.analysis.headline import Headline, bracket_ends, headline, reaching, rows_of
+from harness.analysis.headline import Headline, bracket_ends, headline, reaching, rows_of, run_to_run
 from harness.analysis.integrity import integrity
 from harness.analysis.knee import (
     Judged,
@@ -246,7 +246,12 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple
     knees = replicate_knees(pts, slo, step_of(meta)) if pts else {}
     out = {e: knee_block(b, slo, with_estimate(central(knees[e]), b["sustained_rps"]) if e in knees else None)
            for e, (b, _) in blocks.items()}
+    within = replicate_knees(pts, slo, step_of(meta), resample_rounds=False) if pts else {}
     for e, (b, j) in blocks.items():
+        if e in knees and e in within:  # how much of the interval resampling the replications' rounds adds
+            out[e]["sustained_rps_ci_within_runs"] = with_estimate(central(within[e]), b["sustained_rps"])
+            out[e]["run_to_run_share"] = round(run_to_run(out[e]["sustained_rps_ci"],
+                                                          out[e]["sustained_rps_ci_within_runs"]), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)

@@ -133,6 +133,15 @@ def test_a_bad_grid_file_exits_2_in_one_line(tmp_path):
     assert r.returncode == 2 and "--policy" in r.stderr, r.stderr
 
 
+def test_a_workload_file_is_found_from_any_directory(tmp_path, monkeypatch):
+    """A Ray worker runs in a directory of its own: a relative spec file is kept by its absolute path."""
+    spec = Path(__file__).parents[1] / "workloads" / "presets" / "paper.yaml"
+    (tmp_path / "mine.yaml").write_text(spec.read_text())
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(grid_file(tmp_path, "model: llama-2-13b\ngpu: a100-40gb\npolicy: paged\nworkload: mine.yaml\n"))
+    assert grid.points[0].workload == str(tmp_path.resolve() / "mine.yaml")
+
+
 def test_a_configuration_that_does_not_fit_is_a_row_without_capacity(tmp_path):
     grid = load_grid(grid_file(tmp_path, "model: llama-2-13b\ngpu: a100-40gb\npolicy: paged\nworkload: paper\n"
                                           "kv_budget: [64GiB, 1MiB]\nrequests: 50\n"))

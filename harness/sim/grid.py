@@ -138,6 +138,8 @@ def _checked(key: str, value, path) -> object:
     try:
         if key == "model":
             load_shape(str(value))
+            if Path(str(value)).is_dir():  # a model directory, found from any worker's directory
+                return str(Path(str(value)).resolve())
         elif key == "gpu":
             if value not in GPUS:
                 raise bad(f"unknown GPU {value!r} (presets: {', '.join(GPUS)})")
@@ -152,6 +154,8 @@ def _checked(key: str, value, path) -> object:
             spec = load_spec(str(value))
             if spec.trace is not None:
                 resolve(spec.trace.path)
+            if Path(str(value)).is_file():  # a Ray worker runs in a directory of its own: the file, wherever from
+                return str(Path(str(value)).resolve())
         elif key == "kv_budget":
             if parse_size(str(value)) <= 0:
                 raise bad(f"a KV budget must be a positive size, not {value!r}")

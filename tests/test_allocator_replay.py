@@ -1,8 +1,11 @@
 """`fragbench allocator replay` on snapshots built in torch.cuda.memory._snapshot()'s format (no GPU here): a
-synthetic trace whose segment events come from the emulator itself must replay to the same events, the --json
+synthetic trace whose segment events come from the emulator itself must replay to the same events (plumbing: the
+format, the loader, the replay), its segments checked against sizes worked by hand from the C++; the --json
 contract holds, a file that is not a snapshot exits 2 in one line, and --dump is read by PyTorch's _memory_viz.
-Hand-built traces show each segment event the emulator does not do alike named with the rule it breaks, and the
-snapshot `make gpu-check` recorded of hf serving on CUDA, where present, replays event for event."""
+Hand-built traces show each segment event the emulator does not do alike named with the rule it breaks. The
+snapshot `make gpu-check` records of hf serving on CUDA would show the emulator against the real allocator: none
+has been recorded yet (no GPU so far), so that test skips, and nothing here compares the emulator with PyTorch's
+own allocator."""
 
 import json
 import pickle
@@ -23,15 +26,23 @@ from tests.conftest import ROOT
 MiB = 2**20
 GPU_CHURN_FIXTURE = ROOT / "tests" / "fixtures" / "gpu_hf_churn_snapshot.pickle"
 SIZES = [512, 3000, 200_000, MiB, int(1.5 * MiB), 3 * MiB, 9 * MiB, 12 * MiB, 30 * MiB]
+# The segment each request of SIZES carves, worked by hand from CUDACachingAllocator.cpp: round_size (a multiple of
+# 512 B), then get_allocation_size: at most kSmallSize (1 MiB) -> kSmallBuffer (2 MiB); under kMinLargeAlloc
+# (10 MiB) -> kLargeBuffer (20 MiB); larger -> rounded up to kRoundLarge (2 MiB). Under expandable_segments a pool
+# maps pages of those buffers' sizes instead: 2 MiB for the small pool, 20 MiB for the large one.
+SEGMENT_OF = {512: 2 * MiB, 3000: 2 * MiB, 200_000: 2 * MiB, MiB: 2 * MiB, int(1.5 * MiB): 20 * MiB,
+              3 * MiB: 20 * MiB, 9 * MiB: 20 * MiB, 12 * MiB: 12 * MiB, 30 * MiB: 30 * MiB}
+PAGE_OF = {size: 2 * MiB if size <= MiB else 20 * MiB for size in SIZES}
 
 
 def synthetic_snapshot(path, n_ops: int, capacity: int | None = None, conf: str = "", seed: int = 0) -> dict:
     """A snapshot pickle as PyTorch records one: every alloc and free with its segment events before it, as the
-    emulator under `conf` and `capacity` made them; an OOM entry where it failed. Returns the allocator's stats."""
+    emulator under `conf` and `capacity` made them; an OOM entry where it failed. Returns the allocator's stats,
+    and each request served with the segment events it caused (`grew`: (request bytes, action, segment bytes))."""
     rng = random.Random(seed)
     events: list = []
     alloc = CachingAllocator(capacity or ar.UNCAPPED, conf, events=events, device_bytes=ar.UNCAPPED)  # the replay's
-    trace, live = [], []
+    trace, live, grew = [], [], []
 
     def flush(mark):
         trace.extend({"action": a, "addr": addr, "size": size, "stream": s, "frames": []}
@@ -55,6 +66,7 @@ def synthetic_snapshot(path, n_ops: int, capacity: int | None = None, conf: str 
             trace.append({"action": "oom", "addr": 0, "size": size, "stream": 0, "device_free": 0, "frames": []})
             continue
         flush(mark)
+        grew += [(size, a, bytes_) for a, _, bytes_, _ in events[mark:] if a in ("segment_alloc", "segment_map")]
         trace.append({"action": "alloc", "addr": block.addr, "size": size, "stream": 0, "frames": []})
         live.append(block)
     data = snapshot(alloc, traces=trace)
@@ -63,14 +75,27 @@ def synthetic_snapshot(path, n_ops: int, capacity: int | None = None, conf: str 
     s = alloc.stats()
     return {"peak_reserved": s.peak_reserved_bytes, "peak_allocated": s.peak_allocated_bytes,
             "retries": s.alloc_retries, "ooms": s.ooms, "segment_events": sum(e["action"].startswith("segment")
-                                                                              for e in trace)}
+                                                                              for e in trace), "grew": grew}
 
 
 @pytest.mark.parametrize("conf,capacity", [("", None), ("", 80 * MiB), ("expandable_segments:True", 80 * MiB),
                                            ("max_split_size_mb:24,garbage_collection_threshold:0.6", 90 * MiB)])
-def test_a_trace_replays_to_its_own_segment_events(tmp_path, conf, capacity):
+def test_the_emulators_own_trace_replays_through_the_snapshot_format_and_its_segments_follow_the_cpp(
+        tmp_path, conf, capacity):
+    """Plumbing first: the trace's segment events and peaks are the emulator's own, so that they come back
+    through the snapshot's format, the loader and the replay says nothing of whether the emulator's rules are
+    PyTorch's. That the segments are is checked against figures worked by hand from the C++ (SEGMENT_OF,
+    PAGE_OF): every segment a request carved, or every page run it mapped, is that request's size class."""
     path = tmp_path / "snap.pickle"
     truth = synthetic_snapshot(path, 1500, capacity, conf)
+    if "expandable_segments:True" in conf:
+        wrong = [(r, a, b) for r, a, b in truth["grew"] if a != "segment_map" or b % PAGE_OF[r]]
+    else:
+        wrong = [(r, a, b) for r, a, b in truth["grew"] if a != "segment_alloc" or b != SEGMENT_OF[r]]
+    assert not wrong, f"segments against the C++ rule (request, event, bytes): {wrong[:10]}"
+    # not vacuous: both pools grew, and a request of 10 MiB or more (rounded to 2 MiB, not a 20 MiB segment) did
+    assert {PAGE_OF[r] for r, _, _ in truth["grew"]} == {2 * MiB, 20 * MiB}, truth["grew"]
+    assert any(r >= 10 * MiB for r, _, _ in truth["grew"]), truth["grew"]
     from engines.memory.allocconf import parse_alloc_conf
 
     result = replay(load_trace(path), capacity, parse_alloc_conf(conf))
@@ -120,14 +145,19 @@ def test_text_output_says_what_was_reproduced(tmp_path, capsys):
     assert "segment events reproduced exactly:" in out
 
 
-@pytest.mark.parametrize("content", [b"not a pickle at all", pickle.dumps({"segments": []}),
-                                     pickle.dumps([1, 2, 3]), pickle.dumps(ValueError("x"))])
-def test_a_file_that_is_not_a_snapshot_exits_2_in_one_line(tmp_path, capsys, content):
+@pytest.mark.parametrize("content,why", [
+    (b"not a pickle at all", "bad.pickle is not a torch.cuda.memory._snapshot() pickle (UnpicklingError)"),
+    (pickle.dumps({"segments": []}), "bad.pickle is not a torch.cuda.memory._snapshot() pickle (no device_traces)"),
+    (pickle.dumps([1, 2, 3]), "bad.pickle is not a torch.cuda.memory._snapshot() pickle (no device_traces)"),
+    (pickle.dumps(ValueError("x")), "not a memory snapshot: the pickle names builtins.ValueError")],
+    ids=["not-a-pickle", "no-device-traces", "a-list", "a-class-instance"])
+def test_a_file_that_is_not_a_snapshot_exits_2_in_one_line(tmp_path, capsys, content, why):
     path = tmp_path / "bad.pickle"
     path.write_bytes(content)
     assert main(["allocator", "replay", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bad.pickle" in err or "not a memory snapshot" in err
+    assert err.endswith("\n") and len(err.splitlines()) == 1, err  # one line, never a traceback
+    assert err.startswith("fragbench: error: ") and why in err, err
 
 
 def test_a_bad_alloc_conf_exits_2_naming_the_key(tmp_path, capsys):

@@ -8,68 +8,99 @@
 // store: [rows, 2, kv_heads, head_dim] (one layer: K then V of each row); q: [B, heads, head_dim];
 // rows: [B, L] int64 (padded past lengths[b]); grouped heads: query head h reads kv head h / (heads / kv_heads).
 // Sequences are shared out over torch's intra-op threads.
+//
+// A sequence's context is read in tiles of TILE positions, each tile once (its K, then its V while the rows
+// are in L1), with the softmax kept online (running max and sum, the accumulator rescaled when the max
+// grows), so no row is fetched twice. TILE is the paged policy's default block size: with 16-token blocks a
+// tile is one block, a run of contiguous rows wherever the block lies. While a tile is computed the next
+// tile's rows are prefetched: a block table's next block starts anywhere in the pool, where the hardware
+// prefetcher (which follows one stream within a page) cannot guess it; a contiguous buffer loses nothing.
+// The head size is a compile-time constant for the common 64 and 128 (the dot products and the accumulation
+// unroll fully), a run-time one otherwise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor store, torch::Tensor rows, torch::Tensor lengths,
-                               double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && store.scalar_type() == torch::kFloat32,
-              "decode_attention: float32 only");
-  TORCH_CHECK(q.is_contiguous() && store.is_contiguous() && rows.is_contiguous() && lengths.is_contiguous(),
-              "decode_attention: contiguous inputs only");
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+namespace {
+
+constexpr int64_t TILE = 16;
+
+template <int64_t HEAD_DIM>  // 0: the head size read from q at run time
+void attend(const torch::Tensor& q, const torch::Tensor& store, const torch::Tensor& rows,
+            const torch::Tensor& lengths, float scale, torch::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), D = HEAD_DIM > 0 ? HEAD_DIM : q.size(2);
   const int64_t KVH = store.size(2), G = H / KVH, L = rows.size(1);
   const int64_t row_floats = 2 * KVH * D;
-  auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* sp = store.data_ptr<float>();
   const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const float s = static_cast<float>(scale);
-  // one sequence a task: each of its rows is read once, every head's K (then V) of it at a time
+  // one sequence a task
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(H * L), acc(H * D), top(H), sum(H);
+    std::vector<float> scores(H * TILE), acc(H * D), top(H), sum(H);
+    const float* tile[TILE];
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = lp[b];
       const float* qb = qp + b * H * D;
       const int64_t* rb = rp + b * L;
-      for (int64_t h = 0; h < H; ++h) top[h] = -std::numeric_limits<float>::infinity();
-      for (int64_t l = 0; l < n; ++l) {
-        const float* row = sp + rb[l] * row_floats;  // K of every kv head, then V of every kv head
-        for (int64_t h = 0; h < H; ++h) {
-          const float* k = row + (h / G) * D;
-          const float* qh = qb + h * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * k[d];
-          dot *= s;
-          scores[h * L + l] = dot;
-          top[h] = dot > top[h] ? dot : top[h];
-        }
-      }
-      for (int64_t h = 0; h < H; ++h) {
-        float total = 0.f;
-        for (int64_t l = 0; l < n; ++l) {
-          const float e = std::exp(scores[h * L + l] - top[h]);
-          scores[h * L + l] = e;
-          total += e;
-        }
-        sum[h] = total;
-      }
+      std::fill(top.begin(), top.end(), -std::numeric_limits<float>::infinity());
+      std::fill(sum.begin(), sum.end(), 0.f);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t l = 0; l < n; ++l) {
-        const float* values = sp + rb[l] * row_floats + KVH * D;
+      for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+        const int64_t tn = std::min(TILE, n - t0);
+        for (int64_t j = 0, ahead = std::min(TILE, n - t0 - TILE); j < ahead; ++j) {  // the next tile's rows
+          const char* row = reinterpret_cast<const char*>(sp + rb[t0 + TILE + j] * row_floats);
+          for (int64_t byte = 0; byte < row_floats * 4; byte += 64) __builtin_prefetch(row + byte);
+        }
+        for (int64_t j = 0; j < tn; ++j) tile[j] = sp + rb[t0 + j] * row_floats;
+        // scores of the tile, head by head (each head's query stays in registers)
         for (int64_t h = 0; h < H; ++h) {
-          const float w = scores[h * L + l];
-          const float* v = values + (h / G) * D;
-          float* a = acc.data() + h * D;
+          const float* qh = qb + h * D;
+          const int64_t k_at = (h / G) * D;  // K of every kv head, then V of every kv head
+          float* sc = scores.data() + h * TILE;
+          for (int64_t j = 0; j < tn; ++j) {
+            const float* k = tile[j] + k_at;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < D; ++d) dot += qh[d] * k[d];
+            sc[j] = dot * scale;
+          }
+        }
+        // online softmax: what was accumulated under a smaller max is rescaled to the new one
+        for (int64_t h = 0; h < H; ++h) {
+          float* sc = scores.data() + h * TILE;
+          float m = top[h];
+          for (int64_t j = 0; j < tn; ++j) m = sc[j] > m ? sc[j] : m;
+          if (m > top[h]) {
+            const float c = std::exp(top[h] - m);  // 0 on the first tile (top is -inf)
+            sum[h] *= c;
+            float* a = acc.data() + h * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
+            for (int64_t d = 0; d < D; ++d) a[d] *= c;
+            top[h] = m;
+          }
+          float total = 0.f;
+          for (int64_t j = 0; j < tn; ++j) {
+            sc[j] = std::exp(sc[j] - m);
+            total += sc[j];
+          }
+          sum[h] += total;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t v_at = KVH * D + (h / G) * D;
+          const float* sc = scores.data() + h * TILE;
+          float* a = acc.data() + h * D;
+          for (int64_t j = 0; j < tn; ++j) {
+            const float w = sc[j];
+            const float* v = tile[j] + v_at;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
+          }
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -79,6 +110,23 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor store, torch::Tens
       }
     }
   });
+}
+
+}  // namespace
+
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor store, torch::Tensor rows, torch::Tensor lengths,
+                               double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && store.scalar_type() == torch::kFloat32,
+              "decode_attention: float32 only");
+  TORCH_CHECK(q.is_contiguous() && store.is_contiguous() && rows.is_contiguous() && lengths.is_contiguous(),
+              "decode_attention: contiguous inputs only");
+  auto out = torch::empty_like(q);
+  const float s = static_cast<float>(scale);
+  switch (q.size(2)) {
+    case 64: attend<64>(q, store, rows, lengths, s, out); break;
+    case 128: attend<128>(q, store, rows, lengths, s, out); break;
+    default: attend<0>(q, store, rows, lengths, s, out);
+  }
   return out;
 }
 

@@ -133,17 +133,25 @@ class KneeSearching:
                 self.host.say(v.line("every bracket at the grid's resolution, replicated, or its points spent"))
                 break
             if self.host.left_s < sum(self.round_cost(runs[e], plan) for e, plan in plans.items()):
-                # not a whole round: an engine whose bracket is still open gets its turn if that fits (a knee
-                # bracketed beats a replication), else the time is spent
-                open_ = {e: plan for e, plan in plans.items() if not bracketed(v.points.get(e, []), self.host.slo)}
-                if not open_ or self.host.left_s < sum(self.round_cost(runs[e], p) for e, p in open_.items()):
+                plans = self.what_fits(plans, runs, v)
+                if not plans:
                     self.host.say(v.line("time spent"))
                     break
-                plans = open_
             rounds += 1
             for engine in pair:
                 self.visit_round(runs[engine], plans.get(engine) or [], show, rounds)
         self.host.write_meta()
+
+    def what_fits(self, plans: dict[str, list], runs: dict[str, EngineRun], v: Verdict) -> dict[str, list]:
+        """Where a whole round does not fit in the time left: the one engine's turn that does, an engine whose
+        bracket is still open first (a knee bracketed is worth more than a replication), its points cut to the
+        first if all of them do not fit; empty when nothing fits."""
+        order = sorted(plans, key=lambda e: bracketed(v.points.get(e, []), self.host.slo))
+        for engine in order:
+            for plan in (plans[engine], plans[engine][:1]):
+                if plan and self.host.left_s >= self.round_cost(runs[engine], plan):
+                    return {engine: plan}
+        return {}
 
     def visit_round(self, run: EngineRun, plan: list[tuple[float, int, bool]], show, rounds: int) -> None:
         """One engine's turn in a round: its server again, its planned points, then the server stops."""

@@ -13,8 +13,15 @@ Rows:
 - `roofline`: the share of the bound a decode step cannot beat: every step reads the weights and the live
   KV once, at the copy bandwidth torch reaches on this machine (measured here, printed).
 
-Every in-house engine runs in this process with the same torch thread count; vLLM (when .venv-vllm exists)
-runs its own server process, pinned to the same number of cores, timed over HTTP.
+Every in-house engine runs in this process with the same torch thread count, and the engines take turns:
+each row's engines are built together, then timed in `--rounds` rounds, the order reversed each round, and
+each keeps its best (a slow spell of a shared machine hits every engine of a row, not one engine's whole
+series, as timing each engine's rows in a block did: paged / static-oracle read 0.74 to 2.01 that way).
+`NAME/FIRST` rows give each engine over the first. `--clock cpu` times the in-house engines in this
+process's CPU time instead of the wall clock's: with 1 thread, their compute, which a machine shared with
+other work inflates far less (on the project's 2 busy cores one engine's wall-clock rows moved 2x between
+rounds). vLLM (when .venv-vllm exists) runs its own server process, pinned to the same number of cores,
+timed over HTTP on the wall clock.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch
 from engines.factory import EngineSpec, make_engine
 from engines.offline import generate
 from engines.sequence import SamplingParams
+from harness.cli.args import positive_int
 
 PROMPT_TOKENS = OUTPUT_TOKENS = 128
 DECODE_TOKENS = 48
@@ -52,18 +60,36 @@ def make(engine_name: str, model: str, batch: int):
                                   max_num_seqs=batch, max_num_batched_tokens=32768, prefix_caching=False))
 
 
+# what a run's seconds are: the wall clock's, or this process's CPU time (--clock cpu)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def timed(engine, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None) -> tuple[float, int]:
-    start = time.perf_counter()
+    start = clock()
     outs = generate(engine, prompts, SamplingParams(max_tokens, ignore_eos=True, logprobs=logprobs))
-    return time.perf_counter() - start, sum(len(o[0].token_ids) for o in outs)
+    return clock() - start, sum(len(o[0].token_ids) for o in outs)
 
 
-def output_tokens_per_s(engine_name: str, model: str, batch: int) -> float:
-    engine = make(engine_name, model, batch)
-    timed(engine, [prompt(PROMPT_TOKENS, 0)], 4)  # warm-up
-    elapsed, tokens = timed(engine, [prompt(PROMPT_TOKENS, b) for b in range(batch)], OUTPUT_TOKENS)
-    getattr(engine, "close", lambda: None)()
-    return tokens / elapsed
+def in_turn(names: list[str], rounds: int, run) -> dict[str, list]:
+    """run(name) for each engine, `rounds` times, the order reversed each round: each engine's results."""
+    out: dict[str, list] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(run(name))
+    return out
+
+
+def output_tokens_per_s(names: list[str], model: str, batch: int, rounds: int) -> dict[str, float]:
+    """Each engine's best output tokens/s of `batch` prompts, the engines timed in turn."""
+    engines = {name: make(name, model, batch) for name in names}
+    for engine in engines.values():
+        timed(engine, [prompt(PROMPT_TOKENS, 0)], 4)  # warm-up
+    prompts = [prompt(PROMPT_TOKENS, b) for b in range(batch)]
+    runs = in_turn(names, rounds, lambda name: timed(engines[name], prompts, OUTPUT_TOKENS))
+    for engine in engines.values():
+        getattr(engine, "close", lambda: None)()
+    return {name: max(tokens / elapsed for elapsed, tokens in r) for name, r in runs.items()}
 
 
 def decode_rate(batch: int, one_s: float, many_s: float) -> float:
@@ -76,14 +102,20 @@ def decode_rate(batch: int, one_s: float, many_s: float) -> float:
     return batch * (DECODE_TOKENS - 1) / (many_s - one_s)
 
 
-def decode_tokens_per_s(engine_name: str, model: str, lengths: list[int], logprobs: int | None = None) -> float:
-    engine = make(engine_name, model, len(lengths))  # prefix caching off: every run prefills its prompts
+def decode_tokens_per_s(names: list[str], model: str, lengths: list[int], rounds: int,
+                        logprobs: int | None = None) -> dict[str, float]:
+    """Each engine's decode tokens/s from its fastest 1-token and DECODE_TOKENS-token runs, the engines timed
+    in turn (a round: each engine's two runs, back to back)."""
+    engines = {name: make(name, model, len(lengths)) for name in names}  # prefix caching off: every run prefills
     prompts = [prompt(n, b) for b, n in enumerate(lengths)]
-    timed(engine, prompts[:1], 2, logprobs)  # warm-up
-    one, _ = min(timed(engine, prompts, 1, logprobs) for _ in range(2))
-    many, _ = min(timed(engine, prompts, DECODE_TOKENS, logprobs) for _ in range(2))
-    getattr(engine, "close", lambda: None)()
-    return decode_rate(len(lengths), one, many)
+    for engine in engines.values():
+        timed(engine, prompts[:1], 2, logprobs)  # warm-up
+    runs = in_turn(names, rounds, lambda name: (timed(engines[name], prompts, 1, logprobs)[0],
+                                                timed(engines[name], prompts, DECODE_TOKENS, logprobs)[0]))
+    for engine in engines.values():
+        getattr(engine, "close", lambda: None)()
+    return {name: decode_rate(len(lengths), min(one for one, _ in r), min(many for _, many in r))
+            for name, r in runs.items()}
 
 
 def logprobs_rows(engines: list[str], model: str, n: int) -> None:
@@ -93,8 +125,8 @@ def logprobs_rows(engines: list[str], model: str, n: int) -> None:
     for name in engines:
         without, with_ = [], []
         for _ in range(3):
-            without.append(decode_tokens_per_s(name, model, [128] * 32))
-            with_.append(decode_tokens_per_s(name, model, [128] * 32, logprobs=n))
+            without.append(decode_tokens_per_s([name], model, [128] * 32, 2)[name])
+            with_.append(decode_tokens_per_s([name], model, [128] * 32, 2, logprobs=n)[name])
         print(f"{name:<8}{max(without):>12.0f}{max(with_):>12.0f}{max(with_) / max(without):>15.2f}", flush=True)
 
 
@@ -172,6 +204,14 @@ def vllm_rows(model: str, batches: list[int], decode: dict[str, list[int]], thre
         return out, dec
 
 
+def print_ratios(rows: dict[str, list[float]], first: str | None, width: int) -> None:
+    """Each engine's row over the first engine's, cell by cell, on a line of its own named NAME/FIRST."""
+    for name, values in rows.items():
+        if name != first and len(values) == len(rows[first]):
+            print(f"{name}/{first}:")
+            print(f"{'':<14}" + "".join(f"{v / f:>{width}.2f}" for v, f in zip(values, rows[first], strict=True)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/tiny-llama", help="model directory (default: %(default)s)")
@@ -181,13 +221,23 @@ def main() -> None:
     ap.add_argument("--logprobs", type=int, default=5,
                     help="alternatives per token of the logprobs rows; 0 skips them (default: %(default)s)")
     ap.add_argument("--only-logprobs", action="store_true", help="print the logprobs rows alone (default: off)")
+    ap.add_argument("--rounds", type=positive_int, default=3,
+                    help="rounds in which the in-house engines of a row take turns; each keeps its best "
+                         "(default: %(default)s)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="the in-house engines' seconds: wall, or cpu (this process's CPU time: with 1 thread the "
+                         "engine's compute, which other work on a shared machine inflates far less; vLLM's are "
+                         "always wall) (default: %(default)s)")
     args = ap.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    in_house = [e for e in args.engines.split(",") if e != "vllm"]
+    names = args.engines.split(",")
+    in_house = [e for e in names if e != "vllm"]
     if args.only_logprobs:
         logprobs_rows(in_house, args.model, args.logprobs)
         return
@@ -195,28 +245,37 @@ def main() -> None:
     decode = shapes()
     bandwidth = copy_bandwidth()
     roof = {name: roofline_tokens_per_s(args.model, lengths, bandwidth) for name, lengths in decode.items()}
-    print(f"{args.threads} torch thread(s); copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write, measured)")
-    print(f"output tokens/s, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens, prefill included:")
-    print(f"{'engine':<8}" + "".join(f"{'batch ' + str(b):>12}" for b in batches))
-    decode_rows = {}
-    for name in args.engines.split(","):
-        if name == "vllm":
-            from engines.peers.vllm import vllm_python
+    print(f"{args.threads} torch thread(s); copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write, measured); "
+          f"in-house engines in turn, best of {args.rounds} rounds, {args.clock} clock")
+    out_rows: dict[str, list[float]] = {name: [] for name in in_house}
+    decode_rows: dict[str, list[float]] = {name: [] for name in in_house}
+    if in_house:
+        for b in batches:
+            for name, v in output_tokens_per_s(in_house, args.model, b, args.rounds).items():
+                out_rows[name].append(v)
+        for lengths in decode.values():
+            for name, v in decode_tokens_per_s(in_house, args.model, lengths, args.rounds).items():
+                decode_rows[name].append(v)
+    if "vllm" in names:
+        from engines.peers.vllm import vllm_python
 
-            if vllm_python() is None:
-                print("vllm    not installed (make vllm)")
-                continue
-            row, decode_rows[name] = vllm_rows(args.model, batches, decode, args.threads)
+        if vllm_python() is None:
+            print("vllm    not installed (make vllm)")
         else:
-            row = [output_tokens_per_s(name, args.model, b) for b in batches]
-            decode_rows[name] = [decode_tokens_per_s(name, args.model, lengths) for lengths in decode.values()]
-        print(f"{name:<8}" + "".join(f"{v:>12.0f}" for v in row), flush=True)
+            out_rows["vllm"], decode_rows["vllm"] = vllm_rows(args.model, batches, decode, args.threads)
+    first = names[0] if names[0] in out_rows else next(iter(out_rows), None)
+    print(f"output tokens/s, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens, prefill included:")
+    print(f"{'engine':<14}" + "".join(f"{'batch ' + str(b):>12}" for b in batches))
+    for name, row in out_rows.items():
+        print(f"{name:<14}" + "".join(f"{v:>12.0f}" for v in row))
+    print_ratios(out_rows, first, 12)
     print(f"\ndecode tokens/s ({DECODE_TOKENS} output tokens minus 1), and its share of the roofline:")
-    print(f"{'engine':<8}" + "".join(f"{k:>22}" for k in decode) + f"{'mixed/uniform':>15}")
-    print(f"{'roofline':<8}" + "".join(f"{v:>22.0f}" for v in roof.values()))
+    print(f"{'engine':<14}" + "".join(f"{k:>22}" for k in decode) + f"{'mixed/uniform':>15}")
+    print(f"{'roofline':<14}" + "".join(f"{v:>22.0f}" for v in roof.values()))
     for name, values in decode_rows.items():
         cells = "".join(f"{v:>14.0f} ({v / roof[k]:>4.0%})" for k, v in zip(decode, values, strict=True))
-        print(f"{name:<8}{cells}{values[1] / values[0]:>15.2f}", flush=True)
+        print(f"{name:<14}{cells}{values[1] / values[0]:>15.2f}", flush=True)
+    print_ratios(decode_rows, first, 22)
     if args.logprobs:
         logprobs_rows(in_house, args.model, args.logprobs)
 

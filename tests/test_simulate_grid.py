@@ -5,6 +5,7 @@ skips them): each starts a Ray, seconds and a few hundred MiB."""
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,3 +250,4 @@ def test_a_two_node_cluster_loses_a_worker_mid_grid_and_gives_the_serial_table(s
     finally:
         for node in reversed(nodes):
             stop_node(node)
+        shutil.rmtree(f"/tmp/ray-{port}", ignore_errors=True)

@@ -183,16 +183,18 @@ def test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept(do
     """bench starts `fragbench serve --engine double` and measures it at two offered rates. The rates are given
     (--rates: a knee search in a few seconds may find no point on a busy machine), and the SLO is one every
     request served meets (60 s to the first token, 10 s a token), with a grace long enough for every request
-    to end (a request still running when the grace ends misses): each point attains it, so by the rule (the
+    to end (a request still running when the grace ends misses) and a KV budget none runs out of (an OOM misses;
+    8 MiB saw up to 4 OOMs a run, 32 MiB none, 4 % of it allocated): each point attains it, so by the rule (the
     highest offered rate meeting the SLO) the sustained rate is one of the rates offered."""
     rates = (1.0, 2.0)
     r = run_cli("bench", "--engines", "double", "--model", str(tiny_model), "--sweep", "--rates",
-                ",".join(map(str, rates)), "--point-duration", "4", "--grace", "60", "--slo-ttft", "60",
-                "--slo-tpot", "10", "--slo-attainment", "0.5", "--max-seq-len", "256", "--kv-budget", "8MiB",
+                ",".join(map(str, rates)), "--point-duration", "4", "--point-requests", "4", "--grace", "60",
+                "--slo-ttft", "60", "--slo-tpot", "10", "--slo-attainment", "0.5", "--max-seq-len", "256",
+                "--kv-budget", "32MiB",
                 "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "d", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     meta = json.loads((tmp_path / "d" / "run.json").read_text())
-    assert meta["engine_config"]["double"]["8MiB"]["policy"] == "double"  # served by its own policy
+    assert meta["engine_config"]["double"]["32MiB"]["policy"] == "double"  # served by its own policy
     capacity = json.loads((tmp_path / "d" / "summary.json").read_text())["capacity"]["double"]
     points = capacity["points"]
     assert [p["offered_rps"] for p in points] == list(rates), points

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +148,22 @@ def check_address(address: str) -> None:
         raise RayUnavailable(f"--ray-address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Ray's C++ core logs every retry of a connection to the process' stderr (a line a second for some twenty
+    seconds where something that is not a Ray head answers): the CLI's one line says it instead."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run_on_ray(todo: list[GridPoint], finished: Callable[[dict], None], jobs: int, address: str | None) -> None:
     """Each point a Ray task: on a local Ray of `jobs` CPUs started for the run (and stopped after it), or on the
     cluster at `address`. Rows are written by this process as the tasks finish."""
@@ -153,10 +171,11 @@ def run_on_ray(todo: list[GridPoint], finished: Callable[[dict], None], jobs: in
     if address:
         check_address(address)
     try:
-        if address:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        with quiet_stderr():
+            if address:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise RayUnavailable(f"--ray-address {address}: {str(e).splitlines()[0]}" if address else
                              f"--ray: the local Ray did not start: {str(e).splitlines()[0]}") from None

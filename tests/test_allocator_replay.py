@@ -127,8 +127,12 @@ def test_json_contract_and_first_oom(tmp_path, capsys):
     for row in rows:
         assert set(row) == {"alloc_conf", "peak_reserved_bytes", "peak_allocated_bytes", "segments_max",
                             "alloc_retries", "oom"}
-        # expandable segments map whole pages after the cap's check: less than a 20 MiB page past it
-        assert row["peak_reserved_bytes"] < 40 * MiB + (20 * MiB if "expandable" in row["alloc_conf"] else 0)
+        # segments reach the cap exactly at most; expandable segments map whole pages after the cap's check, so
+        # they may end less than a 20 MiB page past it
+        if "expandable" in row["alloc_conf"]:
+            assert row["peak_reserved_bytes"] < 40 * MiB + 20 * MiB
+        else:
+            assert row["peak_reserved_bytes"] <= 40 * MiB
         assert set(row["oom"]) == {"event_index", "requested_bytes", "reserved_bytes", "allocated_bytes",
                                    "cached_free_bytes", "device_free_bytes"}
         oom = row["oom"]

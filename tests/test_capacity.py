@@ -15,7 +15,9 @@ from tests.conftest import ROOT, run_cli
 
 POINT_FIELDS = {"offered_rps", "achieved_rps", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                 "normalized_latency_s_per_token", "mean_running", "token_states_share", "oom_total",
-                "oom_fragmentation", "crashes"}
+                "oom_fragmentation", "crashes",
+                # the operating-point gate's figures and intervals (analysis/operating.py)
+                "output_tokens_per_s", "ttft_p50_s_ci", "tpot_p50_s_ci", "output_tokens_per_s_ci", "kv_usage_ci"}
 
 
 def pts(*pairs):
@@ -94,6 +96,9 @@ def test_bench_sweep_writes_the_capacity_block_and_tags_its_rows(swept):
         assert [p["offered_rps"] for p in c["points"]] == [0.5, 4.0]
         assert POINT_FIELDS <= set(c["points"][0]) and c["sustained_where"] in ("within", "beyond", "below")
         assert c["slo"] == {"ttft_s": 2.0, "tpot_s": 0.25, "attainment": 0.9}
+        most = max(c["points"], key=lambda p: p["judged"])  # 4 req/s: a score of requests and many samples
+        for fig in ("ttft_p50_s", "kv_usage"):
+            assert most[f"{fig}_ci"][0] <= most[fig] <= most[f"{fig}_ci"][1], (fig, most)
     requests = pd.read_parquet(run_dir / "requests.parquet")
     assert set(requests.offered_rps.unique()) == {0.5, 4.0}
     html = report.read_text()

@@ -29,6 +29,7 @@ from harness.analysis.knee import (
     replications,
     rests_on_unsteady,
 )
+from harness.analysis.operating import point_intervals
 from harness.analysis.rundir import (
     arrived_in,
     in_point,
@@ -169,7 +170,9 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
              "oom_total": int(len(ooms)), "oom_fragmentation": int((ooms.cause == "fragmentation").sum()),
              "crashes": int((ev.kind == "crash").sum()),
              "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
-             "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0)))}
+             "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0))),
+             # the operating-point gate's figures with their intervals (compare: where two runs judged this key)
+             **point_intervals(rows, in_window, judged_s, window.get("key") or f"{window['offered_rps']:g}")}
     return point, Judged(window["offered_rps"], window.get("key") or f"{window['offered_rps']:g}", met, index, use)
 
 

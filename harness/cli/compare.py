@@ -10,7 +10,8 @@ from harness.cli.args import UsageError, run_dir
 
 def register(sub) -> None:
     cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 when a gated figure (a sustained rate, the "
-                                          "headline ratio) regressed: its intervals separate and it is worse by more "
+                                          "headline ratio, latency, throughput or memory at an engine's operating "
+                                          "point) regressed: its intervals separate and it is worse by more "
                                           "than the threshold")
     cmp_.add_argument("base", help="the earlier run's directory")
     cmp_.add_argument("new", help="the later run's directory")

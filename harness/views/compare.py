@@ -1,10 +1,12 @@
 """Two runs side by side; the nightly gate fails only where a gated figure regressed beyond its noise.
 
 Gated: figures that mean the same thing in two runs of one commit, each with the interval its run computed:
-every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`) and the
-headline ratio (`headline.ratio`, `ratio_ci`) where both runs compare the same two engines. A gated figure
-regressed when its two intervals separate (the new one wholly on the worse side of the old one: a difference
-inside either is "no measurable difference") and its point estimate is worse by more than the threshold.
+every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`), the
+headline ratio (`headline.ratio`, `ratio_ci`) where both runs compare the same two engines, and each engine's
+latency, throughput and memory at its operating point: the highest-rate stream both runs measured below the
+knee, so the same requests at the same offered load (analysis/operating.py). A gated figure regressed when its
+two intervals separate (the new one wholly on the worse side of the old one: a difference inside either is "no
+measurable difference") and its point estimate is worse by more than the threshold.
 
 Not gated (printed, marked "info"): figures pooled over whichever rates a sweep visited (output tokens/s, TTFT
 percentiles, shares, OOM counts). Two sweeps visit different rates by design, so these differ between two runs
@@ -17,6 +19,8 @@ import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.analysis.operating import OPERATING_FIGURES, shared_point
 
 # figure -> whether higher is better (the ungated figures pooled over a run's points)
 HEADLINE = {
@@ -32,7 +36,7 @@ HEADLINE = {
     "crashes": False,
     "cancel_release_p99_s": False,
 }
-GATED = {"sustained_rps": True, "headline_ratio": True}
+GATED = {"sustained_rps": True, "headline_ratio": True, **OPERATING_FIGURES}
 
 
 @dataclass
@@ -47,6 +51,11 @@ class Row:
     base_ci: list[float] | None = None
     new_ci: list[float] | None = None
     why: str = ""
+    at_rps: float | None = None  # an operating-point figure: the offered rate both runs measured it at
+
+    @property
+    def figure(self) -> str:
+        return self.metric if self.at_rps is None else f"{self.metric} at {self.at_rps:.3g}/s"
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -75,11 +84,12 @@ def separated(base_ci: list[float] | None, new_ci: list[float] | None, higher_be
     return new_ci[1] < base_ci[0] if higher_better else new_ci[0] > base_ci[1]
 
 
-def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: float) -> Row:
+def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: float,
+              at_rps: float | None = None) -> Row:
     """A gated figure: (estimate, interval) in each run."""
     (b, b_ci), (n, n_ci) = base, new
     if b is None or n is None:
-        return Row(engine, metric, b, n, None, False, True, b_ci, n_ci, "measured in one run only")
+        return Row(engine, metric, b, n, None, False, True, b_ci, n_ci, "measured in one run only", at_rps)
     change = change_pct(b, n)
     worse = -change if GATED[metric] else change
     apart = separated(b_ci, n_ci, GATED[metric])
@@ -91,7 +101,18 @@ def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: 
         why = f"intervals separate, worse by {max(worse, 0):.1f} % <= {threshold_pct:g} %"
     else:
         why = f"intervals separate and worse by {worse:.1f} %"
-    return Row(engine, metric, b, n, change, apart and worse > threshold_pct, True, b_ci, n_ci, why)
+    return Row(engine, metric, b, n, change, apart and worse > threshold_pct, True, b_ci, n_ci, why, at_rps)
+
+
+def operating_rows(engine: str, base: dict, new: dict, threshold_pct: float) -> list[Row]:
+    """An engine's latency, throughput and memory at the stream both runs measured below its knee."""
+    shared = shared_point(base, new)
+    if shared is None:
+        return [Row(engine, "operating point", None, None, None, False, True,
+                    why="no stream both runs measured below the knee: not gated")]
+    b, n = shared
+    return [gated_row(engine, fig, (b.get(fig), b.get(f"{fig}_ci")), (n.get(fig), n.get(f"{fig}_ci")),
+                      threshold_pct, b["offered_rps"]) for fig in OPERATING_FIGURES]
 
 
 def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
@@ -104,6 +125,8 @@ def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
             rows.append(gated_row(engine, "sustained_rps",
                                   *[((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps],
                                   threshold_pct=threshold_pct))
+        if all(caps):
+            rows += operating_rows(engine, caps[0], caps[1], threshold_pct)
     hb, hn = base.get("headline") or {}, new.get("headline") or {}
     if hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against")):
         rows.append(gated_row(f"{hb['engine']}/{hb['against']}", "headline_ratio",
@@ -125,13 +148,13 @@ def fmt_ci(ci: list[float] | None) -> str:
 
 def render_text(rows: list[Row], threshold_pct: float) -> str:
     lines = [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} %)",
-             f"{'engine':<22}{'figure':<16}{'base [90 %]':>24}{'new [90 %]':>24}{'change':>9}  verdict"]
+             f"{'engine':<22}{'figure':<34}{'base [90 %]':>26}{'new [90 %]':>26}{'change':>9}  verdict"]
     for r in (r for r in rows if r.gated):
         change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f}%"
         b = "n/a" if r.base is None else f"{r.base:.4g} {fmt_ci(r.base_ci)}"
         n = "n/a" if r.new is None else f"{r.new:.4g} {fmt_ci(r.new_ci)}"
         verdict = "REGRESSION: " + r.why if r.regressed else r.why
-        lines.append(f"{r.engine:<22}{r.metric:<16}{b:>24}{n:>24}{change:>9}  {verdict}")
+        lines.append(f"{r.engine:<22}{r.figure:<34}{b:>26}{n:>26}{change:>9}  {verdict}")
     lines.append("info, not gated (pooled over the rates each sweep visited, which differ between runs by design)")
     for r in (r for r in rows if not r.gated):
         change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f}%"
@@ -148,7 +171,7 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         return "n/a" if x is None else f"{x:.4g}"
 
     gated = "".join(
-        f"<tr{' class=bad' if r.regressed else ''}><td>{esc(r.engine)}</td><td>{esc(r.metric)}</td>"
+        f"<tr{' class=bad' if r.regressed else ''}><td>{esc(r.engine)}</td><td>{esc(r.figure)}</td>"
         f"<td>{num(r.base)} {fmt_ci(r.base_ci)}</td><td>{num(r.new)} {fmt_ci(r.new_ci)}</td>"
         f"<td>{'n/a' if r.change_pct is None else f'{r.change_pct:+.1f} %'}</td>"
         f"<td>{'REGRESSION: ' if r.regressed else ''}{esc(r.why)}</td></tr>" for r in rows if r.gated)
@@ -161,7 +184,9 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
         f"<h1>{esc(base_id)} vs {esc(new_id)}</h1><h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
-        f"separate and the estimate is worse by more than {threshold_pct:g} %.</p>"
+        f"separate and the estimate is worse by more than {threshold_pct:g} %. A figure 'at R/s' is the engine's "
+        "operating point: the highest-rate stream both runs measured below its knee (the same requests at the same "
+        "offered load).</p>"
         "<table><tr><th>engine</th><th>figure</th><th>base [90 %]</th><th>new [90 %]</th><th>change</th>"
         f"<th>verdict</th></tr>{gated}</table><h2>Not gated</h2><p>Pooled over the rates each sweep visited, which "
         "differ between two runs by design: shown, not gated.</p><table><tr><th>engine</th><th>figure</th>"

@@ -1,0 +1,87 @@
+"""The operating point: latency, throughput and memory where two runs judged the same requests.
+
+Two sweeps visit different rates, but every rate lies on one grid and each grid rate (and each replication of
+it) has its own stream (workloads.streams.key_of): two points at one key judged the same requests. The nightly
+gate compares each engine at the highest key both runs judged below the knee (steady, SLO met in both): the
+same offered load, the same requests, a load the engine sustains in both runs. Figures pooled over a sweep's
+path are not comparable that way (views/compare.py keeps them ungated).
+
+Each point's figures carry a 90 % interval from a circular block bootstrap: over its completed requests in
+arrival order for latency and throughput (neighbours share the queue they met: blocks keep them together),
+over its engine samples in time order for memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.knee import CONFIDENCE, central, named_rng
+
+# figure -> whether higher is better, each gated at the operating point with its interval
+OPERATING_FIGURES = {"ttft_p50_s": False, "tpot_p50_s": False, "output_tokens_per_s": True, "kv_usage": False}
+REPLICATES = 1000
+SEED = 20261203
+
+
+def block_indices(n: int, rng: np.random.Generator, replicates: int = REPLICATES) -> np.ndarray:
+    """`replicates` rows of n indices into a series, drawn as circular blocks of about n^(1/3) neighbours."""
+    size = max(1, round(n ** (1 / 3)))
+    starts = rng.integers(0, n, size=(replicates, -(-n // size)))
+    return ((starts[:, :, None] + np.arange(size)) % n).reshape(replicates, -1)[:, :n]
+
+
+def interval(values: np.ndarray, statistic, rng: np.random.Generator) -> list[float] | None:
+    """The statistic's central interval over block-bootstrap resamples of `values` (None under 2 values)."""
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
+        return None
+    draws = values[block_indices(len(values), rng)]
+    return central(statistic(draws), CONFIDENCE)
+
+
+def point_intervals(rows: pd.DataFrame, samples: pd.DataFrame, judged_s: float, key: str) -> dict:
+    """One point's operating figures and their intervals: {figure: value, figure + '_ci': [lo, hi]}.
+    `rows` are the requests that arrived in its judged spans, `samples` the engine's samples there."""
+    ok = rows[rows.status == "ok"].sort_values("arrival_s", kind="stable")
+    ttft = pd.to_numeric(ok.ttft_s, errors="coerce").to_numpy(dtype=float)
+    tpot = pd.to_numeric(ok.tpot_s, errors="coerce").to_numpy(dtype=float)
+    tokens = pd.to_numeric(ok.output_tokens, errors="coerce").fillna(0).to_numpy(dtype=float)
+    usage = kv_usage_series(samples)
+    out = {"output_tokens_per_s": float(tokens.sum() / judged_s) if judged_s > 0 else None}
+    rng = named_rng(SEED, key)
+    out["ttft_p50_s_ci"] = interval(ttft, lambda d: np.median(d, axis=1), rng)
+    out["tpot_p50_s_ci"] = interval(tpot, lambda d: np.median(d, axis=1), rng)
+    out["output_tokens_per_s_ci"] = (interval(tokens, lambda d: d.sum(axis=1) / judged_s, rng)
+                                     if judged_s > 0 else None)
+    out["kv_usage_ci"] = interval(usage, lambda d: d.mean(axis=1), rng)
+    return out
+
+
+def kv_usage_series(samples: pd.DataFrame) -> np.ndarray:
+    """The KV memory in use as a share of the budget, sample by sample in time order (as memory_figures'
+    allocated_share averages it: the engine's bytes over its capacity, or a target's own usage gauge)."""
+    smp = samples.sort_values("t_s", kind="stable") if "t_s" in samples else samples
+    if {"allocated_bytes", "kv_capacity_bytes"} <= set(smp.columns):
+        return (pd.to_numeric(smp.allocated_bytes, errors="coerce")
+                / pd.to_numeric(smp.kv_capacity_bytes, errors="coerce")).to_numpy(dtype=float)
+    if "kv_cache_usage_perc" in smp:
+        return pd.to_numeric(smp.kv_cache_usage_perc, errors="coerce").to_numpy(dtype=float)
+    return np.array([], dtype=float)
+
+
+def below_knee(point: dict, attainment: float) -> bool:
+    """The point met the SLO at steady state: a load its engine sustains."""
+    return bool(point.get("steady")) and (point.get("slo_attainment") or 0.0) >= attainment
+
+
+def shared_point(base: dict, new: dict) -> tuple[dict, dict] | None:
+    """Two capacity blocks' operating point: the highest-rate stream key both runs measured below the knee,
+    as (base point, new point); None where they share none."""
+    def sustained(block: dict) -> dict[str, dict]:
+        target = (block.get("slo") or {}).get("attainment", 0.9)
+        return {p["key"]: p for p in block.get("points", []) if p.get("key") and below_knee(p, target)}
+
+    b, n = sustained(base), sustained(new)
+    keys = sorted(set(b) & set(n), key=lambda k: b[k]["offered_rps"])
+    return (b[keys[-1]], n[keys[-1]]) if keys else None

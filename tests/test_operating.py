@@ -1,0 +1,87 @@
+"""The operating-point gate: figures at the stream two runs both measured below the knee, with intervals."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.operating import block_indices, point_intervals, shared_point
+from tests.conftest import run_cli
+
+
+def test_block_indices_are_circular_runs_of_neighbours():
+    idx = block_indices(27, np.random.default_rng(0), replicates=50)
+    assert idx.shape == (50, 27) and idx.min() >= 0 and idx.max() < 27
+    steps = np.diff(idx[:, :3], axis=1)  # a block of 3 (27 ** (1/3)) is 3 consecutive indices, wrapping at 27
+    assert set(np.unique(steps % 27)) == {1}
+
+
+def requests(n: int, ttft_s: float, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"status": "ok", "arrival_s": np.arange(n, dtype=float),
+                         "ttft_s": ttft_s * rng.lognormal(0, 0.3, n), "tpot_s": 0.02 * rng.lognormal(0, 0.2, n),
+                         "output_tokens": rng.integers(10, 60, n)})
+
+
+def samples(n: int, used: float) -> pd.DataFrame:
+    return pd.DataFrame({"t_s": np.arange(n, dtype=float), "kv_capacity_bytes": 1000.0,
+                         "allocated_bytes": used * 1000 * (1 + 0.1 * np.sin(np.arange(n)))})
+
+
+def test_point_intervals_hold_the_estimate_and_narrow_with_more_requests():
+    few = point_intervals(requests(20, 0.1), samples(20, 0.5), 20.0, "g3")
+    many = point_intervals(requests(400, 0.1), samples(400, 0.5), 400.0, "g3")
+    for out, rows in ((few, requests(20, 0.1)), (many, requests(400, 0.1))):
+        lo, hi = out["ttft_p50_s_ci"]
+        assert lo <= float(np.median(rows.ttft_s)) <= hi
+        assert out["output_tokens_per_s_ci"][0] <= out["output_tokens_per_s"] <= out["output_tokens_per_s_ci"][1]
+        assert out["kv_usage_ci"][0] < 0.5 < out["kv_usage_ci"][1]
+    width = {k: v["ttft_p50_s_ci"][1] - v["ttft_p50_s_ci"][0] for k, v in (("few", few), ("many", many))}
+    assert width["many"] < width["few"] / 2
+    assert point_intervals(requests(1, 0.1), samples(1, 0.5), 1.0, "g0")["ttft_p50_s_ci"] is None
+
+
+def point(key: str, rate: float, attainment: float, steady: bool = True, ttft: float = 0.1) -> dict:
+    return {"key": key, "offered_rps": rate, "slo_attainment": attainment, "steady": steady,
+            "ttft_p50_s": ttft, "ttft_p50_s_ci": [0.95 * ttft, 1.05 * ttft], "tpot_p50_s": 0.02,
+            "tpot_p50_s_ci": [0.019, 0.021], "output_tokens_per_s": 50.0, "output_tokens_per_s_ci": [45.0, 55.0],
+            "kv_usage": 0.4, "kv_usage_ci": [0.38, 0.42]}
+
+
+def block(*points: dict) -> dict:
+    return {"sustained_rps": 3.0, "sustained_rps_ci": [2.5, 3.5], "slo": {"attainment": 0.9}, "points": list(points)}
+
+
+def test_the_shared_point_is_the_highest_stream_both_runs_sustained():
+    base = block(point("g1", 1.0, 1.0), point("g3", 2.0, 0.95), point("g4", 2.6, 0.97), point("g6", 4.0, 0.3))
+    new = block(point("g1", 1.0, 1.0), point("g3", 2.0, 0.99), point("g4", 2.6, 0.8), point("g5", 3.1, 0.95))
+    b, n = shared_point(base, new)  # g4 missed the SLO in the new run, g5 and g6 were measured once
+    assert b["key"] == n["key"] == "g3"
+    unsteady = block(point("g3", 2.0, 0.95, steady=False))
+    assert shared_point(base, unsteady) is None
+
+
+def fake_run(path: Path, ttft: float, other_ttft: float = 0.1) -> Path:
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
+    cap = {"paged": block(point("g2", 1.5, 1.0), point("g3", 2.0, 0.95, ttft=ttft), point("g6", 4.0, 0.2)),
+           "static-oracle": block(point("g1", 1.0, 1.0, ttft=other_ttft), point("g4", 2.6, 0.4))}
+    (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete",
+                                                   "engines": {e: {} for e in cap}, "capacity": cap}))
+    return path
+
+
+def test_compare_gates_each_engines_operating_point_and_names_its_rate(tmp_path):
+    """TTFT p50 1.5x at paged's shared stream (intervals +-5 %: they separate) is a regression named with its
+    rate; static-oracle's unchanged point is not; 1.03x (intervals overlap) is no measurable difference."""
+    base, slow, same = fake_run(tmp_path / "base", 0.1), fake_run(tmp_path / "slow", 0.15), \
+        fake_run(tmp_path / "same", 0.103)
+    bad = run_cli("compare", str(base), str(slow), "--out", str(tmp_path / "b.html"))
+    assert bad.returncode == 1, bad.stdout
+    flagged = [line for line in bad.stdout.splitlines() if "REGRESSION" in line]
+    assert len(flagged) == 1 and flagged[0].startswith("paged") and "ttft_p50_s at 2/s" in flagged[0]
+    assert "static-oracle" in bad.stdout and "kv_usage at 1/s" in bad.stdout
+    ok = run_cli("compare", str(base), str(same), "--out", str(tmp_path / "a.html"))
+    assert ok.returncode == 0 and "REGRESSION" not in ok.stdout
+    assert "operating point" in (tmp_path / "a.html").read_text()

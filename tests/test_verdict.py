@@ -241,3 +241,25 @@ def test_a_narrow_bracket_gets_a_fresh_realization_of_both_its_ends_each_round()
     again = [*narrow, Judged(1.6, key_of(1.6, 1), np.ones(60), np.arange(60)),
              Judged(1.7, key_of(1.7, 1), np.zeros(60), np.arange(60))]
     assert d.round_plan(None, again) == [(1.6, 2, False), (1.7, 2, False)]
+
+
+def test_the_rival_is_a_contiguous_engine_whose_open_bracket_may_reach_above_the_bracketed_leader():
+    """A run's two contiguous engines (a fresh clone's run at 3163d95): static-max bracketed between 0.74 and
+    1.19 req/s, static-oracle missed at 1.76 and 2.83 and was offered nothing lower, so its estimate (0.52, read
+    up from 0 req/s) is a guess under a knee that may lie anywhere below 1.76. The headline is measured against
+    static-oracle, unbracketed, so undecided: the decision phase brackets it. Offered a rate it meets under the
+    leader's knee and missing above it, it is ruled out; an engine that met every rate is the rival only where its
+    last rate leads."""
+    slo = SLO()
+    paged = [judged(1.35, 1.0), judged(1.92, 0.98), judged(2.18, 0.5)]
+    static_max = [judged(0.74, 0.95), judged(0.92, 0.7), judged(1.19, 0.6)]
+    oracle = [judged(1.76, 0.6), judged(2.83, 0.5)]  # its estimate: 0.44 req/s, read up from 0 req/s
+    h = headline({"paged": paged, "static-max": static_max, "static-oracle": oracle}, slo, 1.3, 1.5, replicates=300)
+    assert h.against == "static-oracle" and not h.decided and h.bracketed == {"paged": True, "static-oracle": False}
+    lower = [judged(0.5, 1.0), judged(0.6, 0.7), *oracle]
+    ruled_out = headline({"paged": paged, "static-max": static_max, "static-oracle": lower}, slo, 1.3, 1.5,
+                         replicates=300)
+    assert ruled_out.against == "static-max"  # bracketed at 0.5-0.6: 0.53 req/s under static-max's 0.78
+    climbing = {"paged": paged, "static-max": static_max, "hf": [judged(0.25, 1.0)]}
+    assert headline(climbing, slo, 1.3, 1.5, replicates=300).against == "static-max"
+    assert headline({**climbing, "hf": [judged(1.5, 1.0)]}, slo, 1.3, 1.5, replicates=300).against == "hf"

@@ -51,8 +51,25 @@ def reference_of(engines) -> str | None:
     return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
 
 
-def best_contiguous(knees: dict[str, float]) -> str | None:
-    return max((e for e in knees if e not in PAGED), key=lambda e: knees[e], default=None)
+def best_contiguous(points: dict[str, list[Judged]], slo: SLO, estimates: dict[str, float]) -> str | None:
+    """The contiguous engine the paged one is measured against: the highest sustained rate among those whose
+    knee is bracketed, unless one whose knee is not could still lie above it: every rate it was offered missed
+    the SLO and the lowest of them is above the leader's rate (its estimate, read from 0 req/s up to its first
+    point, is a guess, not a knee). Then that one, the highest reach first, so that the decision phase brackets
+    it before it is ruled out. An engine that met the SLO at every rate offered reaches its last one: a lower
+    bound, which leads only where it lies above every bracketed knee."""
+    reach = {e: reach_of(points[e], slo, estimates[e]) for e in estimates if e not in PAGED}
+    closed = [e for e in reach if bracketed(points[e], slo)]
+    leader = max(closed, key=lambda e: estimates[e], default=None)
+    contenders = [e for e in reach if e not in closed and (leader is None or reach[e] > estimates[leader])]
+    return max(contenders, key=lambda e: reach[e]) if contenders else leader
+
+
+def reach_of(points: list[Judged], slo: SLO, estimate: float) -> float:
+    """The highest rate an engine's knee may be read at from its points: the lowest rate that missed where every
+    one did (the knee lies anywhere under it), else its sustained rate."""
+    lo, hi = bracket_of(rows_of(knee_points(points)), slo)
+    return hi if lo is None and hi is not None else estimate
 
 
 def rows_of(points: list[Judged]) -> list[dict]:
@@ -121,7 +138,7 @@ def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: 
     """The paged engine against the best contiguous one, or None when either is missing."""
     ref = reference_of(e for e, p in points.items() if knee_points(p))
     estimates = {e: point_estimate(p, slo) for e, p in points.items() if knee_points(p)}
-    rival = best_contiguous(estimates)
+    rival = best_contiguous(points, slo, estimates)
     if ref is None or rival is None or estimates[rival] <= 0:
         return None
     knees = knees or replicate_knees(points, slo, step, replicates)

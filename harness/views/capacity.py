@@ -26,8 +26,13 @@ def rate_words(c: dict) -> str:
     return f"{c['sustained_rps']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
-def best_contiguous(capacity: dict) -> str | None:
-    """The contiguous engine that sustains the highest rate: what the paged ones are measured against."""
+def best_contiguous(capacity: dict, summary: dict | None = None) -> str | None:
+    """What the paged ones are measured against: the headline's contiguous engine where the run has a headline
+    (analysis/headline.best_contiguous: an open bracket that may reach above a bracketed knee is bracketed
+    first), else the contiguous engine that sustains the highest rate (a simulation's sweep)."""
+    against = ((summary or {}).get("headline") or {}).get("against")
+    if against in capacity:
+        return against
     return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e]["sustained_rps"], default=None)
 
 
@@ -138,7 +143,7 @@ def capacity_sentence(summary: dict) -> str:
         line += "; no rate measured for " + ", ".join(
             f"{e} ({summary['engines'][e].get('crashes', 0)} crashes; its calibration found no rate its share of the "
             "time could measure)" for e in missing)
-    rival = best_contiguous(capacity)
+    rival = best_contiguous(capacity, summary)
     if rival is not None and not summary.get("headline"):
         for e in (e for e in capacity if e in PAGED):
             if capacity[rival]["sustained_rps"] <= 0:
@@ -196,7 +201,7 @@ def point_words(p: dict) -> str:
 
 def capacity_table(summary: dict) -> str:
     cap = summary["capacity"]
-    rival = best_contiguous(cap)
+    rival = best_contiguous(cap, summary)
     rows = []
     for e, c in sorted(cap.items(), key=lambda kv: -kv[1]["sustained_rps"]):
         vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \

@@ -26,6 +26,7 @@ from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import FinishReason
 from engines.shapes import DTYPE_BYTES, ModelShape
 from harness.analysis.capacity import SLO, capacity_block, request_metrics, sweep_rates
+from harness.analysis.operating import point_intervals
 from harness.gpus import GPU
 from harness.plan import Plan
 from harness.sim.allocator import AllocatorTrack, placement_of, sim_memory
@@ -304,7 +305,9 @@ def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rate
         per_policy.setdefault(job.policy, []).append({
             "offered_rps": job.rate_rps, **request_metrics(frame, max(window, 1e-9), slo),
             "mean_running": res["mean_running"], "token_states_share": res["token_states_share"],
-            "oom_total": res["oom_total"], "oom_fragmentation": res["oom_fragmentation"], "crashes": 0})
+            "oom_total": res["oom_total"], "oom_fragmentation": res["oom_fragmentation"], "crashes": 0,
+            # the operating point's figures as a bench point carries them; no engine samples: kv_usage_ci None
+            **point_intervals(frame, pd.DataFrame(), max(window, 1e-9), f"{job.rate_rps:g}")})
     return {policy: capacity_block(pts, slo) for policy, pts in per_policy.items()}
 
 

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"history of {len(found['runs'])} runs: {len(cps)} change point{'s' * (len(cps) != 1)}")
     for c in cps:
         print(c.line())
+    for c in (ChangePoint(**c) for c in found["within_intervals"]):
+        print(f"(proposed by the t-test, inside the runs' own intervals) {c.line()}")
     print(f"report: {out}")
     return 0
 

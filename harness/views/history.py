@@ -3,8 +3,11 @@ series (each engine's sustained rate at the SLO, the headline ratio) found by Ap
 proposes change points, a Student t-test between the neighbouring segments keeps those under the p-value (0.001
 by default) and above a minimum relative magnitude (`otava.analysis.compute_change_points`, Fleming et al.,
 "Hunter", ICPE 2023). A change point for the worse is a regression; it is confirmed once its new segment holds
-`CONFIRM_RUNS` runs (the run that opened it and the ones after). Runs of another workload or KV budget are
-another series, drawn apart."""
+`CONFIRM_RUNS` runs (the run that opened it and the ones after). A change point stands only where the runs' own
+intervals tell its two segments apart (each segment's median interval, the two disjoint): a step inside them is
+"no measurable difference" and listed apart (a short sweep's rate is the grid rate its search offered, so two
+segments of identical values differ with p = 0 by a grid step no run could resolve). Runs of another workload or
+KV budget are another series, drawn apart."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
@@ -44,10 +48,13 @@ class ChangePoint:
     worse: bool
     runs_after: int  # runs from the change on (the one that opened it included)
     confirmed: bool
+    measurable: bool = True  # the segments' median intervals are disjoint (True where the runs carry none)
 
     def line(self) -> str:
-        kind = "REGRESSION" if self.worse else "improvement"
-        state = "confirmed" if self.confirmed else f"not yet confirmed ({self.runs_after} of {CONFIRM_RUNS} runs)"
+        kind = ("no measurable difference" if not self.measurable
+                else "REGRESSION" if self.worse else "improvement")
+        state = ("confirmed" if self.confirmed else f"not yet confirmed ({self.runs_after} of {CONFIRM_RUNS} runs)"
+                 ) if self.measurable else "inside the runs' own intervals"
         return (f"{self.setting}: {self.engine} {self.figure}: {kind} at run {self.run_id} (#{self.index + 1}): "
                 f"{self.mean_before:.4g} -> {self.mean_after:.4g} ({self.change_pct:+.1f} %, p = {self.pvalue:.2g}), "
                 f"{state}")
@@ -61,6 +68,7 @@ class Run:
     setting: str  # workload and KV budget: runs compare only within one
     engines: dict[str, dict] = field(default_factory=dict)  # engine -> metric -> value
     headline: tuple[str, float] | None = None  # ("paged/static-oracle", ratio) where the run has a headline
+    intervals: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (engine, figure) -> its 90 % CI
 
 
 def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
@@ -78,9 +86,14 @@ def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
                 # a target is its own series per model: a server it did not start changes outside fragbench
                 label = f"{engine} (target, {targets[engine]['model']})" if engine in targets else engine
                 run.engines[label] = {m: figures(summary, engine).get(m) for m in METRICS}
+                ci = (summary.get("capacity", {}).get(engine) or {}).get("sustained_rps_ci")
+                if ci:
+                    run.intervals[(label, "sustained_rps")] = ci
             h = summary.get("headline") or {}
             if h.get("ratio") is not None:
                 run.headline = (f"{h['engine']}/{h['against']}", float(h["ratio"]))
+                if h.get("ratio_ci"):
+                    run.intervals[(run.headline[0], HEADLINE_SERIES)] = h["ratio_ci"]
         except FileNotFoundError as e:
             skipped.append((folder.name, f"no {Path(e.filename).name}"))
             continue
@@ -106,7 +119,8 @@ def gated_series(runs: list[Run]) -> dict[tuple[str, str], list[tuple[Run, float
 
 def change_points(runs: list[Run], setting: str, pvalue: float = 0.001,
                   min_magnitude: float = 0.0) -> list[ChangePoint]:
-    """Every gated series' change points (Otava's E-divisive means with its t-test merge)."""
+    """Every gated series' change points (Otava's E-divisive means with its t-test merge), each marked measurable
+    or not by the runs' own intervals."""
     try:
         from otava.analysis import compute_change_points
     except ImportError as e:
@@ -118,15 +132,30 @@ def change_points(runs: list[Run], setting: str, pvalue: float = 0.001,
         if len(values) < 3:
             continue
         found, _ = compute_change_points(values, window_len=50, max_pvalue=pvalue, min_magnitude=min_magnitude)
-        for cp in found:
+        bounds = [0, *(int(cp.index) for cp in found), len(values)]
+        for k, cp in enumerate(found):
             before, after = float(cp.stats.mean_1), float(cp.stats.mean_2)
             change = (after - before) / abs(before) * 100 if before else 0.0
             higher = figure == HEADLINE_SERIES or HIGHER_BETTER.get(figure, True)
             runs_after = len(values) - cp.index
             out.append(ChangePoint(setting, engine, figure, points[cp.index][0].run_id, int(cp.index), before, after,
                                    change, float(cp.stats.pvalue), bool((change < 0) == higher and change != 0),
-                                   int(runs_after), bool(runs_after >= CONFIRM_RUNS)))
+                                   int(runs_after), bool(runs_after >= CONFIRM_RUNS),
+                                   told_apart([r.intervals.get((engine, figure)) for r, _ in points], bounds[k:k + 3])))
     return sorted(out, key=lambda c: (c.engine, c.figure, c.index))
+
+
+def told_apart(intervals: list[list[float] | None], bounds: list[int]) -> bool:
+    """Whether the segments [bounds[0], bounds[1]) and [bounds[1], bounds[2]) differ by more than their runs' own
+    intervals: each segment's median lower and upper ends, the two intervals disjoint. Without an interval in
+    either segment the change point stands on the t-test alone."""
+    def median_interval(lo: int, hi: int) -> tuple[float, float] | None:
+        cis = [ci for ci in intervals[lo:hi] if ci]
+        return (float(np.median([c[0] for c in cis])), float(np.median([c[1] for c in cis]))) if cis else None
+    before, after = median_interval(bounds[0], bounds[1]), median_interval(bounds[1], bounds[2])
+    if before is None or after is None:
+        return True
+    return before[1] < after[0] or after[1] < before[0]
 
 
 def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> dict:
@@ -142,8 +171,11 @@ def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) ->
             "skipped": [{"folder": n, "why": w} for n, w in skipped],
             "method": f"Apache Otava compute_change_points (E-divisive means, t-test merge at p < {pvalue:g}, minimum "
                       f"relative magnitude {min_magnitude:g}) on each engine's sustained rate and the headline ratio; "
-                      f"a change point is confirmed once {CONFIRM_RUNS} runs stand after it (it included)",
-            "change_points": [asdict(c) for c in cps]}
+                      f"a change point stands where its segments' median 90 % intervals are disjoint, and is confirmed "
+                      f"once {CONFIRM_RUNS} runs stand after it (it included)",
+            "change_points": [asdict(c) for c in cps if c.measurable],
+            # proposed by the t-test but inside the runs' own intervals: no measurable difference
+            "within_intervals": [asdict(c) for c in cps if not c.measurable]}
 
 
 def render_history(results: Path, out: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> tuple[Path, dict]:
@@ -165,13 +197,14 @@ def render_history(results: Path, out: Path, pvalue: float = 0.001, min_magnitud
                                          line_color=PALETTE[i % len(PALETTE)], text=hover,
                                          hovertemplate="%{text}: %{y}<extra></extra>"), row=row, col=1)
         fig.update_layout(height=170 * len(METRICS))
-        cps = [ChangePoint(**c) for c in found["change_points"] if c["setting"] == setting]
+        cps = [ChangePoint(**c) for c in found["change_points"] + found["within_intervals"] if c["setting"] == setting]
         for c in cps:
-            if c.figure == "sustained_rps":  # marked where the change begins
+            if c.figure == "sustained_rps" and c.measurable:  # marked where the change begins
                 fig.add_vline(x=series_started(series, c.run_id), line_dash="dash",
                               line_color="#c0392b" if c.worse else "#27ae60", row=1, col=1)
         rows = [[c.engine, c.figure, c.run_id, fmt(c.mean_before), fmt(c.mean_after), f"{c.change_pct:+.1f} %",
-                 f"{c.pvalue:.2g}", ("REGRESSION" if c.worse else "improvement"),
+                 f"{c.pvalue:.2g}", ("no measurable difference (inside the runs' intervals)" if not c.measurable
+                                     else "REGRESSION" if c.worse else "improvement"),
                  "confirmed" if c.confirmed else f"{c.runs_after} of {CONFIRM_RUNS} runs"] for c in cps]
         listed = (table(["engine", "figure", "first run after", "mean before", "mean after", "change", "p",
                          "", "confirmed"], rows) if rows

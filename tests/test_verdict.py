@@ -227,7 +227,11 @@ def test_an_unsteady_bracket_end_is_extended_at_its_rate_before_anything_else():
     pts = [judged(1.0, 1.0, 60), judged(1.6, 0.97, 60, use="unsteady"), judged(2.56, 0.3, 60)]
     assert d.round_plan(None, pts) == [(1.6, 0, True)]  # the same point, more arrivals
     settled = [pts[0], Judged(1.6, key_of(1.6), pts[1].met, pts[1].index, "steady"), pts[2]]
-    [(rate, rep, extend)] = d.round_plan(None, settled)  # a bracket [1.6, 2.56] wider than the tolerance: bisected
+    # a bracket [1.6, 2.56] wider than the tolerance, on one realization: both ends replicated before any bisection
+    assert d.round_plan(None, settled) == [(1.6, 1, False), (2.56, 1, False)]
+    replicated = [*settled, *(Judged(rate, key_of(rate, r), np.full(60, met), np.arange(60))
+                              for r in (1, 2) for rate, met in ((1.6, 1.0), (2.56, 0.0)))]
+    [(rate, rep, extend)] = d.round_plan(None, replicated)  # three realizations of each end: now bisected
     assert not extend and rep == 0 and 1.6 < rate < 2.56
     # an open bracket (no rate met the SLO) is the widest uncertainty: a lower rate first, however unsteady
     [(rate, rep, extend)] = d.round_plan(None, [judged(2.5, 0.6, 60, use="unsteady")])

@@ -85,3 +85,28 @@ def test_compare_gates_each_engines_operating_point_and_names_its_rate(tmp_path)
     ok = run_cli("compare", str(base), str(same), "--out", str(tmp_path / "a.html"))
     assert ok.returncode == 0 and "REGRESSION" not in ok.stdout
     assert "operating point" in (tmp_path / "a.html").read_text()
+
+
+def test_an_engines_pooled_rates_are_over_its_judged_spans_not_the_time_to_its_last_request():
+    """Two points of 20 judged seconds each, the second 500 s later (the decision revisits the engine after the
+    others' turns), each with 40 judged requests of 10 output tokens and 10 sent in its warm-up: by hand, 80
+    judged requests over 40 s are 2.0 req/s and 20 output tokens/s; the time to the last request (525 s) would
+    give 0.18 req/s. The requests column still counts every request sent."""
+    from harness.analysis.summary import engine_summary
+    from harness.results import COLUMNS
+
+    points, rows = [], []
+    for i, start in enumerate((0.0, 500.0)):
+        points.append({"point": i, "offered_rps": 2.0, "key": f"g16r{i}",
+                       "segments": [{"point": i, "start_s": start, "end_s": start + 30, "warmup_s": 5.0,
+                                     "judged_end_s": start + 25}]})
+        for t in np.r_[np.arange(10) * 0.5, 5 + np.arange(40) * 0.5]:
+            rows.append({"engine": "paged", "point": i, "arrival_s": start + t, "end_s": start + t + 1.0,
+                         "status": "ok", "output_tokens": 10, "ttft_s": 0.1, "tpot_s": 0.02, "e2e_s": 1.0})
+    req = pd.DataFrame(rows).reindex(columns=[*COLUMNS["requests"], "point"])
+    req["status"], req["error"] = "ok", None
+    meta = {"config": {"kv_budget": "16MiB"}, "sweep": {"points": {"paged": points}}}
+    out = engine_summary("paged", req, pd.DataFrame(columns=COLUMNS["samples"]),
+                         pd.DataFrame(columns=COLUMNS["events"]), meta)
+    assert out["requests_per_s"] == 2.0 and out["output_tokens_per_s"] == 20.0 and out["window_s"] == 40.0
+    assert out["requests"] == out["requests_ok"] == 100

@@ -92,10 +92,25 @@ def memory_figures(churn: pd.DataFrame) -> dict:
     return out
 
 
+def judged_of(engine: str, req: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, float] | None:
+    """A sweep's judged requests of one engine and the seconds they arrived in (its points' judged spans), or
+    None for a run without points. The engine's clock runs on while other engines are measured (the decision
+    revisits it minutes later), so the time to its last request is no denominator."""
+    points = (meta.get("sweep") or {}).get("points", {}).get(engine) or []
+    if not points:
+        return None
+    judged = pd.concat([arrived_in(req, w, meta) for w in points]) if len(req) else req
+    seconds = sum(hi - lo for w in points for lo, hi in judged_spans(w, meta))
+    return judged[~judged.index.duplicated()], max(seconds, 1e-9)
+
+
 def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
     cfg = meta.get("config", {})
     churn = steady(smp, meta, engine)
     window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
+    sent = req
+    if (judged := judged_of(engine, req, meta)) is not None:  # rates and latency over what the sweep judged
+        req, window = judged
     ok = req[req.status == "ok"]
     out: dict = {"source": "target" if engine in cfg.get("targets", {}) else "fragbench", **memory_figures(churn)}
     ooms = ev[ev.kind == "oom"]
@@ -115,13 +130,14 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
     # the load generator's lateness (send after due time): latency counts from the due time, so this is the
     # part of each wait that the client, not the engine, added
-    late = req["late_s"] if "late_s" in req else pd.Series(dtype=float)
+    late = sent["late_s"] if "late_s" in sent else pd.Series(dtype=float)  # the whole schedule's
     out["late_p99_s"], out["late_max_s"] = pct(late, 0.99), pct(late, 1.0)
     out["crashes"] = int((ev.kind == "crash").sum())
-    out["cancelled"] = int((req.status == "cancelled").sum())
+    out["cancelled"] = int((sent.status == "cancelled").sum())
     releases = ev[ev.kind == "cancel_release"]
     release_s = pd.to_numeric(releases.get("release_s", pd.Series(dtype=float)), errors="coerce")
     out["cancel_release_p99_s"] = pct(release_s, 0.99)
+    req = sent  # the counts are of every request sent (calibration and warm-ups included)
     out["requests"] = int(len(req))
     for status in ("ok", "oom", "rejected", "error", "crashed"):
         out[f"requests_{status}"] = int((req.status == status).sum())

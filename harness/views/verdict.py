@@ -152,9 +152,11 @@ def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> st
     header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
               "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
               "token / reserv. / internal / external / free", "requests"]
-    window = ("every sweep point's judged requests and judged spans (past each point's own warm-up)"
+    window = ("every sweep point's judged requests, the rates over the seconds its judged spans lasted (past each "
+              "point's own warm-up; the time between an engine's visits is not its)"
               if meta.get("sweep") else f"its churn window, after a warm-up of {warmup_s(cfg):.1f} s")
-    how = (f"Per engine over {window}; goodput counts requests with TTFT <= "
+    how = (f"Per engine over {window}; crashes, cancellations, lateness and the requests column count every "
+           f"request sent, calibration included; goodput counts requests with TTFT <= "
            f"{cfg.get('slo_ttft_s', 2.0)} s and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time "
            "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
            "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "

@@ -117,11 +117,12 @@ def test_kill_9_mid_run_leaves_a_partial_run_that_reports(tiny_model, tmp_path):
     assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 3
 
 
-def fake_run(path: Path, tok_s: float, ttft: float, rps: float = 3.0, ci: tuple = (2.5, 3.6)) -> Path:
+def fake_run(path: Path, tok_s: float, ttft: float, rps: float = 3.0, ci: tuple = (2.5, 3.6),
+             where: str = "within") -> Path:
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
     engines = {"paged": {"output_tokens_per_s": tok_s, "ttft_p99_s": ttft, "token_states_share": 0.9}}
-    capacity = {"paged": {"sustained_rps": rps, "sustained_rps_ci": list(ci)}}
+    capacity = {"paged": {"sustained_rps": rps, "sustained_rps_ci": list(ci), "sustained_where": where}}
     (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete", "engines": engines,
                                                    "capacity": capacity}))
     return path
@@ -145,3 +146,20 @@ def test_compare_gates_the_sustained_rate_on_its_intervals_and_not_the_pooled_fi
     small = run_cli("compare", str(tight), str(close), "--threshold", "10", "--out", str(tmp_path / "c.html"))
     assert small.returncode == 0 and "worse by 3.3 % <= 10 %" in small.stdout
     assert run_cli("compare", str(base), str(tmp_path / "nope")).returncode == 2
+
+
+def test_compare_does_not_gate_a_sustained_rate_that_is_a_bound(tmp_path):
+    """Two runs of one commit (1515adf) measured hf at one rate each: 0.25 req/s, 26 judged, 96 % met (every rate
+    met: its knee lies beyond, the figure a lower bound) and 0.105 req/s, 6 judged, 5 met (none met: read up
+    from 0 req/s). Their intervals, [0.212, 0.286] and [0.036, 0.118], separate; neither is an estimate of a
+    knee, so the row is shown and not gated, and compare exits 0. The same intervals with both knees bracketed
+    are a regression."""
+    base = fake_run(tmp_path / "base", 10.0, 1.0, 0.25, (0.212, 0.286), "beyond")
+    new = fake_run(tmp_path / "new", 10.0, 1.0, 0.063, (0.036, 0.118), "below")
+    r = run_cli("compare", str(base), str(new), "--out", str(tmp_path / "a.html"))
+    assert r.returncode == 0 and "REGRESSION" not in r.stdout, r.stdout
+    assert ("knee not bracketed (beyond the highest rate measured in base, below the lowest rate measured in new): "
+            "a bound, not gated") in r.stdout
+    both = fake_run(tmp_path / "both", 10.0, 1.0, 0.25, (0.212, 0.286)), fake_run(tmp_path / "n2", 10.0, 1.0, 0.063,
+                                                                               (0.036, 0.118))
+    assert run_cli("compare", *map(str, both), "--out", str(tmp_path / "b.html")).returncode == 1

@@ -4,7 +4,9 @@ Gated: figures that mean the same thing in two runs of one commit, each with the
 every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`), the
 headline ratio (`headline.ratio`, `ratio_ci`) where both runs compare the same two engines, and each engine's
 latency, throughput and memory at its operating point: the highest-rate stream both runs measured below the
-knee, so the same requests at the same offered load (analysis/operating.py). A gated figure regressed when its
+knee, so the same requests at the same offered load (analysis/operating.py). A sustained rate whose knee one run
+did not bracket (every rate it measured met the SLO, or none did) is a bound there, and a headline ratio over
+such a knee a ratio of bounds: both are shown, not gated. A gated figure regressed when its
 two intervals separate (the new one wholly on the worse side of the old one: a difference inside either is "no
 measurable difference") and its point estimate is worse by more than the threshold.
 
@@ -104,6 +106,17 @@ def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: 
     return Row(engine, metric, b, n, change, apart and worse > threshold_pct, True, b_ci, n_ci, why, at_rps)
 
 
+WHERE = {"below": "below the lowest rate measured", "beyond": "beyond the highest rate measured"}
+
+
+def unbracketed(caps: list[dict | None]) -> str | None:
+    """Why an engine's sustained rate is not gated: its knee lay outside the rates one run measured, so that run's
+    figure is a bound (its interval reaches only one search step past the rates measured), not an estimate."""
+    where = [(run, (c or {}).get("sustained_where")) for run, c in zip(("base", "new"), caps, strict=True)]
+    open_ = [f"{WHERE[w]} in {run}" for run, w in where if w in WHERE]
+    return f"knee not bracketed ({', '.join(open_)}): a bound, not gated" if open_ else None
+
+
 def operating_rows(engine: str, base: dict, new: dict, threshold_pct: float) -> list[Row]:
     """An engine's latency, throughput and memory at the stream both runs measured below its knee."""
     shared = shared_point(base, new)
@@ -121,14 +134,23 @@ def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
         if engine not in new["engines"]:
             continue
         caps = [s.get("capacity", {}).get(engine) for s in (base, new)]
-        if any(caps):
+        if any(caps) and (open_ := unbracketed(caps)):
+            b, n = [(c or {}).get("sustained_rps") for c in caps]
+            rows.append(Row(engine, "sustained_rps", b, n, None if b is None or n is None else change_pct(b, n),
+                            False, True, *[(c or {}).get("sustained_rps_ci") for c in caps], open_))
+        elif any(caps):
             rows.append(gated_row(engine, "sustained_rps",
                                   *[((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps],
                                   threshold_pct=threshold_pct))
         if all(caps):
             rows += operating_rows(engine, caps[0], caps[1], threshold_pct)
     hb, hn = base.get("headline") or {}, new.get("headline") or {}
-    if hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against")):
+    same = hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against"))
+    if same and not all(all((h.get("bracketed") or {"": True}).values()) for h in (hb, hn)):
+        rows.append(Row(f"{hb['engine']}/{hb['against']}", "headline_ratio", hb.get("ratio"), hn.get("ratio"), None,
+                        False, True, hb.get("ratio_ci"), hn.get("ratio_ci"),
+                        "a knee not bracketed in one run: a ratio of bounds, not gated"))
+    elif same:
         rows.append(gated_row(f"{hb['engine']}/{hb['against']}", "headline_ratio",
                               (hb.get("ratio"), hb.get("ratio_ci")), (hn.get("ratio"), hn.get("ratio_ci")),
                               threshold_pct))

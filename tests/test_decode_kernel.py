@@ -61,3 +61,27 @@ def test_a_contiguous_buffer_reads_the_same_as_its_rows_scattered():
     a = kernel.decode_attention(q, store, contiguous.contiguous(), lengths, 0.125)
     b = kernel.decode_attention(q, moved, table, lengths, 0.125)
     assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load():
+    """torch's `lock` file in the extension's build folder, as a process killed mid-build leaves it (no process
+    holds the folder's OS lock): `python -m engines.scheduled.kernels` removes it and answers. Before, every
+    later load waited on it forever."""
+    import fcntl
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from engines.scheduled.kernels import NAME
+    from tests.conftest import ROOT
+
+    folder = Path(_get_build_directory(NAME, False))
+    stale = folder / "lock"
+    with open(folder / "fragbench.flock", "w") as held:  # no loader of another test is inside its load meanwhile
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale.touch()
+    r = subprocess.run([sys.executable, "-m", "engines.scheduled.kernels"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and not stale.exists(), r.stdout + r.stderr

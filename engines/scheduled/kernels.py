@@ -9,6 +9,8 @@ scaled_dot_product_attention), and says which in its `attention_path`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import sys
 from pathlib import Path
@@ -24,16 +26,30 @@ def decode_attention_kernel():
     """The compiled module, or None where it cannot be built here (the reason in `build_error`)."""
     global build_error
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
-        return load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        with no_stale_baton(Path(_get_build_directory(NAME, False))):
+            return load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                        extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a read-only cache: the torch path serves
         build_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
         return None
 
 
 build_error: str | None = None
+
+
+@contextlib.contextmanager
+def no_stale_baton(build_dir: Path):
+    """Torch's build lock is a file (`lock`) that a process killed while it held it leaves behind, and every later
+    build of the extension then waits for it forever (a bench killed mid-build hung the next `make test` so).
+    Every loader here holds an OS lock on the build folder while it loads, which the OS drops when its holder dies:
+    a `lock` file found under it has no living owner, and is removed."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "fragbench.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
 
 
 def usable(store: torch.Tensor) -> bool:

@@ -114,8 +114,9 @@ class KneeSearching:
         order alternating, ABBA, so that neither is always measured second) and gives each its next step
         (`round_plan`): a new rate while its bracket is open, a fresh replication of both bracket ends until each
         stands on `MIN_REPLICATIONS` realizations, then a bisection while it is wider than the tolerance. It
-        stops once the headline (as summary.json computes it, every row final) is decided and as precise as asked with each engine's bracket ends judged on at least `MIN_REPLICATIONS` independent
-        realizations, or when the next round does not fit in the time left."""
+        stops once the headline (as summary.json computes it, every row final) is decided and as precise as
+        asked with each engine's bracket ends judged on at least `MIN_REPLICATIONS` independent realizations,
+        or when the next round does not fit in the time left."""
         show = shower("decision", max(1.0, self.host.left_s))
         log = self.host.run_meta.setdefault("decision", [])
         rounds = 0

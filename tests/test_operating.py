@@ -62,6 +62,20 @@ def test_the_shared_point_is_the_highest_stream_both_runs_sustained():
     assert shared_point(base, unsteady) is None
 
 
+def test_the_shared_point_lies_below_both_runs_sustained_rate_intervals():
+    """A stream inside one run's knee interval is not an operating point: there one run may queue and the
+    other not (two runs of one commit put paged's TTFT p50 at 0.13 and 0.64 s at 3.83/s, inside its knee's
+    interval [3.39, 4.29]). The highest stream below both lower ends is, and ties go to the first realization."""
+    base = block(point("g3", 2.0, 1.0), point("g3r1", 2.0, 1.0), point("g5", 3.1, 0.95))
+    new = block(point("g3r1", 2.0, 1.0), point("g3", 2.0, 1.0), point("g5", 3.1, 0.93))
+    new["sustained_rps_ci"] = [3.0, 3.6]  # g5 (3.1) met the SLO in both, but lies inside base's [2.5, 3.5]
+    b, n = shared_point(base, new)
+    assert b["key"] == n["key"] == "g3"
+    base["sustained_rps_ci"] = None
+    base["sustained_rps"] = 1.5  # without an interval the estimate is the ceiling: no stream below it
+    assert shared_point(base, new) is None
+
+
 def fake_run(path: Path, ttft: float, other_ttft: float = 0.1) -> Path:
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))

@@ -4,7 +4,8 @@ Gated: figures that mean the same thing in two runs of one commit, each with the
 every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`), the
 headline ratio (`headline.ratio`, `ratio_ci`) where both runs compare the same two engines, and each engine's
 latency, throughput and memory at its operating point: the highest-rate stream both runs measured below the
-knee, so the same requests at the same offered load (analysis/operating.py). A sustained rate whose knee one run
+knee and below both runs' sustained-rate intervals, so the same requests at the same offered load, sustained in
+both with confidence (analysis/operating.py). A sustained rate whose knee one run
 did not bracket (every rate it measured met the SLO, or none did) is a bound there, and a headline ratio over
 such a knee a ratio of bounds: both are shown, not gated. A gated figure regressed when its
 two intervals separate (the new one wholly on the worse side of the old one: a difference inside either is "no
@@ -207,8 +208,8 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
         f"<h1>{esc(base_id)} vs {esc(new_id)}</h1><h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
         f"separate and the estimate is worse by more than {threshold_pct:g} %. A figure 'at R/s' is the engine's "
-        "operating point: the highest-rate stream both runs measured below its knee (the same requests at the same "
-        "offered load).</p>"
+        "operating point: the highest-rate stream both runs measured below its knee and below both runs' "
+        "sustained-rate intervals (the same requests at the same offered load, sustained in both).</p>"
         "<table><tr><th>engine</th><th>figure</th><th>base [90 %]</th><th>new [90 %]</th><th>change</th>"
         f"<th>verdict</th></tr>{gated}</table><h2>Not gated</h2><p>Pooled over the rates each sweep visited, which "
         "differ between two runs by design: shown, not gated.</p><table><tr><th>engine</th><th>figure</th>"

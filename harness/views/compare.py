@@ -123,7 +123,7 @@ def operating_rows(engine: str, base: dict, new: dict, threshold_pct: float) -> 
     shared = shared_point(base, new)
     if shared is None:
         return [Row(engine, "operating point", None, None, None, False, True,
-                    why="no stream both runs measured below the knee: not gated")]
+                    why="no stream both runs sustained below both knee intervals: not gated")]
     b, n = shared
     return [gated_row(engine, fig, (b.get(fig), b.get(f"{fig}_ci")), (n.get(fig), n.get(f"{fig}_ci")),
                       threshold_pct, b["offered_rps"]) for fig in OPERATING_FIGURES]

@@ -33,7 +33,10 @@ async def stream_tokens(session, url, body, cut_after=None):
 async def storm(url, prompts):
     async with aiohttp.ClientSession() as session:
         jobs = [
-            stream_tokens(session, url, {"prompt": p, "max_tokens": 24, **GREEDY}, cut_after=5 if i % 2 else None)
+            # a cut stream asks for ten times as many tokens as it reads, so that its engine cannot finish it
+            # (finished_reason "length", not "abort") before the disconnect is seen, however slow the client
+            stream_tokens(session, url, {"prompt": p, "max_tokens": 240 if i % 2 else 24, **GREEDY},
+                          cut_after=5 if i % 2 else None)
             for i, p in enumerate(prompts)
         ]
         return await asyncio.gather(*jobs)

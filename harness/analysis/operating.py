@@ -4,8 +4,8 @@ Two sweeps visit different rates, but every rate lies on one grid and each grid 
 it) has its own stream (workloads.streams.key_of): two points at one key judged the same requests. The nightly
 gate compares each engine at the highest key both runs judged below the knee (steady, SLO met in both) at a rate
 no higher than either run's sustained-rate interval reaches down to: the same offered load, the same requests,
-a load the engine sustains in both runs with confidence. Figures pooled over a sweep's
-path are not comparable that way (views/compare.py keeps them ungated).
+a load the engine sustains in both runs with confidence. Figures pooled over a sweep's path are not comparable
+that way (views/compare.py keeps them ungated).
 
 Each point's figures carry a 90 % interval from a circular block bootstrap: over its completed requests in
 arrival order for latency and throughput (neighbours share the queue they met: blocks keep them together),

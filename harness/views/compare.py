@@ -118,6 +118,15 @@ def unbracketed(caps: list[dict | None]) -> str | None:
     return f"knee not bracketed ({', '.join(open_)}): a bound, not gated" if open_ else None
 
 
+def sustained_row(engine: str, caps: list[dict | None], threshold_pct: float) -> Row:
+    """An engine's sustained rate: gated on its intervals, or shown where a knee was not bracketed."""
+    (b, b_ci), (n, n_ci) = [((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps]
+    if open_ := unbracketed(caps):
+        return Row(engine, "sustained_rps", b, n, None if b is None or n is None else change_pct(b, n),
+                   False, True, b_ci, n_ci, open_)
+    return gated_row(engine, "sustained_rps", (b, b_ci), (n, n_ci), threshold_pct=threshold_pct)
+
+
 def operating_rows(engine: str, base: dict, new: dict, threshold_pct: float) -> list[Row]:
     """An engine's latency, throughput and memory at the stream both runs measured below its knee."""
     shared = shared_point(base, new)
@@ -135,19 +144,13 @@ def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
         if engine not in new["engines"]:
             continue
         caps = [s.get("capacity", {}).get(engine) for s in (base, new)]
-        if any(caps) and (open_ := unbracketed(caps)):
-            b, n = [(c or {}).get("sustained_rps") for c in caps]
-            rows.append(Row(engine, "sustained_rps", b, n, None if b is None or n is None else change_pct(b, n),
-                            False, True, *[(c or {}).get("sustained_rps_ci") for c in caps], open_))
-        elif any(caps):
-            rows.append(gated_row(engine, "sustained_rps",
-                                  *[((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps],
-                                  threshold_pct=threshold_pct))
+        if any(caps):
+            rows.append(sustained_row(engine, caps, threshold_pct))
         if all(caps):
             rows += operating_rows(engine, caps[0], caps[1], threshold_pct)
     hb, hn = base.get("headline") or {}, new.get("headline") or {}
     same = hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against"))
-    if same and not all(all((h.get("bracketed") or {"": True}).values()) for h in (hb, hn)):
+    if same and not all(all((h.get("bracketed") or {}).values()) for h in (hb, hn)):
         rows.append(Row(f"{hb['engine']}/{hb['against']}", "headline_ratio", hb.get("ratio"), hn.get("ratio"), None,
                         False, True, hb.get("ratio_ci"), hn.get("ratio_ci"),
                         "a knee not bracketed in one run: a ratio of bounds, not gated"))

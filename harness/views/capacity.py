@@ -175,13 +175,15 @@ def steady_sentence(capacity: dict) -> str | None:
             "intervals overlap, whatever its queue did")
     if not over and not left:
         return f"Every one of the {len(points)} judged points counts as measured ({rule})."
-    line = f"{len(over) + len(left)} of {len(points)} judged points do not count as measured ({rule})"
+    parts = []
     if over:
-        line += (f". Over the knee, counted as misses ({len(over)}: attainment collapsed under the target while the "
-                 "queue, running and waiting, grew): " + "; ".join(over))
+        parts.append(f"{len(over)} are counted as misses, over the knee (attainment collapsed under the target while "
+                     "the queue, running and waiting, grew: the second half's interval wholly under the target, "
+                     "whatever the first half did): " + "; ".join(over))
     if left:
-        line += (f". Left out of every knee and interval ({len(left)}: halves on two sides of the target with "
-                 "disjoint intervals, the queue not growing): " + "; ".join(left))
+        parts.append(f"{len(left)} are left out of every knee and interval (halves on two sides of the target with "
+                     f"disjoint intervals, the queue not growing; {rule}): " + "; ".join(left))
+    line = f"Of the {len(points)} judged points, " + ". And ".join(parts)
     return line + "."
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import KneeSearch, binding_constraint, knee_block, ratio_interval
+from harness.analysis.kneefit import KneeEstimate
 from tests.conftest import run_cli
 
 
@@ -75,11 +76,16 @@ def test_the_binding_constraint_reads_the_knee(changes, failed, missed, bound):
 
 def test_a_knee_block_has_the_contract_fields():
     pts = [{**p, **KNEE, "mean_running": 6.0, "failed": 0, "missed": 3} for p in points((1.0, 0.95), (1.5, 0.7))]
+    est = KneeEstimate("paged", 1.2, (1.0, 1.5), 2, 2, 120, True)
     block = knee_block({"sustained_rps": 1.1, "sustained_where": "within", "slo": SLO().to_json(), "points": pts},
-                       SLO(), [1.0, 1.5])
-    assert block["bound"] == "compute" and len(block["sustained_rps_ci"]) == 2
-    assert set(block["knee"]) >= {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total",
-                                  "preemptions"}
+                       SLO(), est)
+    assert block["bound"] == "compute" and block["sustained_rps_ci"] == [1.0, 1.5] and block["sustained_rps"] == 1.2
+    assert set(block["knee_point"]) >= {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total",
+                                        "preemptions"}
+    assert set(block["knee"]) == {"method", "points", "streams", "judged", "rps", "ci", "bracketed"}
+    unsure = knee_block({"sustained_rps": 1.1, "sustained_where": "within", "slo": SLO().to_json(), "points": pts},
+                        SLO(), None)
+    assert unsure["sustained_rps_ci"] is None and unsure["knee"] is None
 
 
 @pytest.mark.parametrize("flags, says", [

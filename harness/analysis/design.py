@@ -28,12 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from harness.analysis.placement import MIN_POINTS
 from harness.analysis.steady import Z90, fewest_to_pass
 
-# independent realizations of each headline engine's bracket ends before a decided headline may stop the decision:
-# the level the run-to-run variance arises at is replicated (Kalibera and Jones 2013), three as `vllm bench sweep
-# serve --num-runs` does by default
-MIN_REPLICATIONS = 3
 EARLY_JUDGED = 10  # a point clearly under the target may stop with this many judged requests
 GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to this range
 # the decision's shares of the time: its rounds visit two engines each and replicate both bracket ends, so that
@@ -48,7 +45,7 @@ class Design:
     target: float  # the SLO attainment
     min_judged: int
     max_judged: int
-    tolerance: float
+    tolerance: float | None  # bisect each bracket until hi / lo <= 1 + this; None: bracket, then stop
     min_judged_s: float = 0.0  # --point-duration: seconds of judged arrivals a point takes at least
     step: float = 1.6  # the bracketing factor
     max_points: int = 8
@@ -60,8 +57,7 @@ class Design:
            point_s: float | None = None, tolerance: float | None = None, max_points: int = 8,
            dispersion: float = 1.0) -> Design:
         n = point_requests or math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
-        tol = tolerance if tolerance is not None else round(precision ** (1 / (2 * math.sqrt(2))) - 1, 4)
-        return cls(time_s, precision, target, n, 4 * n, tol, point_s or 0.0, max_points=max_points,
+        return cls(time_s, precision, target, n, n, tolerance, point_s or 0.0, max_points=max_points,
                    early_judged=min(EARLY_JUDGED, n), dispersion=round(dispersion, 3))
 
     def to_json(self) -> dict:
@@ -77,17 +73,17 @@ class Design:
             f"a point judges at least {self.min_judged} requests (the fewest at which a point that met the SLO for "
             f"every request is told from the {100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})"
             + (f" and {self.min_judged_s:g} s of arrivals" if self.min_judged_s else ""),
-            f"it goes on at the same rate while its Wilson 90 % interval (at the effective size: judged requests over "
-            f"the engine's design effect) holds the target, up to {self.max_judged} judged requests ("
-            f"{2 * self.max_judged} in the decision); one whose interval lies under the target stops at "
+            f"every point judges {self.min_judged} (a fixed number: the knee is fitted from every point, and one more "
+            f"stream tells more than a longer one); one whose Wilson 90 % interval lies under the target stops at "
             f"{self.early_judged}",
-            f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (precision "
-            f"{self.precision:g} ^ (1 / (2 sqrt 2)): two brackets in quadrature take half the ratio's log-width)",
+            ("each engine's search brackets its knee and stops" if self.tolerance is None else
+             f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (--knee-tolerance)"),
             f"the {self.time_s:g} s budget is shared equally, before each engine's search, between it, the engines "
             f"after it and {DECISION_SHARES} shares for the decision; no point runs past its engine's share; the "
-            "decision measures the headline's two engines in alternating rounds, each round a fresh independent "
-            "realization (stream) of both engines' bracket ends, until the ratio's interval (the rounds resampled) "
-            f"excludes 1.0 with hi / lo <= {self.precision:g} on at least {MIN_REPLICATIONS} realizations",
+            "decision measures the headline's two engines in alternating turns (ABBA), each turn one point on a "
+            "fresh stream placed around the engine's fitted knee, alternately above and below it, until the "
+            f"ratio's interval excludes 1.0 with hi / lo <= {self.precision:g} on at least {MIN_POINTS} points per "
+            "engine, or the time is spent",
         ]
 
 

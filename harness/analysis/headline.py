@@ -1,14 +1,16 @@
-"""The headline: the rate the paged engine sustains over the best contiguous engine's, with the interval of
-that ratio from the joint replicates (harness/analysis/knee.py), whether it is decided, what it rests on, and
-what the decision phase of a bench measures next when it is not.
+"""The headline: the rate the paged engine sustains over the best contiguous engine's, read from one joint knee
+fit (harness/analysis/kneefit.py), whether it is decided and precise, what it rests on, and each engine's role.
 
 - `decided`: the ratio's 90 % interval excludes 1.0 (the direction is known) and both engines' knees are
   bracketed (a rate that met the SLO below one that missed it: a knee past every rate measured is a bound, and a
-  ratio of bounds decides nothing); `precise`: its hi / lo is at most the precision asked. The decision phase
-  goes on until both hold or its time is spent.
-- `resolution`: how long a run would need: the interval's log-width falls as 1 / sqrt(judged requests at
-  the two engines' bracket ends), so reaching the precision asked takes (width / log precision)^2 times the
-  judged requests, each costing 1 / rate seconds of arrivals at its point.
+  ratio of bounds decides nothing); `precise`: its hi / lo is at most the precision asked. Both are computed here
+  once; the console, the summary, the report, the glance and compare read them.
+- `stop`: `precise` where the decision's stop rule holds (harness/analysis/placement.done), else `time spent`.
+- Roles: the paged engine is the `headline`'s, the contiguous engine it is measured against the `rival`, every
+  other engine `screened` (measured within a bounded time, its knee a figure or a bound at this SLO).
+- `resolution`: how long a run would need: the interval's log-width falls as 1 / sqrt(judged requests), so
+  reaching the precision asked takes (width / log precision)^2 times the judged requests, each costing
+  1 / rate seconds of arrivals at its point.
 """
 
 from __future__ import annotations
@@ -16,33 +18,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from engines.registry import in_blocks
-from harness.analysis.capacity import SLO, sustained_rate
-from harness.analysis.knee import (
-    REPLICATES,
-    Judged,
-    bracket_of,
-    central,
-    knee_points,
-    pooled,
-    ratio_replicates,
-    replicate_knees,
-    replications,
-)
+from harness.analysis.capacity import SLO
+from harness.analysis.knee import Judged, bracket_of, knee_points, pooled
+from harness.analysis.kneefit import KneeFit
+from harness.analysis.placement import MIN_POINTS, done
 
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
-METHOD = ("90 % percentile interval of {replicates} joint replicates: each point's attainment drawn from its "
-          "Jeffreys posterior at its effective size (judged requests over the engine's design effect: 1 + 2 x the "
-          "significant autocorrelations of its met/missed series, Politis-White cut-off), engines that judged the "
-          "same stream (one offered rate) drawing with one uniform (paired); the replications' rounds resampled "
-          "with replacement, the same rounds for both engines (a hierarchical bootstrap: run-to-run variation "
-          "inside the interval); in each replicate each engine's "
-          "attainments made non-increasing in the rate (pool adjacent violators), its bracket re-read (its "
-          "highest rate meeting the SLO target under the lowest that misses it) and its knee drawn log-uniformly "
-          "inside it, and the two knees' ratio taken; widened, where it leaves the point estimate out, to reach it")
+METHOD = ("90 % central interval of the joint posterior of a dose-response fit of every point (kneefit.py): SLO "
+          "attainment against log offered rate, a logistic curve per engine with a slope shared by the engines, "
+          "each point a stream with its own random shift in log load (the stream-to-stream spread estimated from "
+          "the run's points), judged requests weighted by the engine's design effect; the knees' ratio read from "
+          "the same {draws} joint draws")
 
 
 def reference_of(engines) -> str | None:
@@ -51,25 +39,22 @@ def reference_of(engines) -> str | None:
     return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
 
 
-def best_contiguous(points: dict[str, list[Judged]], slo: SLO, estimates: dict[str, float]) -> str | None:
-    """The contiguous engine the paged one is measured against: the highest sustained rate among those whose
-    knee is bracketed, unless one whose knee is not could still lie above it: every rate it was offered missed
-    the SLO and the lowest of them is above the leader's rate (its estimate, read from 0 req/s up to its first
-    point, is a guess, not a knee). Then that one, the highest reach first, so that the decision phase brackets
-    it before it is ruled out. An engine that met the SLO at every rate offered reaches its last one: a lower
-    bound, which leads only where it lies above every bracketed knee."""
-    reach = {e: reach_of(points[e], slo, estimates[e]) for e in estimates if e not in PAGED}
-    closed = [e for e in reach if bracketed(points[e], slo)]
-    leader = max(closed, key=lambda e: estimates[e], default=None)
-    contenders = [e for e in reach if e not in closed and (leader is None or reach[e] > estimates[leader])]
-    return max(contenders, key=lambda e: reach[e]) if contenders else leader
+def best_contiguous(fit: KneeFit) -> str | None:
+    """The contiguous engine the paged one is measured against: the highest knee among those whose knee is
+    bracketed, unless one whose knee is not could still lie above it (its interval's upper end above the
+    leader's knee: every rate it was offered missed, or every one met). Then that one, the highest reach first,
+    so that the decision brackets it before it is ruled out."""
+    est = {e: k for e, k in fit.estimates.items() if e not in PAGED}
+    closed = [e for e, k in est.items() if k.bracketed]
+    leader = max(closed, key=lambda e: est[e].rps, default=None)
+    contenders = [e for e, k in est.items() if not k.bracketed and (leader is None or k.ci[1] > est[leader].rps)]
+    return max(contenders, key=lambda e: est[e].ci[1]) if contenders else leader
 
 
-def reach_of(points: list[Judged], slo: SLO, estimate: float) -> float:
-    """The highest rate an engine's knee may be read at from its points: the lowest rate that missed where every
-    one did (the knee lies anywhere under it), else its sustained rate."""
-    lo, hi = bracket_of(rows_of(knee_points(points)), slo)
-    return hi if lo is None and hi is not None else estimate
+def roles(fit: KneeFit) -> dict[str, str]:
+    """Each engine's role in the run: `headline` (the paged reference), `rival`, or `screened`."""
+    ref, rival = reference_of(fit.estimates), best_contiguous(fit)
+    return {e: "headline" if e == ref else "rival" if e == rival else "screened" for e in fit.estimates}
 
 
 def rows_of(points: list[Judged]) -> list[dict]:
@@ -77,29 +62,11 @@ def rows_of(points: list[Judged]) -> list[dict]:
     return [{"offered_rps": p.offered_rps, "slo_attainment": p.attainment} for p in pooled(points)]
 
 
-def point_estimate(points: list[Judged], slo: SLO) -> float:
-    """The sustained rate, interpolated between the points a knee rests on (knee.knee_points)."""
-    return sustained_rate(rows_of(knee_points(points)), slo)[0]
-
-
 def bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
-    """The knee's bracket ends among the points a knee rests on."""
+    """The knee's bracket ends among the points a knee rests on (what the search found before the fit)."""
     pts = pooled(knee_points(points))
     lo, hi = bracket_of(rows_of(pts), slo)
     return [p for p in pts if p.offered_rps in (lo, hi)]
-
-
-def bracketed(points: list[Judged], slo: SLO) -> bool:
-    """A rate that meets the SLO below one that misses it, among the points a knee rests on: the knee measured,
-    not assumed past the rates measured (every one met) or under them (none did)."""
-    lo, hi = bracket_of(rows_of(knee_points(points)), slo)
-    return lo is not None and hi is not None
-
-
-def raw_bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
-    """The bracket ends of every point, steady or not: where an unsteady point would place the knee."""
-    lo, hi = bracket_of(rows_of(points), slo)
-    return [p for p in pooled(points) if p.offered_rps in (lo, hi)]
 
 
 @dataclass(frozen=True)
@@ -107,76 +74,73 @@ class Headline:
     engine: str
     against: str
     ratio: float
-    ratio_ci: list[float]
-    decided: bool
-    precise: bool
-    judged: dict[str, int]
-    log_sd: dict[str, float]  # each engine's share of the uncertainty: sd of its log knee over the replicates
-    replicates: int
-    run_to_run_share: float  # of the ratio interval's log-width, what resampling the replications' rounds adds
-    within_ci: list[float]  # the ratio's interval with every round kept (one realization's uncertainty alone)
-    replications: dict[str, int]  # per engine: independent realizations its bracket ends were judged on (least)
-    bracketed: dict[str, bool]  # per engine: its knee lies between a rate that met the SLO and one that missed it
+    ratio_ci: tuple[float, float]
+    precision: float
+    within_ci: tuple[float, float]  # the ratio's interval with the stream-to-stream spread held at 0
+    fit: KneeFit
+
+    @property
+    def bracketed(self) -> dict[str, bool]:
+        return {e: self.fit.estimates[e].bracketed for e in (self.engine, self.against)}
+
+    @property
+    def decided(self) -> bool:
+        return not self.ratio_ci[0] <= 1.0 <= self.ratio_ci[1] and all(self.bracketed.values())
+
+    @property
+    def precise(self) -> bool:
+        return self.ratio_ci[1] <= self.ratio_ci[0] * self.precision
+
+    @property
+    def points(self) -> dict[str, int]:
+        return {e: self.fit.estimates[e].points for e in (self.engine, self.against)}
+
+    @property
+    def stop(self) -> str:
+        return "precise" if done(self.decided, self.precise, self.points) else "time spent"
+
+    @property
+    def run_to_run_share(self) -> float:
+        """The share of the ratio interval's log-width that the stream-to-stream spread adds (what a rerun on
+        other streams would see and one stream's binomial draw does not), at least 0."""
+        lo, hi = self.ratio_ci
+        wlo, whi = self.within_ci
+        if min(lo, wlo) <= 0 or hi <= lo:
+            return 0.0
+        return max(0.0, 1.0 - math.log(whi / wlo) / math.log(hi / lo))
 
     def to_json(self) -> dict:
+        est = self.fit.estimates
+        pair = (self.engine, self.against)
         return {"engine": self.engine, "against": self.against, "ratio": round(self.ratio, 4),
-                "ratio_ci": self.ratio_ci, "method": METHOD.format(replicates=f"{self.replicates:,}"),
-                "decided": self.decided, "precise": self.precise, "judged": self.judged,
-                "run_to_run_share": round(self.run_to_run_share, 3), "ratio_ci_within_runs": self.within_ci,
-                "replications": self.replications, "bracketed": self.bracketed}
+                "ratio_ci": list(self.ratio_ci), "method": METHOD.format(draws=f"{len(self.fit.log_knees[pair[0]]):,}"),
+                "decided": self.decided, "precise": self.precise, "precision": self.precision, "stop": self.stop,
+                "min_points": MIN_POINTS, "points": self.points, "judged": {e: est[e].judged for e in pair},
+                "run_to_run_share": round(self.run_to_run_share, 3), "ratio_ci_within_runs": list(self.within_ci),
+                "replications": {e: est[e].streams for e in pair}, "bracketed": self.bracketed,
+                "stream_spread": round(self.fit.spread_s, 3)}
 
 
-def reaching(ci: list[float], estimate: float) -> list[float]:
-    """A ratio's interval that reaches its estimate, as each engine's does (summary.with_estimate): where a knee
-    lies past the rates measured, the replicates' ratios can all fall on one side of the estimate, and an interval
-    that leaves the estimate out would say more than the points do. Rounded outwards to 0.001."""
-    return [math.floor(min(ci[0], estimate) * 1000) / 1000, math.ceil(max(ci[1], estimate) * 1000) / 1000]
-
-
-def headline(points: dict[str, list[Judged]], slo: SLO, step: float, precision: float,
-             replicates: int = REPLICATES, knees: dict[str, np.ndarray] | None = None) -> Headline | None:
+def headline(fit: KneeFit | None, within: KneeFit | None, precision: float) -> Headline | None:
     """The paged engine against the best contiguous one, or None when either is missing."""
-    ref = reference_of(e for e, p in points.items() if knee_points(p))
-    estimates = {e: point_estimate(p, slo) for e, p in points.items() if knee_points(p)}
-    rival = best_contiguous(points, slo, estimates)
-    if ref is None or rival is None or estimates[rival] <= 0:
+    if fit is None:
         return None
-    knees = knees or replicate_knees(points, slo, step, replicates)
-    ratios = ratio_replicates(knees[ref], knees[rival])
-    ratio = estimates[ref] / estimates[rival]
-    ci = reaching(central(ratios), ratio)
-    pair = {ref: points[ref], rival: points[rival]}
-    within = replicate_knees(pair, slo, step, replicates, resample_rounds=False)
-    within_ci = reaching(central(ratio_replicates(within[ref], within[rival])), ratio)
-    closed = {e: bracketed(points[e], slo) for e in (ref, rival)}
-    # decided: the interval excludes 1.0 and rests on two measured knees (a knee past every rate measured is a
-    # bound, not a measurement: a ratio of bounds decides nothing)
-    return Headline(ref, rival, ratio, ci,
-                    not ci[0] <= 1.0 <= ci[1] and all(closed.values()), ci[1] <= ci[0] * precision,
-                    {e: int(sum(len(p.met) for p in points[e])) for e in (ref, rival)},
-                    {e: float(np.std(np.log(np.maximum(knees[e], 1e-9)))) for e in (ref, rival)}, len(ratios),
-                    run_to_run(ci, within_ci), within_ci,
-                    {e: replications(knee_points(points[e]), [p.offered_rps for p in bracket_ends(points[e], slo)])
-                     for e in (ref, rival)}, closed)
-
-
-def run_to_run(ci: list[float], within_ci: list[float]) -> float:
-    """The share of the ratio interval's log-width that resampling the rounds adds: 1 - (log-width with every
-    round kept) / (log-width with the rounds resampled), at least 0 (0 with a single round)."""
-    if min(*ci, *within_ci) <= 0:
-        return 0.0
-    width, within = math.log(ci[1] / ci[0]), math.log(within_ci[1] / within_ci[0])
-    return max(0.0, 1.0 - within / width) if width > 0 else 0.0
-
-
-def time_to_resolve(h: Headline, points: dict[str, list[Judged]], slo: SLO, precision: float) -> float | None:
-    """Seconds of arrivals more, at the bracket ends, for the ratio's interval to narrow to the precision."""
-    ends = [p for e in (h.engine, h.against) for p in bracket_ends(points[e], slo)]
-    if not ends or h.ratio_ci[0] <= 0:
+    ref, rival = reference_of(fit.estimates), best_contiguous(fit)
+    if ref is None or rival is None:
         return None
-    width = math.log(h.ratio_ci[1] / h.ratio_ci[0])
-    factor = (width / math.log(precision)) ** 2
-    return max(0.0, (factor - 1) * sum(len(p.met) / p.offered_rps for p in ends))
+    ratio, ci = fit.ratio(ref, rival)
+    within_ci = within.ratio(ref, rival)[1] if within is not None else ci
+    return Headline(ref, rival, ratio, ci, precision, within_ci, fit)
+
+
+def time_to_resolve(h: Headline, points: dict[str, list[Judged]], precision: float) -> float | None:
+    """Seconds of arrivals more, at points like the ones measured, for the ratio's interval to narrow to the
+    precision."""
+    pts = [p for e in (h.engine, h.against) for p in knee_points(points[e])]
+    if not pts or h.ratio_ci[0] <= 0:
+        return None
+    factor = (math.log(h.ratio_ci[1] / h.ratio_ci[0]) / math.log(precision)) ** 2
+    return max(0.0, (factor - 1) * sum(len(p.met) / p.offered_rps for p in pts))
 
 
 def resolvable(h: Headline, factor: float) -> float:

@@ -15,20 +15,18 @@ from engines.kv.base import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block
-from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics, sustained_rate
-from harness.analysis.headline import Headline, bracket_ends, headline, reaching, rows_of, run_to_run
-from harness.analysis.integrity import integrity
-from harness.analysis.knee import (
-    Judged,
-    central,
-    design_effect,
-    knee_block,
-    knee_points,
-    ratio_replicates,
-    replicate_knees,
-    replications,
-    rests_on_unsteady,
+from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.headline import (
+    Headline,
+    bracket_ends,
+    headline,
+    resolvable,
+    roles,
+    time_to_resolve,
 )
+from harness.analysis.integrity import integrity
+from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
+from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
 from harness.analysis.rundir import (
     arrived_in,
@@ -236,9 +234,7 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
     order = np.argsort([p.offered_rps for p in judged], kind="stable")
     judged = [judged[i] for i in order]
-    block = capacity_block(points, slo)
-    # the sustained rate rests on the points a knee may use (knee.knee_points), as its interval does
-    block["sustained_rps"], block["sustained_where"] = sustained_rate(rows_of(knee_points(judged)), slo)
+    block = capacity_block(points, slo)  # its sustained rate is the joint fit's, set by `intervals`
     block["rests_on_unsteady"] = rests_on_unsteady(judged)
     block["judged_total"] = int(sum(p["judged"] for p in points))
     block["distinct_requests"] = len(set(ids))
@@ -246,44 +242,47 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     return block, judged
 
 
-def step_of(meta: dict) -> float:
-    search = (meta.get("sweep") or {}).get("search") or {}
-    return 1 + float(search.get("tolerance") or 0.3)
-
-
-def with_estimate(ci: list[float], estimate: float) -> list[float]:
-    """The interval reaches the estimate: one that lies past every rate measured (every one met the SLO) is a
-    lower bound, where the replicates' knees all lie above it."""
-    return [math.floor(min(ci[0], estimate) * 1e4) / 1e4, math.ceil(max(ci[1], estimate) * 1e4) / 1e4]
-
-
-def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[dict, dict]:
-    """Every engine's capacity block with its interval and bound, from one joint bootstrap over the engines
-    (paired where they judged the same requests); and every pair's ratio with its interval."""
-    slo = slo_of(meta.get("config", {}))
+def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[KneeFit | None, KneeFit | None]:
+    """The run's joint knee fit over every engine of one budget (kneefit.py), and the same fit with the
+    stream-to-stream spread held at 0 (these streams' sampling alone: what the run-to-run share is read against)."""
+    target = slo_of(meta.get("config", {})).attainment
     pts = {e: j for e, (_, j) in blocks.items()}
-    knees = replicate_knees(pts, slo, step_of(meta)) if pts else {}
-    out = {e: knee_block(b, slo, with_estimate(central(knees[e]), b["sustained_rps"]) if e in knees else None)
-           for e, (b, _) in blocks.items()}
-    within = replicate_knees(pts, slo, step_of(meta), resample_rounds=False) if pts else {}
+    return fit(pts, target), fit(pts, target, spreads=np.zeros(1))
+
+
+def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
+              fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict, dict]:
+    """Every engine's capacity block with its knee (the joint fit's estimate, interval and what it rests on),
+    its role and the constraint that bound it; and every pair's ratio with its interval."""
+    slo = slo_of(meta.get("config", {}))
+    knees, within = fits or fits_of(blocks, meta)
+    role = roles(knees) if knees is not None else {}
+    out = {}
     for e, (b, j) in blocks.items():
-        if e in knees and e in within:  # how much of the interval resampling the replications' rounds adds
-            out[e]["sustained_rps_ci_within_runs"] = with_estimate(central(within[e]), b["sustained_rps"])
-            out[e]["run_to_run_share"] = round(run_to_run(out[e]["sustained_rps_ci"],
-                                                          out[e]["sustained_rps_ci_within_runs"]), 3)
+        est = knees.estimates.get(e) if knees is not None else None
+        out[e] = knee_block(b, slo, est)
+        out[e]["role"] = role.get(e, "screened")
+        if est is not None and within is not None and e in within.estimates:
+            out[e]["sustained_rps_ci_within_runs"] = list(within.estimates[e].ci)
+            out[e]["run_to_run_share"] = round(share_of_width(est.ci, within.estimates[e].ci), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
-        # independent realizations (replications) the knee rests on: the fewest at either bracket end
-        out[e]["replications"] = replications(knee_points(j), [p.offered_rps for p in bracket_ends(j, slo)])
+        out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
     ratios = {}
-    for a in knees:
-        for b in knees:
-            if a != b and out[b]["sustained_rps"] > 0:
-                ratio = out[a]["sustained_rps"] / out[b]["sustained_rps"]
-                ratios[f"{a}/{b}"] = {"ratio": round(ratio, 4),
-                                      "ratio_ci": reaching(central(ratio_replicates(knees[a], knees[b])), ratio)}
+    for a in (knees.estimates if knees is not None else {}):
+        for b in knees.estimates:
+            if a != b:
+                ratio, ci = knees.ratio(a, b)
+                ratios[f"{a}/{b}"] = {"ratio": round(ratio, 4), "ratio_ci": list(ci)}
     return out, ratios
+
+
+def share_of_width(ci: tuple[float, float], within_ci: tuple[float, float]) -> float:
+    """The share of an interval's log-width that the stream-to-stream spread adds, at least 0."""
+    if min(*ci, *within_ci) <= 0 or ci[1] <= ci[0]:
+        return 0.0
+    return max(0.0, 1.0 - math.log(within_ci[1] / within_ci[0]) / math.log(ci[1] / ci[0]))
 
 
 def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dict | None:
@@ -292,24 +291,23 @@ def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dic
     return headline_with(blocks, meta)[0]
 
 
-def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[dict | None, Headline | None]:
-    """`headline_of`'s block and the Headline it was read from (its per-engine uncertainty: the decision's)."""
-    from harness.analysis.headline import resolvable, time_to_resolve
-
+def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
+                  fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict | None, Headline | None]:
+    """`headline_of`'s block and the Headline it was read from."""
     cfg, search = meta.get("config", {}), (meta.get("sweep") or {}).get("search") or {}
     precision = float(search.get("precision") or cfg.get("precision") or 1.5)
     slo, pts = slo_of(cfg), {e: j for e, (_, j) in blocks.items()}
-    h = headline(pts, slo, step_of(meta), precision)
+    h = headline(*(fits or fits_of(blocks, meta)), precision)
     if h is None:
         return None, None
-    more_s = time_to_resolve(h, pts, slo, precision)
+    more_s = time_to_resolve(h, pts, precision)
     ends = {e: [{"offered_rps": p.offered_rps, "judged": judged_at(pts[e], p.offered_rps), "steady": p.use == "steady",
                  "use": p.use} for p in bracket_ends(pts[e], slo)] for e in (h.engine, h.against)}
     # what the knees do not rest on (their halves disagree): the report says so, and whether time ran out first
     left_out = {e: [p.offered_rps for p in pts[e] if p.use == "unsteady"] for e in (h.engine, h.against)}
     spent = float(meta.get("bench_s") or cfg.get("time_s") or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
-    return {**h.to_json(), "precision": precision, "bracket_ends": ends, "unsteady_rates": left_out,
+    return {**h.to_json(), "bracket_ends": ends, "unsteady_rates": left_out,
             "time_s": search.get("time_s"),
             "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
             "resolvable_ratio": round(resolvable(h, 1.0), 3),
@@ -367,8 +365,9 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
     by_budget = blocks_of(frames, meta)
     own = cfg.get("kv_budget")
     if own in by_budget:
-        summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta)
-        summary["headline"] = headline_of(by_budget[own], meta)
+        fits = fits_of(by_budget[own], meta)
+        summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta, fits)
+        summary["headline"] = headline_with(by_budget[own], meta, fits)[0]
     if len(cfg.get("kv_budgets") or []) > 1:
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]

@@ -4,20 +4,22 @@ phase, which gives the headline's two engines more judged requests where they na
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from harness.analysis.design import MIN_REPLICATIONS, share_s
-from harness.analysis.headline import PAGED, bracketed, raw_bracket_ends, reference_of
-from harness.analysis.knee import Judged, KneeSearch, knee_points, pooled
+from harness.analysis.design import share_s
+from harness.analysis.headline import PAGED, reference_of
+from harness.analysis.knee import KneeSearch, knee_points, pooled
+from harness.analysis.placement import next_rate
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import EngineRun, Host, Visit, Visits
-from workloads.streams import grid_index, grid_rate
+from workloads.streams import replication_of
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
-DECISION_JUDGED = 2  # the decision phase takes an unsteady bracket end up to this many times the search's most
+PER_VISIT = 2  # turns an engine takes per visit in the decision: a restart shared by a point above and one below
 
 SETUP_GUESS_S = 45.0  # an engine's set-up (server, debugging pass, calibration) before any has been measured
 
@@ -41,7 +43,8 @@ class KneeSearching:
         # a calibration that found nothing (a naive engine that crashed in its window) starts at the rate at which
         # a clear miss is judged in half the engine's share: a point it can afford
         start = SEARCH_START * calibrated_rps if calibrated_rps > 0 else d.early_judged / max(budget_s / 2, 1e-9)
-        st.search = KneeSearch(max(start, 0.05), d.target, d.tolerance, d.step, max_points=d.max_points)
+        st.search = KneeSearch(max(start, 0.05), d.target, math.inf if d.tolerance is None else d.tolerance, d.step,
+                               max_points=d.max_points)
         stop_by = time.time() - run.t0 + budget_s
         self.host.plain(f"{run.engine}: searching for {budget_s:.0f} s")
         while (rate := st.search.next_rate()) is not None:
@@ -106,103 +109,95 @@ class KneeSearching:
             return False
         v = self.verdict(visit)
         ci = v.ratio_ci(ref, run.engine)
-        closed = all(bracketed(v.points.get(e, []), self.host.slo) for e in (ref, run.engine))
+        closed = v.fit is not None and all(e in v.fit.estimates and v.fit.estimates[e].bracketed
+                                           for e in (ref, run.engine))
         return ci is not None and not ci[0] <= 1.0 <= ci[1] and closed
 
     def decide(self, runs: dict[str, EngineRun], shower) -> None:
-        """The decision phase, in rounds: each round visits the headline's two engines one after the other (the
-        order alternating, ABBA, so that neither is always measured second) and gives each its next step
-        (`round_plan`): a new rate while its bracket is open, a fresh replication of both bracket ends until each
-        stands on `MIN_REPLICATIONS` realizations, then a bisection while it is wider than the tolerance. It
-        stops once the headline (as summary.json computes it, every row final) is decided and as precise as
-        asked with each engine's bracket ends judged on at least `MIN_REPLICATIONS` independent realizations,
-        or when the next round does not fit in the time left."""
+        """The decision phase, in visits that alternate between the headline's two engines (ABBA: each visit
+        gives its engine two turns, so the order of turns runs A A B B A A ...), each turn one point
+        (`turn_plan`): a new rate past an open bracket's open side, else a fresh stream placed around the
+        engine's fitted knee (harness/analysis/placement.py). The fit is redone after every turn; the decision
+        stops once the headline (as summary.json computes it) says `stop: precise`, or when the next turn does
+        not fit in the time left."""
         show = shower("decision", max(1.0, self.host.left_s))
         log = self.host.run_meta.setdefault("decision", [])
-        rounds = 0
-        while (v := self.verdict()).headline is not None:
+        turns: dict[str, int] = {}
+        v, visits = self.verdict(), 0
+        while v.headline is not None and self.log_look(log, v, visits):
             h = v.headline
-            log.append({"t_s": round(time.time() - self.host.started, 1), "round": rounds,
-                        **{k: h.get(k) for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise",
-                                                 "replications", "run_to_run_share")}})
-            if h["decided"] and h["precise"] and min(h["replications"].values()) >= MIN_REPLICATIONS:
-                self.host.say(v.line("search done"))
+            engine = (h["against"], h["engine"])[visits % 2]
+            if engine not in runs or (visit := self.afford(runs[engine], v, turns)) is None:
+                self.host.say(v.line("time spent"))
                 break
-            pair = [h["engine"], h["against"]] if rounds % 2 == 0 else [h["against"], h["engine"]]
-            plans = {e: self.round_plan(runs[e], v.points.get(e, [])) for e in pair if e in runs}
-            if not any(plans.values()):
-                self.host.say(v.line("every bracket at the grid's resolution, replicated, or its points spent"))
-                break
-            if self.host.left_s < sum(self.round_cost(runs[e], plan) for e, plan in plans.items()):
-                plans = self.what_fits(plans, runs, v)
-                if not plans:
-                    self.host.say(v.line("time spent"))
-                    break
-            rounds += 1
-            for engine in pair:
-                self.visit_round(runs[engine], plans.get(engine) or [], show, rounds)
+            visits += 1
+            try:
+                for _ in range(PER_VISIT):
+                    plan = self.turn_plan(runs[engine], v, turns.get(engine, 0))
+                    if plan is None or not self.fits(runs[engine], plan[0], time.time() - runs[engine].t0
+                                                     + self.host.left_s):
+                        break
+                    self.turn(visit, plan, show, visits)
+                    turns[engine] = turns.get(engine, 0) + 1
+                    v = self.verdict(visit)
+                    if v.headline is None or v.headline["stop"] == "precise":
+                        break
+            finally:
+                self.visits.end_visit(visit)
+            v = self.verdict()
         self.host.write_meta()
 
-    def what_fits(self, plans: dict[str, list], runs: dict[str, EngineRun], v: Verdict) -> dict[str, list]:
-        """Where a whole round does not fit in the time left: the one engine's turn that does, an engine whose
-        bracket is still open first (a knee bracketed is worth more than a replication), its points cut to the
-        first if all of them do not fit; empty when nothing fits."""
-        order = sorted(plans, key=lambda e: bracketed(v.points.get(e, []), self.host.slo))
-        for engine in order:
-            for plan in (plans[engine], plans[engine][:1]):
-                if plan and self.host.left_s >= self.round_cost(runs[engine], plan):
-                    return {engine: plan}
-        return {}
+    def log_look(self, log: list, v: Verdict, visits: int) -> bool:
+        """Record the headline as it stands in run.json's decision log; False once it says stop."""
+        h = v.headline
+        log.append({"t_s": round(time.time() - self.host.started, 1), "visit": visits,
+                    **{k: h.get(k) for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise", "points",
+                                             "stop", "run_to_run_share")}})
+        if h["stop"] == "precise":
+            self.host.say(v.line("search done"))
+            return False
+        return True
 
-    def visit_round(self, run: EngineRun, plan: list[tuple[float, int, bool]], show, rounds: int) -> None:
-        """One engine's turn in a round: its server again, its planned points, then the server stops."""
-        if not plan or (visit := self.visits.revisit(run)) is None:
-            return
-        d = self.host.design
-        try:
-            for rate, replication, extend in plan:
-                what = "more arrivals" if extend else (f"replication {replication}" if replication else "a new rate")
-                self.host.plain(f"deciding, round {rounds}: {run.engine} at {rate:g} req/s ({what})")
-                self.visits.measure(visit, rate, show, replication=replication, min_judged=d.min_judged,
-                                    max_judged=d.min_judged if extend else d.max_judged, early_judged=d.early_judged,
-                                    fixed=extend, stop_by_s=time.time() - run.t0 + self.host.left_s)
-        finally:
-            self.visits.end_visit(visit)
+    def afford(self, run: EngineRun, v: Verdict, turns: dict[str, int]) -> Visit | None:
+        """The engine's server again, where its next turn fits in the time left (a restart and one point)."""
+        plan = self.turn_plan(run, v, turns.get(run.engine, 0))
+        if plan is None or self.host.left_s < self.turn_cost(run, plan[0], restart=True):
+            return None
+        return self.visits.revisit(run)
 
-    def round_cost(self, run: EngineRun, plan: list[tuple[float, int, bool]]) -> float:
-        """Seconds an engine's turn takes at the least: a restart, and each point's warm-up and fewest arrivals."""
-        if not plan:
-            return 0.0
+    def turn(self, visit: Visit, plan: tuple[float, int], show, visits: int) -> None:
+        rate, replication = plan
+        d, run = self.host.design, visit.run
+        what = f"replication {replication}" if replication else "a new rate"
+        self.host.plain(f"deciding, visit {visits}: {run.engine} at {rate:g} req/s ({what})")
+        self.visits.measure(visit, rate, show, replication=replication, min_judged=d.min_judged,
+                            max_judged=d.min_judged, early_judged=d.early_judged,
+                            stop_by_s=time.time() - run.t0 + self.host.left_s)
+
+    def turn_cost(self, run: EngineRun, rate: float, restart: bool) -> float:
+        """Seconds a turn takes at the least: a restart where the server is down, a warm-up and the point's
+        judged arrivals."""
         warm = self.visits.searched(run).warmup_s
-        return self.setup_s() / 3 + sum(warm + self.host.design.min_judged / rate for rate, _, _ in plan)
+        return (self.setup_s() / 3 if restart else 0.0) + warm + self.host.design.min_judged / rate
 
-    def round_plan(self, run: EngineRun, points: list[Judged]) -> list[tuple[float, int, bool]]:
-        """(rate, replication, extend) for one engine's turn, on the points as the summary judges them: while the
-        knee's bracket (on the points a knee rests on, replications pooled) is open, a new rate past its open side;
-        then a bracket end whose halves fall on two sides of the target gets more arrivals on its stream, up to
-        the decision's most; then each bracket end's next independent realization until both stand on
-        `MIN_REPLICATIONS`; then a bisection while the bracket is wider than the tolerance; else the next
-        realizations (the ratio narrows by replications once the bracket is as narrow as asked). Replications
-        come before bisection because an interval must first hold across runs: a bracket narrowed inside one
-        realization gives an interval the next run's realization need not share (two fresh clones of 3163d95
-        bisected paged to [2.86, 3.63] and [1.93, 2.17] req/s on one realization each, and the nightly gate
-        called the pair a regression). Empty when nothing is left to do."""
-        most = DECISION_JUDGED * self.host.design.max_judged
-        usable = pooled(knee_points(points))
+    def turn_plan(self, run: EngineRun, v: Verdict, turn: int) -> tuple[float, int] | None:
+        """(rate, replication) of an engine's next point: while its knee is not bracketed, a new rate past its
+        open side (the search's own step); then a fresh stream at the rate placement.next_rate gives for this
+        turn, replication the next unused at that rate. None where nothing is left to measure."""
         st = self.visits.searched(run)
-        if st.search is None:
-            return []
-        now = replace(st.search, max_points=10**6, measured=[(p.offered_rps, p.attainment) for p in usable])
-        lo, hi = now.bracket()
-        if lo is None or hi is None:
+        est = v.fit.estimates.get(run.engine) if v.fit is not None else None
+        if st.search is None or est is None:
+            return None
+        if not est.bracketed:
+            usable = pooled(knee_points(v.points.get(run.engine, [])))
+            now = replace(st.search, max_points=10**6, measured=[(p.offered_rps, p.attainment) for p in usable])
             rate = now.next_rate()
-            return [] if rate is None else [(rate, 0, False)]
-        raw = {p.offered_rps for p in raw_bracket_ends(points, self.host.slo)}  # where an unsteady point would put it
-        for p in points:
-            if p.offered_rps in raw and p.use == "unsteady" and len(p.met) < most:
-                return [(p.offered_rps, p.replication, True)]
-        realizations = {rate: {p.replication for p in points if p.offered_rps == rate} for rate in (lo, hi)}
-        wide = hi > lo * (1 + self.host.design.tolerance) + 1e-9 and grid_index(hi) - grid_index(lo) > 1
-        if wide and min(map(len, realizations.values())) >= MIN_REPLICATIONS:
-            return [(grid_rate((grid_index(lo) + grid_index(hi)) // 2), 0, False)]
-        return [(rate, 1 + max(reps), False) for rate, reps in realizations.items()]
+            return None if rate is None else (rate, self.fresh(st, rate))
+        rate = next_rate(est, turn)
+        return rate, self.fresh(st, rate)
+
+    @staticmethod
+    def fresh(st, rate: float) -> int:
+        """The next unused replication of `rate` in this engine's points (0 where none was measured)."""
+        used = [replication_of(st.points[i]["key"]) for i in st.of_rate(rate)]
+        return 1 + max(used) if used else 0

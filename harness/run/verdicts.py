@@ -12,8 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.knee import Judged
+from harness.analysis.kneefit import KneeFit
 from harness.analysis.rundir import load_frames, load_meta
-from harness.analysis.summary import blocks_of, headline_with, intervals
+from harness.analysis.summary import blocks_of, fits_of, headline_with, intervals
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Verdict:
     ratios: dict  # summary.json's `capacity_ratios`
     headline: dict | None  # summary.json's `headline`
     log_sd: dict[str, float]  # each headline engine's share of the ratio's uncertainty (sd of its log knee)
+    fit: KneeFit | None = None  # the joint knee fit every figure above was read from
 
     def ratio_ci(self, a: str, b: str) -> list[float] | None:
         return (self.ratios.get(f"{a}/{b}") or {}).get("ratio_ci")
@@ -51,9 +53,11 @@ def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] |
     """The capacity, ratios and headline of the run's own budget, from its frames."""
     own = meta.get("config", {}).get("kv_budget")
     blocks = blocks_of(frames, meta, engines).get(own, {})
-    capacity, ratios = intervals(blocks, meta) if blocks else ({}, {})
-    head, h = headline_with(blocks, meta) if blocks else (None, None)
-    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, dict(h.log_sd) if h else {})
+    fits = fits_of(blocks, meta)
+    capacity, ratios = intervals(blocks, meta, fits) if blocks else ({}, {})
+    head, h = headline_with(blocks, meta, fits) if blocks else (None, None)
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head,
+                   {e: h.fit.sd(e) for e in (h.engine, h.against)} if h else {}, fits[0])
 
 
 def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:

@@ -62,30 +62,49 @@ def best_words(summary: dict, rival: str) -> str:
             "time, so not compared)")
 
 
+def verdict_words(h: dict) -> str:
+    """decided or not, and why, in a few words: what the headline's interval says (summary.json's `decided` and
+    `precise`, computed once in analysis/headline.py)."""
+    lo, hi = h["ratio_ci"]
+    if h["decided"]:
+        return "decided" + ("" if h["precise"] else f", not precise (hi / lo {hi / lo:.2f} > {h['precision']:g})")
+    if lo <= 1.0 <= hi:
+        return "undecided: no measurable difference (the interval holds 1.0)"
+    open_ = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
+    return f"undecided: {' and '.join(open_)} not bracketed (a knee past the rates measured is a bound)"
+
+
 def headline_sentence(summary: dict) -> str | None:
-    """The thesis in one sentence: decided or not, on how many judged requests, and what a longer run buys."""
+    """The answer in one line: the ratio, its interval, decided or not and why."""
     h = summary.get("headline")
     if not h:
         return None
     lo, hi = h["ratio_ci"]
-    judged = ", ".join(f"{e} on {n} judged requests" for e, n in h["judged"].items())
-    ends = "; ".join(f"{e}'s bracket ends " + " and ".join(f"{p['offered_rps']:g} req/s ({p['judged']} judged"
-                                                          f"{end_words(p)})" for p in pts)
-                     for e, pts in h["bracket_ends"].items())
-    line = f"Headline: {h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the rate of {h['against']}"
-    best = best_words(summary, h["against"])
-    if h["decided"]:
-        line += (f", {best}, with the same memory: decided (the 90 % interval excludes 1.0"
-                 + ("" if h["precise"] else f", though wider than the {h['precision']:g}x asked") + ")")
-    elif lo <= 1.0 <= hi:
-        line += (f", {best}: an interval that holds 1.0: no measurable difference at this run's "
-                 "resolution")
-    else:
-        unbracketed = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
-        line += (f", {best}: undecided, {' and '.join(unbracketed)} not bracketed (no rate that missed the SLO "
-                 "above one that met it: a knee past the rates measured is a bound, not a measurement)")
-    line += f". The knees rest on {judged} ({ends})"
-    line += replication_words(h)
+    return (f"{h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the request rate of {h['against']} "
+            f"({best_words(summary, h['against'])}) with the same memory: {verdict_words(h)}.")
+
+
+def evidence_sentence(summary: dict) -> str | None:
+    """What the headline rests on, beneath it: points, streams and judged requests per engine, how they were
+    placed, why the decision stopped, how much of the width is stream-to-stream, what a longer run buys."""
+    h = summary.get("headline")
+    if not h:
+        return None
+    cap = summary.get("capacity") or {}
+    rests = "; ".join(f"{e} on {(cap.get(e) or {}).get('knee', {}).get('points', '?')} points "
+                      f"({(cap.get(e) or {}).get('knee', {}).get('streams', '?')} independent streams, "
+                      f"{h['judged'][e]} judged requests)" for e in (h["engine"], h["against"]))
+    line = (f"Each knee is fitted from every point it may rest on (a dose-response curve of SLO attainment against "
+            f"log rate, the 90 % interval from the fit's joint posterior): {rests}. The decision stopped: "
+            + ("the interval was decided and as narrow as asked "
+               f"({h['precision']:g}x) on at least {h.get('min_points', '?')} points per engine" if h.get("stop") ==
+               "precise" else "its time was spent"))
+    line += (f". Streams differ from one another by about {100 * h.get('stream_spread', 0.0):.0f} % in the load "
+             f"they put on an engine (the fit's estimate); that spread makes up "
+             f"{100 * h.get('run_to_run_share', 0.0):.0f} % of the interval's log-width")
+    within = h.get("ratio_ci_within_runs")
+    if within:
+        line += f" (these streams' sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"
     left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}
     if left:
         line += (". Left out of the knees, their halves on two sides of the target (the load was still moving) when "
@@ -97,30 +116,16 @@ def headline_sentence(summary: dict) -> str | None:
         line += (f". A low-resolution run{spent}: it can tell a difference of {h['resolvable_ratio']:.2f}x from "
                  f"none; a run 20 minutes longer would resolve a {longer:.2f}x difference")
         if more is not None and more > 0:
-            line += (f", and about {minutes(more)} more of arrivals at the bracket ends would narrow the interval to "
-                     f"{h['precision']:g}x")
+            line += (f", and about {minutes(more)} more of arrivals at points like these would narrow the interval "
+                     f"to {h['precision']:g}x")
         elif more is not None:
             line += (f"; the interval is already as narrow as asked ({h['precision']:g}x) and still holds 1.0: any "
                      "difference is smaller than this run can tell")
+    roles = {e: c.get("role") for e, c in cap.items()}
+    screened = [e for e, r in roles.items() if r == "screened"]
+    if screened:
+        line += (". Screened (searched within a bounded time, not decided on): " + ", ".join(screened))
     return line + "."
-
-
-def replication_words(h: dict) -> str:
-    """How many independent realizations the headline rests on, and how much of its width is run-to-run."""
-    reps = h.get("replications")
-    if not reps:
-        return ""
-    counts = ", ".join(f"{e} {n}" for e, n in reps.items())
-    within = h.get("ratio_ci_within_runs")
-    line = (f". Each engine's bracket ends were judged on independent realizations of their streams, measured in "
-            f"rounds alternating the two engines ({counts}); the interval resamples those rounds, and run-to-run "
-            f"variation makes up {100 * h.get('run_to_run_share', 0.0):.0f} % of its log-width")
-    if within:
-        line += f" (one realization's sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"
-    if min(reps.values()) < 3:
-        line += ("; fewer than the 3 realizations the decision asks for: the time ran out first, and the interval "
-                 "cannot yet hold the variation between runs")
-    return line
 
 
 def end_words(p: dict) -> str:
@@ -154,7 +159,7 @@ def capacity_sentence(summary: dict) -> str:
 
 
 def bound_sentence(capacity: dict) -> str:
-    parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee']['offered_rps']:.2f} req/s)"
+    parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee_point']['offered_rps']:.2f} req/s)"
              for e, c in sorted(capacity.items(), key=lambda kv: -kv[1]["sustained_rps"]) if "bound" in c]
     return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
 
@@ -188,7 +193,7 @@ def steady_sentence(capacity: dict) -> str | None:
 
 
 def knee_cells(c: dict) -> list[str]:
-    k = c.get("knee")
+    k = c.get("knee_point")
     if not k:
         return ["n/a"] * 7
     return [f"{c['bound']}", fmt(k["kv_usage"], "%"), fmt(k["waiting_for_memory_share"], "%"), fmt(k["running"]),
@@ -288,8 +293,9 @@ def method_words(summary: dict, design: dict | None) -> str:
            "batch-means 90 % intervals. ")
     if design:
         how += ("Each engine's rates come from its own knee search (from 0.75x its calibrated saturation rate, "
-                "steps of x1.6, x1.6^2, ... until one rate meets the SLO and a higher one misses it, then geometric "
-                "bisection on a grid of 2^(1/16)), under these rules: " + "; ".join(design["rules"]) + ". ")
+                "steps of x1.6, x1.6^2, ... until one rate meets the SLO and a higher one misses it, on a grid of "
+                "2^(1/16)); the headline's two engines then get points placed around their fitted knees, under these "
+                "rules: " + "; ".join(design["rules"]) + ". ")
     if summary.get("headline"):
         how += f"Intervals: {summary['headline']['method']}. "
     how += ("Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
@@ -305,7 +311,7 @@ def capacity_section(summary: dict, budget_bytes: int | None = None, design: dic
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime_words(summary, budget_bytes)
-    lines = [x for x in (headline_sentence(summary), steady_sentence(cap)) if x]
+    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(cap)) if x]
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
     body = words + fig_html(curves(cap)) + capacity_table(summary)
     if summary.get("capacity_by_budget"):

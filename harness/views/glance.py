@@ -11,12 +11,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from harness.analysis.summary import SHARE_COLUMNS
+from harness.views.capacity import verdict_words
 from harness.views.html import CATEGORY_COLORS, CATEGORY_LABELS, fig_html
 
 
 def knee_shares(c: dict) -> list[float | None]:
     """The Figure-2 shares (in %) at the engine's knee point: where its memory went when it stopped keeping up."""
-    rate = (c.get("knee") or {}).get("offered_rps")
+    rate = (c.get("knee_point") or {}).get("offered_rps")
     point = next((p for p in c["points"] if p["offered_rps"] == rate), None)
     return [None if point is None or point.get(k) is None else 100 * point[k] for k in SHARE_COLUMNS]
 
@@ -61,10 +62,8 @@ def glance(summary: dict) -> str:
     if not cap:
         return ""
     order = sorted(cap, key=lambda e: cap[e]["sustained_rps"])
-    verdict = "no headline" if not h else (
-        f"{h['ratio']:.2f}x [{h['ratio_ci'][0]:.2f}, {h['ratio_ci'][1]:.2f}]: "
-        + ("decided" if h["decided"] else "no measurable difference"
-           if h["ratio_ci"][0] <= 1.0 <= h["ratio_ci"][1] else "undecided, a knee not bracketed"))
+    verdict = "no headline" if not h else f"{h['ratio']:.2f}x [{h['ratio_ci'][0]:.2f}, {h['ratio_ci'][1]:.2f}]: " \
+        + verdict_words(h)
     fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.3, 0.32], horizontal_spacing=0.1,
                         subplot_titles=("sustained req/s at the SLO, 90 % interval", f"headline ratio: {verdict}",
                                         "memory at the knee, % of KV"))

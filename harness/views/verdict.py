@@ -8,7 +8,7 @@ import pandas as pd
 from harness.analysis.headline import PAGED
 from harness.analysis.rundir import warmup_s
 from harness.analysis.summary import SHARE_COLUMNS
-from harness.views.capacity import bound_sentence, capacity_sentence, headline_sentence
+from harness.views.capacity import bound_sentence, capacity_sentence, evidence_sentence, headline_sentence
 from harness.views.glance import glance
 from harness.views.html import ESC, fmt, link, mib, section, table
 
@@ -81,6 +81,8 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
         if summary.get("headline"):
             out.append(link("capacity", headline_sentence(summary)))
         out.append(link("capacity", capacity_sentence(summary)))
+        if summary.get("headline"):
+            out.append(link("capacity", evidence_sentence(summary)))
         if any("bound" in c for c in summary["capacity"].values()):
             out.append(link("capacity", bound_sentence(summary["capacity"])))
     else:  # one offered rate: goodput at it is the measure of what memory bought

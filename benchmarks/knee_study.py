@@ -1,0 +1,388 @@
+"""A simulation study of the knee estimate (harness/analysis/kneefit.py), the placement of points and the stop
+(harness/analysis/placement.py) as the bench uses them: how often the headline ratio's 90 % interval covers the
+true ratio, how wide it is, and how often it decides, at known true ratios (issue 58).
+
+Run by hand:  .venv/bin/python benchmarks/knee_study.py [--runs 200] [--json] [--seed S] [--jobs 2]
+
+Each synthetic run has two engines, paged and static-oracle, with true knees k_paged = true_ratio x k_static.
+An engine's requests meet the SLO with probability
+
+    p(r) = sigmoid(logit(0.9) - b * (log r + u - log k))
+
+at offered rate r, u ~ Normal(0, s^2) drawn afresh for each point (every point is a fresh stream). Within a point
+requests come in bursts of geometric length (mean `--burst-mean`, 1.5: a design effect of 2 x 1.5 - 1 = 2) that
+share one outcome, as requests caught in one episode of queueing do. A point judges `--judged` requests; one whose
+Wilson interval at its effective size lies under the target stops as soon as it has `--early-judged` (the bench's
+clear miss). A point costs warm-up + judged / rate + drain seconds.
+
+The flow mirrors the bench: each engine's knee bracketed by knee.KneeSearch from 0.75 x its calibrated rate (the
+calibration drawn around 1.6 x its true knee), stepping by 1.6, stopping once bracketed or its search time spent;
+then decision turns in ABBA order (paged, static, static, paged, ...), each giving one engine one point at
+placement.next_rate(its estimate, its turn) on a fresh stream, the fit redone after every turn, until
+placement.done(...) or the decision's time is spent.
+
+Where the defaults come from (estimates from recorded runs, to be replaced by measured values once issue 58's
+replication study has measured them):
+- b = 25: the issue's recorded run b3 had paged's bracket at 3.36 req/s met and 3.83 req/s at 22-33 % attainment,
+  the logit falling about 3.5 over log(3.83 / 3.36) = 0.13 in log rate, b ~ 25.
+- s = 0.08: adjacent streams of mixed-churn ask up to a quarter more or fewer output tokens in their first 30 s
+  (the issue), a shift in log load of up to about +-0.2, sd about 0.08.
+- k_static = 2.0 req/s: static-oracle's bracket in the issue's first run, [1.48, 2.38] req/s.
+- 450 s of decision and 120 s of search per engine: the shares of the bench's default budget (issue 58: about
+  250 s of 830 went to the decision before the time given to hf and static-max was moved to it).
+- warm-up 4 s and drain 3 s a point, burst mean 1.5 (design effect 2): what recorded runs' points spent and showed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from harness.analysis import kneefit, placement
+from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, design_effect
+from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.steady import wilson
+from workloads.streams import grid_index
+
+PAGED, STATIC = "paged", "static-oracle"
+ABBA = (PAGED, STATIC, STATIC, PAGED)  # the decision's turn order, repeated
+TARGET = 0.9
+RATIOS = (1.0, 1.3, 1.7)
+PRECISION = 1.5  # the headline's hi / lo asked (the bench's default --precision)
+
+
+def remembered(likelihood):
+    """kneefit's likelihood grid, remembered for inputs it has seen: a decision turn adds a point to one engine,
+    and the fit after it recomputes the other's grid from the same points (nine tenths of a fit's time). The same
+    function on the same inputs: the fit's figures are unchanged, only computed once."""
+    memo: dict[tuple, np.ndarray] = {}
+
+    def cached(data, log_knees, target, *args, **kwargs):
+        key = (data.log_rate.tobytes(), data.met.tobytes(), data.judged.tobytes(), log_knees.tobytes(), target,
+               repr(args), repr(sorted(kwargs.items())))
+        if key not in memo:
+            if len(memo) > 64:
+                memo.clear()
+            memo[key] = likelihood(data, log_knees, target, *args, **kwargs)
+        return memo[key]
+
+    cached.remembers = True
+    return cached
+
+
+if not getattr(kneefit.log_likelihood, "remembers", False):
+    kneefit.log_likelihood = remembered(kneefit.log_likelihood)
+
+
+@dataclass(frozen=True)
+class Params:
+    """One study's settings: the truth, the points and the time, as the CLI sets them."""
+
+    k_static_rps: float = 2.0
+    slope_b: float = 25.0
+    spread_s: float = 0.08
+    slope_ratio: float = 1.0  # static-oracle's true slope over paged's
+    judged: int = 50
+    early_judged: int = 10
+    burst_mean: float = 1.5
+    warmup_s: float = 4.0
+    drain_s: float = 3.0
+    switch_s: float = 0.0  # a server restart when the decision turns from one engine to the other
+    search_s: float = 120.0
+    decision_s: float = 450.0
+    calibration_factor: float = 1.6
+    calibration_sd: float = 0.2
+    search_start: float = 0.75
+    step: float = 1.6
+    search_points: int = 8
+    stop_rule: bool = True  # False: the decision ignores placement.done and runs until its time is spent
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine's truth: where its curve crosses the target and how steeply it falls there."""
+
+    name: str
+    knee_rps: float
+    slope_b: float
+
+
+@dataclass
+class Run:
+    """One synthetic run as it goes: its points, a serial for fresh stream keys, its random draws."""
+
+    prm: Params
+    rng: np.random.Generator
+    points: dict[str, list[Judged]]
+    serial: int = 0
+
+    def key(self, rate_rps: float) -> str:
+        """A fresh stream for every point: u is drawn per point, so no two points may share a key."""
+        self.serial += 1
+        return f"g{grid_index(rate_rps)}r{self.serial}"
+
+
+def attainment_p(engine: Engine, rate_rps: float, shift_u: float) -> float:
+    """The true probability that a request meets the SLO at this rate on a stream whose load is shifted by u."""
+    eta = math.log(TARGET / (1 - TARGET)) - engine.slope_b * (math.log(rate_rps) + shift_u - math.log(engine.knee_rps))
+    return 1.0 / (1.0 + math.exp(-eta))
+
+
+def bursty_verdicts(rng: np.random.Generator, p: float, n: int, burst_mean: float) -> np.ndarray:
+    """n verdicts in arrival order, in bursts of geometric length sharing one outcome: a design effect over 1,
+    as real runs show (one episode of queueing decides a burst)."""
+    lengths = rng.geometric(1.0 / burst_mean, size=n)
+    outcomes = (rng.random(n) < p).astype(float)
+    return np.repeat(outcomes, lengths)[:n]
+
+
+def clear_miss_at(met: np.ndarray, early: int, d: float) -> int | None:
+    """Where a point whose Wilson interval (at the effective size, judged over the design effect d) lies under
+    the target stops, as the bench's points do; None when it never does."""
+    for k in range(early, len(met)):
+        if wilson(float(met[:k].sum()) / d, k / d)[1] < TARGET:
+            return k
+    return None
+
+
+def measure(run: Run, engine: Engine, rate_rps: float, left_s: float) -> tuple[Judged, float]:
+    """One point on a fresh stream: its judged verdicts and the seconds it took. Judging stops at a clear miss
+    or when the time left is spent (the bench's stop_by); the design effect for the clear-miss test is the
+    engine's, from its earlier points and this one's first `early_judged` verdicts."""
+    prm = run.prm
+    p = attainment_p(engine, rate_rps, run.rng.normal(0.0, prm.spread_s))
+    n = max(1, min(prm.judged, int((left_s - prm.warmup_s) * rate_rps)))
+    met = bursty_verdicts(run.rng, p, n, prm.burst_mean)
+    key = run.key(rate_rps)
+    early = min(prm.early_judged, n)
+    d = design_effect([*run.points[engine.name], Judged(rate_rps, key, met[:early], np.arange(early))])
+    stop = clear_miss_at(met, early, d)
+    met = met[:stop] if stop is not None else met
+    point = Judged(rate_rps, key, met, np.arange(len(met)))
+    run.points[engine.name].append(point)
+    return point, prm.warmup_s + len(met) / rate_rps + prm.drain_s
+
+
+def fits(prm: Params, rate_rps: float, left_s: float, judged: int) -> bool:
+    """A point fits when its warm-up and `judged` arrivals do (the bench's least time for a point)."""
+    return prm.warmup_s + judged / rate_rps <= left_s
+
+
+def search(run: Run, engine: Engine) -> KneeSearch:
+    """The bracket: from 0.75 x a calibration drawn around 1.6 x the true knee, stepping by 1.6, until a rate
+    that met the target lies below one that missed it, or the search's time is spent."""
+    prm = run.prm
+    calibrated = prm.calibration_factor * engine.knee_rps * math.exp(run.rng.normal(0.0, prm.calibration_sd))
+    ks = KneeSearch(max(prm.search_start * calibrated, 0.05), TARGET, step=prm.step, max_points=prm.search_points)
+    left_s = prm.search_s
+    while (rate := ks.next_rate()) is not None and fits(prm, rate, left_s, prm.early_judged):
+        point, took_s = measure(run, engine, rate, left_s)
+        left_s -= took_s
+        ks.record(rate, point.attainment)
+        if all(end is not None for end in ks.bracket()):
+            break
+    return ks
+
+
+def headline(kf: KneeFit) -> tuple[float, float, float, bool, bool]:
+    """(ratio, lo, hi, decided, precise) as the bench reads them: decided when the interval excludes 1.0 and
+    both knees are bracketed; precise when hi / lo is at most the precision asked."""
+    ratio, (lo, hi) = kf.ratio(PAGED, STATIC)
+    both = all(kf.estimates[e].bracketed for e in (PAGED, STATIC))
+    return ratio, lo, hi, both and not lo <= 1.0 <= hi, hi <= PRECISION * lo
+
+
+def turn_rate(kf: KneeFit, engine: str, searches: dict[str, KneeSearch], turns: dict[str, int]) -> float:
+    """An engine's next rate: its search's next while its knee is not bracketed (the bench brackets first),
+    else placement's, alternating sides around the fitted knee."""
+    if not kf.estimates[engine].bracketed:
+        ks = replace(searches[engine], max_points=10**6)
+        rate = ks.next_rate()
+        if rate is not None:
+            return rate
+    rate = placement.next_rate(kf.estimates[engine], turns[engine])
+    turns[engine] += 1
+    return rate
+
+
+def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]) -> tuple[KneeFit, str, float]:
+    """The decision's turns (ABBA), refitting after each, until placement.done or the time is spent: the last
+    fit, why it stopped, and the seconds it used."""
+    prm = run.prm
+    left_s, turns, turn, last = prm.decision_s, {PAGED: 0, STATIC: 0}, 0, None
+    while True:
+        kf = fit(run.points, TARGET)
+        _, _, _, decided, precise = headline(kf)
+        counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
+        if prm.stop_rule and placement.done(decided, precise, counts):
+            return kf, "precise", prm.decision_s - left_s
+        engine = ABBA[turn % len(ABBA)]
+        rate = turn_rate(kf, engine, searches, turns)
+        switch_s = prm.switch_s if last not in (None, engine) else 0.0
+        if not fits(prm, rate, left_s - switch_s - prm.drain_s, prm.judged):
+            return kf, "time spent", prm.decision_s - left_s
+        _, took_s = measure(run, engines[engine], rate, left_s - switch_s)
+        left_s -= took_s + switch_s
+        turn, last = turn + 1, engine
+
+
+def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
+    """One synthetic run at a true ratio, from its own seed (the same whatever else runs beside it)."""
+    ratio_key = round(true_ratio * 1000)
+    run = Run(prm, np.random.default_rng([seed, ratio_key, index]), {PAGED: [], STATIC: []})
+    engines = {PAGED: Engine(PAGED, true_ratio * prm.k_static_rps, prm.slope_b),
+               STATIC: Engine(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio)}
+    searches = {e: search(run, engines[e]) for e in (PAGED, STATIC)}
+    search_points = {e: len(run.points[e]) for e in (PAGED, STATIC)}
+    kf, stop, used_s = decide(run, engines, searches)
+    ratio, lo, hi, decided, precise = headline(kf)
+    return {"true_ratio": true_ratio, "ratio": ratio, "lo": lo, "hi": hi, "covered": lo <= true_ratio <= hi,
+            "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
+            "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
+            "spread_s_fit": kf.spread_s,
+            "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].knee_rps <= kf.estimates[e].ci[1]
+                             for e in (PAGED, STATIC)}}
+
+
+def _task(args: tuple) -> dict:
+    return one_run(*args)
+
+
+def summarize(true_ratio: float, runs: list[dict]) -> dict:
+    """A row of the table: coverage (with its Monte Carlo standard error), width, decisions, points and stops,
+    and where the misses fall (true ratio above the interval or below it)."""
+    n = len(runs)
+    cover = sum(r["covered"] for r in runs) / n
+    return {"true_ratio": true_ratio, "runs": n, "coverage": round(cover, 4),
+            "coverage_se": round(math.sqrt(cover * (1 - cover) / n), 4),
+            "median_hi_lo": round(float(np.median([r["hi"] / r["lo"] for r in runs])), 4),
+            "decided_share": round(sum(r["decided"] for r in runs) / n, 4),
+            "precise_stop_share": round(sum(r["stop"] == "precise" for r in runs) / n, 4),
+            "time_spent_share": round(sum(r["stop"] == "time spent" for r in runs) / n, 4),
+            "median_points_paged": float(np.median([r["points"][PAGED] for r in runs])),
+            "median_points_static": float(np.median([r["points"][STATIC] for r in runs])),
+            "median_ratio": round(float(np.median([r["ratio"] for r in runs])), 4),
+            "miss_below": round(sum(r["hi"] < true_ratio for r in runs) / n, 4),  # interval under the truth
+            "miss_above": round(sum(r["lo"] > true_ratio for r in runs) / n, 4),  # interval over the truth
+            "knee_coverage_paged": round(sum(r["knee_covered"][PAGED] for r in runs) / n, 4),
+            "knee_coverage_static": round(sum(r["knee_covered"][STATIC] for r in runs) / n, 4),
+            "median_spread_s_fit": round(float(np.median([r["spread_s_fit"] for r in runs])), 4),
+            "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1)}
+
+
+def study(prm: Params, ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed: int = 0, jobs: int = 1,
+          progress=None) -> dict:
+    """Every true ratio's runs, summarized: {"rows": [...]} (the issue's contract), one row per true ratio. The
+    runs go round the ratios (run 0 of each, then run 1...), so that a study cut short still has every ratio;
+    `progress(results, total)` sees the runs as they finish."""
+    tasks = [(prm, r, seed, i) for i in range(runs) for r in ratios]
+    results: list[dict] = []
+    if jobs > 1:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for res in pool.imap_unordered(_task, tasks):
+                results.append(res)
+                progress and progress(results, len(tasks))
+    else:
+        for t in tasks:
+            results.append(_task(t))
+            progress and progress(results, len(tasks))
+    return rows_of(results, ratios)
+
+
+def rows_of(results: list[dict], ratios: tuple[float, ...]) -> dict:
+    return {"rows": [summarize(r, mine) for r in ratios if (mine := [x for x in results if x["true_ratio"] == r])]}
+
+
+def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
+    """Progress on stderr (--json's stdout stays one JSON document) and, with --partial, the rows so far written
+    to a file every few runs: a long study read before it ends."""
+
+    def show(results: list[dict], total: int) -> None:
+        done = len(results)
+        if done == total or done % 5 == 0:
+            end = "\n" if done == total else ""
+            print(f"\rknee study: {done}/{total} runs", end=end, file=sys.stderr, flush=True)
+            if partial_path:
+                Path(partial_path).write_text(json.dumps(rows_of(results, ratios)))
+
+    return show
+
+
+COLUMNS = [("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
+           ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
+           ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
+           ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
+           ("median_points_static", "pts static", "{:.1f}"), ("median_ratio", "med ratio", "{:.3f}"),
+           ("miss_below", "miss<", "{:.3f}"), ("miss_above", "miss>", "{:.3f}"),
+           ("median_spread_s_fit", "s fit", "{:.3f}")]
+
+
+def table(result: dict, prm: Params) -> str:
+    """The readable form: the settings, then one line per true ratio."""
+    head = "  ".join(f"{h:>10}" for _, h, _ in COLUMNS)
+    settings = ", ".join(f"{k}={v}" for k, v in asdict(prm).items())
+    lines = [f"knee study ({100 * CONFIDENCE:.0f} % intervals): {settings}", head]
+    for row in result["rows"]:
+        lines.append("  ".join(f"{fmt.format(row[k]):>10}" for k, _, fmt in COLUMNS))
+    lines.append("miss< : share of runs whose interval lies under the true ratio; miss> : over it; "
+                 "s fit: the fit's median stream spread")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    d = Params()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--runs", type=int, default=200, help="synthetic runs per true ratio")
+    ap.add_argument("--json", action="store_true", help='print {"rows": [...]} on stdout instead of a table')
+    ap.add_argument("--seed", type=int, default=0, help="the study's seed (each run draws from its own)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (the machine has 2 busy cores)")
+    ap.add_argument("--ratios", default=",".join(map(str, RATIOS)), help="true ratios paged / static-oracle")
+    ap.add_argument("--k-static", type=float, default=d.k_static_rps, help="static-oracle's true knee, req/s")
+    ap.add_argument("--slope", type=float, default=d.slope_b, help="b: logit attainment's fall per unit of log rate")
+    ap.add_argument("--spread", type=float, default=d.spread_s, help="s: sd of a stream's shift in log load")
+    ap.add_argument("--slope-ratio", type=float, default=d.slope_ratio, help="static-oracle's true slope over paged's")
+    ap.add_argument("--judged", type=int, default=d.judged, help="judged requests a point takes")
+    ap.add_argument("--early-judged", type=int, default=d.early_judged, help="a clear miss stops at this many")
+    ap.add_argument("--burst-mean", type=float, default=d.burst_mean, 
+                    help="mean burst length (requests sharing a fate)")
+    ap.add_argument("--warmup-s", type=float, default=d.warmup_s, help="a point's warm-up, s")
+    ap.add_argument("--drain-s", type=float, default=d.drain_s, help="a point's drain, s")
+    ap.add_argument("--switch-s", type=float, default=d.switch_s, 
+                    help="a server restart when the turn changes engine, s")
+    ap.add_argument("--search-s", type=float, default=d.search_s, help="each engine's search time, s")
+    ap.add_argument("--decision-s", type=float, default=d.decision_s, help="the decision phase's time, s")
+    ap.add_argument("--calibration-sd", type=float, default=d.calibration_sd,
+                    help="sd of log calibrated rate around 1.6 x the true knee")
+    ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
+    ap.add_argument("--stop", choices=("rule", "time"), default="rule",
+                    help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
+                         "optional stopping: tells the interval's calibration from the stop rule's looks)")
+    return ap
+
+
+def params_of(a: argparse.Namespace) -> Params:
+    return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
+                  judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
+                  drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
+                  calibration_sd=a.calibration_sd, stop_rule=a.stop == "rule")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    prm = params_of(a)
+    ratios = tuple(float(x) for x in a.ratios.split(","))
+    result = study(prm, ratios, a.runs, a.seed, a.jobs, progress_to(a.partial, ratios))
+    print(json.dumps(result) if a.json else table(result, prm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

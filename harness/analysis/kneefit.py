@@ -1,0 +1,168 @@
+"""The knee from every point: SLO attainment against log offered rate fitted with a monotone dose-response model,
+and the knee read where the fit crosses the target (the ED90 of bioassay at a 90 % target; Finney).
+
+The model. A point is one stream (an independent realization of its rate: workloads/streams.key_of) judged at
+one offered rate r. Its requests meet the SLO with probability
+
+    p(r) = sigmoid(logit(t) - b * (log r + u - log knee))
+
+where t is the attainment target, `knee` the engine's sustained rate (p = t there), b the slope (how fast
+attainment tips as the load grows, per unit of log rate) and u the stream's own effect: a stream that asks for a
+quarter more tokens than its neighbour loads the engine as a quarter higher rate would, so u is a shift in log
+load, u ~ Normal(0, s^2), one draw per stream (a per-stream random effect). Within a point, requests that arrive
+in one burst share a fate: its judged and met counts are divided by the engine's design effect (knee.py
+`design_effect`) before they enter the binomial likelihood. b and s are shared by every engine of one fit (one
+workload, one SLO: how fast a queue tips with load and how much one stream differs from the next are properties
+of the arrivals more than of the engine), each engine has its own knee.
+
+The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends: a
+knee past every rate measured is a bound the step limits, as it always was), on log b (SLOPES) and on s
+(SPREADS); u integrated out by Gauss-Hermite quadrature, the posterior computed on a grid, exactly. Draws of
+(b, s) come from their joint marginal over every engine, then each engine's knee from its conditional given
+them: a ratio's draws are joint (the same b and s in both knees). An estimate is the posterior median, its
+interval the central 90 %: the knee and a ratio of knees read the same way, so an interval always holds its
+estimate. Its width comes from where the variance arises: the binomial draw inside each stream, and the
+stream-to-stream spread s, which a run estimates from how far its points scatter around the curve (a run's
+points are its streams: two realizations of one rate disagreeing is what makes s large).
+
+Points of two engines that judged one stream share its u in truth; the fit treats them as independent, which
+can only widen a ratio's interval (pairing cancels the shared part).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from harness.analysis.knee import CONFIDENCE, Judged, central, design_effect, knee_points, named_rng, pooled
+
+METHOD = "dose-response fit"
+SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit of log rate (0.9 -> 0.5 over 2.2/b)
+SPREADS = np.array([0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3])  # s: sd of a stream's shift in log load
+KNEE_CELLS = 161  # the log-knee grid, per engine
+DRAWS = 4000
+EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
+_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(9)  # probabilists' Hermite: E[f(Z)], Z ~ N(0, 1)
+_LOG_W = np.log(_WEIGHTS / _WEIGHTS.sum())
+SEED = 20261204
+
+
+@dataclass(frozen=True)
+class KneeEstimate:
+    """One engine's knee: its sustained rate, the interval, what it rests on."""
+
+    engine: str
+    rps: float
+    ci: tuple[float, float]
+    points: int  # points the fit rests on (knee.knee_points: unsteady points left out)
+    streams: int  # independent streams among them (distinct keys): the replications the estimate rests on
+    judged: int  # judged requests at those points
+    bracketed: bool  # a rate that met the SLO below one that missed it: a knee measured, not a bound
+    method: str = METHOD
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "points": self.points, "streams": self.streams, "judged": self.judged,
+                "rps": round(self.rps, 4), "ci": [round(self.ci[0], 4), round(self.ci[1], 4)],
+                "bracketed": self.bracketed}
+
+
+@dataclass(frozen=True)
+class KneeFit:
+    """Every engine's knee from one joint fit, and the joint draws that their ratios are read from."""
+
+    estimates: dict[str, KneeEstimate]
+    log_knees: dict[str, np.ndarray]  # per engine, DRAWS joint posterior draws of log knee
+    spread_s: float  # posterior median of s, the stream-to-stream spread in log load
+
+    def ratio(self, a: str, b: str) -> tuple[float, tuple[float, float]]:
+        """a's knee over b's: the posterior median and central interval of the joint draws."""
+        draws = np.exp(self.log_knees[a] - self.log_knees[b])
+        lo, hi = central(draws, CONFIDENCE)
+        return float(np.median(draws)), (lo, hi)
+
+    def sd(self, engine: str) -> float:
+        """The sd of an engine's log knee: its share of a ratio's uncertainty."""
+        return float(np.std(self.log_knees[engine]))
+
+
+@dataclass(frozen=True)
+class _Data:
+    """An engine's points as the likelihood reads them: log rates and effective counts."""
+
+    log_rate: np.ndarray
+    met: np.ndarray
+    judged: np.ndarray
+
+    @classmethod
+    def of(cls, points: list[Judged]) -> _Data:
+        d = design_effect(points)
+        return cls(np.log([p.offered_rps for p in points]), np.array([p.met.sum() / d for p in points]),
+                   np.array([len(p.met) / d for p in points]))
+
+
+def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: np.ndarray = SPREADS) -> np.ndarray:
+    """log P(points | knee, b, s) on the grid: (knees x SLOPES x spreads), u integrated out per point."""
+    lt = math.log(target / (1 - target))
+    # eta: knees x slopes x spreads x nodes x points
+    shift = data.log_rate[None, None, None, None, :] + spreads[None, None, :, None, None] * _NODES[None, None, None, :,
+                                                                                                    None]
+    eta = lt - SLOPES[None, :, None, None, None] * (shift - log_knees[:, None, None, None, None])
+    log_p, log_q = -np.logaddexp(0.0, -eta), -np.logaddexp(0.0, eta)
+    per_node = data.met * log_p + (data.judged - data.met) * log_q + _LOG_W[None, None, None, :, None]
+    return logsumexp(per_node, axis=3).sum(axis=-1)
+
+
+def knee_grid(points: list[Judged]) -> np.ndarray:
+    rates = [p.offered_rps for p in points]
+    return np.linspace(math.log(min(rates) / EDGE), math.log(max(rates) * EDGE), KNEE_CELLS)
+
+
+def bracketed(points: list[Judged], target: float) -> bool:
+    """A rate (its replications pooled) that met the target below one that missed it, among the points a knee
+    rests on: the knee measured, not a bound past (every rate met) or under (none did) the rates measured."""
+    rows = [(p.offered_rps, p.attainment) for p in pooled(knee_points(points))]
+    fails = [r for r, a in rows if a < target]
+    return bool(fails) and any(a >= target and r < min(fails) for r, a in rows)
+
+
+def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
+        seed: int = SEED) -> KneeFit | None:
+    """Every engine's knee from one joint fit on the points a knee rests on; None when no engine has any."""
+    pts = {e: knee_points(p) for e, p in points.items() if p}
+    pts = {e: p for e, p in pts.items() if p}
+    if not pts:
+        return None
+    grids = {e: knee_grid(p) for e, p in pts.items()}
+    ll = {e: log_likelihood(_Data.of(p), grids[e], target, spreads) for e, p in pts.items()}
+    # (b, s): the joint marginal over every engine (flat priors), each engine's knee summed out
+    cells = sum(logsumexp(v, axis=0) for v in ll.values())
+    rng = np.random.default_rng(seed)
+    cell = rng.choice(cells.size, size=DRAWS, p=softmax(cells.ravel()))
+    b_i, s_i = np.unravel_index(cell, cells.shape)
+    log_knees = {e: draw_knees(ll[e], grids[e], b_i, s_i, named_rng(seed, e)) for e in pts}
+    estimates = {e: estimate(e, pts[e], log_knees[e], target) for e in pts}
+    return KneeFit(estimates, log_knees, float(np.median(spreads[s_i])))
+
+
+def softmax(log_w: np.ndarray) -> np.ndarray:
+    w = np.exp(log_w - log_w.max())
+    return w / w.sum()
+
+
+def draw_knees(ll: np.ndarray, grid: np.ndarray, b_i: np.ndarray, s_i: np.ndarray,
+               rng: np.random.Generator) -> np.ndarray:
+    """One log knee per (b, s) draw from its conditional on the grid, spread uniformly inside its cell."""
+    cond = ll[:, b_i, s_i]  # knees x draws
+    cdf = np.cumsum(np.exp(cond - cond.max(axis=0)), axis=0)
+    at = (cdf < rng.random(len(b_i)) * cdf[-1]).sum(axis=0)
+    width = grid[1] - grid[0]
+    return grid[np.minimum(at, len(grid) - 1)] + width * (rng.random(len(b_i)) - 0.5)
+
+
+def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:
+    lo, hi = central(np.exp(log_knees), CONFIDENCE)
+    return KneeEstimate(engine, float(np.exp(np.median(log_knees))), (lo, hi), len(points),
+                        len({p.key for p in points}), int(sum(len(p.met) for p in points)), bracketed(points, target))

@@ -1,0 +1,60 @@
+"""The knee study (benchmarks/knee_study.py) on a few short runs: its --json keeps the issue's contract, its figures
+are shares and widths that make sense, a clearly faster engine is decided in most runs, and its synthetic points
+carry the burst correlation real runs show (a design effect over 1)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.analysis.knee import Judged, design_effect
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "knee_study.py"
+CONTRACT = {"true_ratio", "runs", "coverage", "median_hi_lo", "decided_share"}
+
+
+@pytest.fixture(scope="module")
+def knee_study():
+    spec = importlib.util.spec_from_file_location("knee_study", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["knee_study"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_json_rows_keep_the_contract_and_a_clear_ratio_is_decided(knee_study, capsys):
+    # a short decision phase keeps it fast; at a true ratio of 1.7 the search's brackets and a few turns decide
+    assert knee_study.main(["--runs", "3", "--ratios", "1.0,1.7", "--json", "--decision-s", "120", "--seed", "3"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["true_ratio"] for r in rows] == [1.0, 1.7]
+    for row in rows:
+        assert CONTRACT <= set(row)
+        assert row["runs"] == 3
+        assert 0.0 <= row["coverage"] <= 1.0 and 0.0 <= row["decided_share"] <= 1.0
+        assert row["median_hi_lo"] >= 1.0
+        assert row["precise_stop_share"] + row["time_spent_share"] == pytest.approx(1.0)
+    assert rows[1]["decided_share"] >= 2 / 3
+    assert 1.3 < rows[1]["median_ratio"] < 2.2
+
+
+def test_points_judge_their_requests_in_bursts_that_share_a_fate(knee_study):
+    rng = np.random.default_rng(0)
+    points = [Judged(1.0, f"g0r{i}", knee_study.bursty_verdicts(rng, 0.5, 200, 1.5), np.arange(200))
+              for i in range(10)]
+    assert 1.5 < design_effect(points) < 2.6  # geometric bursts of mean 1.5: 2 x 1.5 - 1 = 2
+
+
+def test_a_clear_miss_stops_early_and_a_pass_does_not(knee_study):
+    assert knee_study.clear_miss_at(np.zeros(50), 10, 1.0) == 10
+    assert knee_study.clear_miss_at(np.ones(50), 10, 1.0) is None
+
+
+def test_help_states_every_default(knee_study):
+    ap = knee_study.parser()
+    flags = [a for a in ap._actions if a.dest != "help"]
+    assert ap.format_help().count("(default:") == len(flags)

@@ -1,0 +1,136 @@
+"""The knee from every point (issue 58): a dose-response fit of SLO attainment against log rate, its interval
+from where the variance arises (each point's binomial draw at its effective size, the stream-to-stream spread),
+the headline read from the same joint draws, and the points placed around the fitted knee."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.analysis.headline import headline, resolvable, roles, time_to_resolve
+from harness.analysis.knee import Judged
+from harness.analysis.kneefit import fit
+from harness.analysis.placement import GRID_STEP, MIN_POINTS, done, next_rate
+from workloads.streams import key_of, snap
+
+
+def curve(rate: float, knee: float, slope: float = 25.0) -> float:
+    return 1 / (1 + math.exp(-(math.log(9) - slope * (math.log(rate) - math.log(knee)))))
+
+
+def stream(rng, rate: float, knee: float, n: int = 60, rep: int = 0, shift_sd: float = 0.0) -> Judged:
+    p = curve(rate * math.exp(rng.normal(0, shift_sd)) if shift_sd else rate, knee)
+    return Judged(rate, key_of(rate, rep), (rng.random(n) < p).astype(float), np.arange(n))
+
+
+def engine_points(rng, knee: float, factors=(0.8, 0.93, 1.0, 1.07, 1.2), **kw) -> list[Judged]:
+    return [stream(rng, snap(knee * f), knee, rep=i + 1, **kw) for i, f in enumerate(factors)]
+
+
+def test_the_fit_finds_a_known_knee_and_its_interval_holds_its_estimate():
+    """20 synthetic runs: each estimate inside its interval, and the 90 % intervals cover the true knees and
+    ratio in at least 15 of 20 (a binomial 90 % would fall under that about 4 % of the time)."""
+    rng = np.random.default_rng(3)
+    covered = {"paged": 0, "static-oracle": 0, "ratio": 0}
+    for _ in range(20):
+        f = fit({"paged": engine_points(rng, 3.0), "static-oracle": engine_points(rng, 2.0)}, 0.9)
+        for engine, truth in (("paged", 3.0), ("static-oracle", 2.0)):
+            est = f.estimates[engine]
+            assert est.ci[0] <= est.rps <= est.ci[1], est
+            assert est.bracketed and est.points == 5 and est.streams == 5 and est.judged == 300
+            covered[engine] += est.ci[0] <= truth <= est.ci[1]
+        ratio, (lo, hi) = f.ratio("paged", "static-oracle")
+        assert lo <= ratio <= hi and lo > 1.0
+        covered["ratio"] += lo <= 1.5 <= hi
+    assert min(covered.values()) >= 15, covered
+
+
+def test_more_points_narrow_the_knee_and_a_far_point_tells_little():
+    rng = np.random.default_rng(5)
+    few = fit({"paged": engine_points(rng, 3.0)}, 0.9).estimates["paged"]
+    many = fit({"paged": engine_points(rng, 3.0, factors=(0.8, 0.93, 0.97, 1.0, 1.03, 1.07, 1.2) * 2)},
+               0.9).estimates["paged"]
+    assert many.ci[1] / many.ci[0] < few.ci[1] / few.ci[0]
+    near = engine_points(rng, 3.0)
+    far = fit({"paged": [*near, stream(rng, snap(0.3), 3.0, rep=9)]}, 0.9).estimates["paged"]
+    alone = fit({"paged": near}, 0.9).estimates["paged"]
+    assert far.rps == pytest.approx(alone.rps, rel=0.03)  # 0.3 req/s met everything: nothing about 3 req/s
+
+
+def test_a_bracket_with_nothing_inside_it_holds_the_knee_between_its_ends():
+    """Every request met at 2.2 req/s and none at 2.4: one realization's curve crosses the target somewhere
+    between, and its interval says so rather than a crossing the data do not show. Three streams cannot tell how
+    far the next realization's would lie: with the stream spread free, the interval is wider than the bracket."""
+    met = [Judged(r, key_of(r), np.full(60, a), np.arange(60)) for r, a in ((2.0, 1.0), (2.2, 1.0), (2.4, 0.0))]
+    one = fit({"paged": met}, 0.9, spreads=np.zeros(1)).estimates["paged"]
+    assert 2.15 <= one.ci[0] and one.ci[1] <= 2.45 and 2.2 <= one.rps <= 2.4, one
+    free = fit({"paged": met}, 0.9).estimates["paged"]
+    assert free.ci[0] < one.ci[0] and free.ci[1] > one.ci[1]
+
+
+def test_points_that_share_a_fate_in_bursts_weigh_less_and_widen_the_interval():
+    rng = np.random.default_rng(2)
+    base = engine_points(rng, 3.0)
+    burst = [Judged(p.offered_rps, p.key, np.repeat(p.met[::10], 10), p.index) for p in base]  # runs of 10 alike
+    calm, bursty = (fit({"paged": pts}, 0.9).estimates["paged"] for pts in (base, burst))
+    assert bursty.ci[1] / bursty.ci[0] > calm.ci[1] / calm.ci[0]
+
+
+def test_two_realizations_of_a_rate_that_disagree_raise_the_stream_spread_and_the_width():
+    rng = np.random.default_rng(11)
+    agree = [stream(rng, r, 3.0, rep=k) for r in (snap(2.7), snap(3.0), snap(3.3)) for k in (1, 2, 3)]
+    noisy = [stream(rng, r, 3.0, rep=k, shift_sd=0.2) for r in (snap(2.7), snap(3.0), snap(3.3)) for k in (1, 2, 3)]
+    calm, spread = fit({"paged": agree}, 0.9), fit({"paged": noisy}, 0.9)
+    assert spread.spread_s > calm.spread_s
+    e1, e2 = calm.estimates["paged"], spread.estimates["paged"]
+    assert e2.ci[1] / e2.ci[0] > e1.ci[1] / e1.ci[0]
+
+
+def test_the_headline_is_decided_precise_and_stopped_by_one_rule():
+    rng = np.random.default_rng(4)
+    pts = {"paged": engine_points(rng, 3.0, factors=(0.8, 0.93, 0.97, 1.03, 1.07, 1.2)),
+           "static-oracle": engine_points(rng, 2.0, factors=(0.8, 0.93, 0.97, 1.03, 1.07, 1.2)),
+           "hf": engine_points(rng, 0.3, factors=(0.8, 1.2))}
+    f = fit(pts, 0.9)
+    h = headline(f, fit(pts, 0.9, spreads=np.zeros(1)), 1.5)
+    assert (h.engine, h.against) == ("paged", "static-oracle")
+    assert h.decided and h.precise and h.stop == "precise" and h.points == {"paged": 6, "static-oracle": 6}
+    assert 0.0 <= h.run_to_run_share <= 1.0 and h.to_json()["stop"] == "precise"
+    assert roles(f) == {"paged": "headline", "static-oracle": "rival", "hf": "screened"}
+    assert resolvable(h, 4.0) < resolvable(h, 1.0) and time_to_resolve(h, pts, 1.5) == 0.0
+    fewer = {e: p[:4] for e, p in pts.items()}
+    h4 = headline(fit(fewer, 0.9), None, 1.5)
+    assert h4.stop == "time spent" or min(h4.points.values()) >= MIN_POINTS
+
+
+def test_a_ratio_whose_interval_holds_one_or_whose_knee_is_a_bound_decides_nothing():
+    rng = np.random.default_rng(8)
+    same = {"paged": engine_points(rng, 2.0, factors=(0.9, 1.1)), "static-oracle": engine_points(rng, 2.0,
+                                                                                                  factors=(0.9, 1.1))}
+    h = headline(fit(same, 0.9), None, 1.5)
+    assert h.ratio_ci[0] <= 1.0 <= h.ratio_ci[1] and not h.decided and h.stop == "time spent"
+    bound = {"paged": [stream(rng, r, 30.0) for r in (2.0, 2.5)],  # every rate met: a bound
+             "static-oracle": engine_points(rng, 1.0)}
+    hb = headline(fit(bound, 0.9), None, 1.5)
+    assert hb.bracketed == {"paged": False, "static-oracle": True} and not hb.decided
+
+
+def test_the_rival_is_a_contiguous_engine_whose_open_bracket_may_reach_above_the_bracketed_leader():
+    rng = np.random.default_rng(9)
+    pts = {"paged": engine_points(rng, 3.0), "static-max": engine_points(rng, 1.0),
+           "static-oracle": [Judged(2.5, key_of(2.5), np.zeros(10), np.arange(10))]}  # every rate missed, at 2.5
+    assert headline(fit(pts, 0.9), None, 1.5).against == "static-oracle"
+    pts["static-oracle"] = [Judged(0.5, key_of(0.5), np.zeros(10), np.arange(10))]  # missed at 0.5: below
+    assert headline(fit(pts, 0.9), None, 1.5).against == "static-max"
+
+
+def test_points_are_placed_around_the_fitted_knee_alternately_above_and_below():
+    rng = np.random.default_rng(6)
+    est = fit({"paged": engine_points(rng, 3.0)}, 0.9).estimates["paged"]
+    up, down = next_rate(est, 0), next_rate(est, 1)
+    assert down < est.rps < up and snap(up) == up and snap(down) == down
+    assert math.log(up / down) >= 2 * GRID_STEP - 1e-9
+    assert done(True, True, {"a": MIN_POINTS, "b": MIN_POINTS}) and not done(True, True, {"a": MIN_POINTS - 1})
+    assert not done(False, True, {"a": 9}) and not done(True, False, {"a": 9})

@@ -1,5 +1,12 @@
 """The operating point: latency, throughput and memory where two runs judged the same requests.
 
+Every default run measures each engine first at its fixed operating point: a rate from the table in
+operating_points.json (per workload, KV budget and model, by the rule it states: half the lower end of the
+engine's sustained-rate interval in recorded runs, so a load every run sustains), on a fixed stream
+(`OPERATING_REPLICATION`: a realization no search reaches). The nightly gate compares each engine there, the same
+requests at the same load in every pair of default runs; where a pair has no such point in common (a workload,
+budget or model the table does not hold) it falls back to the rule below.
+
 Two sweeps visit different rates, but every rate lies on one grid and each grid rate (and each replication of
 it) has its own stream (workloads.streams.key_of): two points at one key judged the same requests. The nightly
 gate compares each engine at the highest key both runs judged below the knee (steady, SLO met in both) at a rate
@@ -14,15 +21,50 @@ over its engine samples in time order for memory.
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from harness.analysis.knee import CONFIDENCE, central, named_rng
+from workloads.streams import grid_index, grid_rate, key_of
 
 # figure -> whether higher is better, each gated at the operating point with its interval
 OPERATING_FIGURES = {"ttft_p50_s": False, "tpot_p50_s": False, "output_tokens_per_s": True, "kv_usage": False}
 REPLICATES = 1000
 SEED = 20261203
+TABLE = Path(__file__).with_name("operating_points.json")
+OPERATING_REPLICATION = 1000  # the operating point's own stream of its rate: no search or decision reaches it
+OPERATING_SHARE = 0.5  # of the median lower end of the sustained-rate interval in recorded runs
+OPERATING_JUDGED = 30  # requests an operating point judges: enough for a median's block-bootstrap interval
+MOST_ARRIVAL_S = 60.0  # an operating point whose judged requests would take longer to arrive is not measured
+
+
+def table_key(workload: str, budget_bytes: int, model: str) -> str:
+    return f"{Path(workload).stem}/{budget_bytes}/{Path(model).name}"
+
+
+def operating_rate(workload: str, budget_bytes: int, model: str, engine: str, table: Path = TABLE) -> float | None:
+    """The engine's operating rate for this workload, budget and model, or None where the table has none."""
+    tables = json.loads(table.read_text()).get("tables", {}) if table.is_file() else {}
+    return tables.get(table_key(workload, budget_bytes, model), {}).get(engine)
+
+
+def operating_key(rate: float) -> str:
+    return key_of(rate, OPERATING_REPLICATION)
+
+
+def rule_rate(lower_ends: list[float], judged: int = OPERATING_JUDGED) -> float | None:
+    """The table's rule: the grid rate at or under OPERATING_SHARE x the median lower end, where its judged
+    requests arrive within MOST_ARRIVAL_S."""
+    if not lower_ends:
+        return None
+    rate = grid_rate(math.floor(grid_index(OPERATING_SHARE * float(np.median(lower_ends))) + 1e-9))
+    if rate > OPERATING_SHARE * float(np.median(lower_ends)):
+        rate = grid_rate(grid_index(rate) - 1)
+    return rate if judged / rate <= MOST_ARRIVAL_S else None
 
 
 def block_indices(n: int, rng: np.random.Generator, replicates: int = REPLICATES) -> np.ndarray:
@@ -79,11 +121,16 @@ def below_knee(point: dict, attainment: float) -> bool:
 def shared_point(base: dict, new: dict) -> tuple[dict, dict] | None:
     """Two capacity blocks' operating point, as (base point, new point); None where they share none.
 
+    The fixed operating point where both runs measured it (`operating_point.keys`), else:
+
     The highest-rate stream key both runs measured below the knee, at a rate no higher than the lower end of
     either run's sustained-rate interval: a load both runs sustain with confidence. A stream inside a knee's
     interval may queue in one run and not in the other (b1 and b3 of one commit at paged's 3.83/s: TTFT p50
     0.13 and 0.64 s, TPOT p50 +16 % with intervals apart); its latency is then a queueing figure, which the
     sustained rate already gates. Ties in rate go to the first realization (the lowest key)."""
+    fixed = fixed_point(base, new)
+    if fixed is not None:
+        return fixed
     ceiling = min(lower_end(base), lower_end(new))
 
     def sustained(block: dict) -> dict[str, dict]:
@@ -101,3 +148,13 @@ def lower_end(block: dict) -> float:
     ci = block.get("sustained_rps_ci")
     low = ci[0] if ci else block.get("sustained_rps")
     return float("inf") if low is None else float(low)
+
+
+def fixed_point(base: dict, new: dict) -> tuple[dict, dict] | None:
+    """The fixed operating point both blocks measured: the same key, judged in both."""
+    keys = [set((b.get("operating_point") or {}).get("keys") or []) for b in (base, new)]
+    for key in sorted(keys[0] & keys[1]):
+        b, n = (next((p for p in blk.get("points", []) if p.get("key") == key), None) for blk in (base, new))
+        if b is not None and n is not None:
+            return b, n
+    return None

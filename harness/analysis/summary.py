@@ -269,6 +269,7 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
         out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
+        out[e]["operating_point"] = (meta.get("operating_point") or {}).get(e)  # measured first, on fixed keys
     ratios = {}
     for a in (knees.estimates if knees is not None else {}):
         for b in knees.estimates:

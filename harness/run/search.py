@@ -13,9 +13,11 @@ import numpy as np
 from harness.analysis.design import share_s
 from harness.analysis.headline import PAGED, reference_of
 from harness.analysis.knee import KneeSearch, knee_points, pooled
+from harness.analysis.operating import OPERATING_JUDGED, OPERATING_REPLICATION, operating_key, operating_rate
 from harness.analysis.placement import next_rate
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import EngineRun, Host, Visit, Visits
+from harness.units import parse_size
 from workloads.streams import replication_of
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
@@ -46,6 +48,7 @@ class KneeSearching:
         st.search = KneeSearch(max(start, 0.05), d.target, math.inf if d.tolerance is None else d.tolerance, d.step,
                                max_points=d.max_points)
         stop_by = time.time() - run.t0 + budget_s
+        self.operating_point(visit, show, stop_by)
         self.host.plain(f"{run.engine}: searching for {budget_s:.0f} s")
         while (rate := st.search.next_rate()) is not None:
             if not self.fits(run, rate, stop_by):
@@ -60,6 +63,22 @@ class KneeSearching:
                 break
         lo, hi = st.search.bracket()
         self.host.plain(f"{run.engine}: knee between {lo} and {hi} req/s after {len(st.search.measured)} points")
+
+    def operating_point(self, visit: Visit, show, stop_by: float) -> None:
+        """The engine's fixed operating point first (analysis/operating.py: a rate from the repository's table
+        for this workload, budget and model, on its own stream), at the run's own budget, where the table has
+        one: the point every pair of default runs shares, which the nightly gate compares."""
+        cfg, run = self.host.cfg, visit.run
+        if run.budget != cfg.kv_budget or run.engine in self.host.targets:
+            return
+        rate = operating_rate(cfg.workload, parse_size(run.budget), cfg.model, run.engine)
+        if rate is None:
+            return
+        self.host.run_meta.setdefault("operating_point", {})[run.engine] = {"offered_rps": rate,
+                                                                           "keys": [operating_key(rate)]}
+        self.host.plain(f"{run.engine}: its operating point, {rate:g} req/s on its fixed stream")
+        self.visits.measure(visit, rate, show, replication=OPERATING_REPLICATION, min_judged=OPERATING_JUDGED,
+                            max_judged=OPERATING_JUDGED, early_judged=OPERATING_JUDGED, fixed=True, stop_by_s=stop_by)
 
     def fixed_rates(self, visit: Visit, show) -> None:
         """--rates: every engine at the same given rates, each judged for --point-duration seconds (and

@@ -140,3 +140,22 @@ def in_point(smp: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.Se
     for lo, hi in judged_spans(window, meta):
         inside |= (smp.t_s >= lo) & (smp.t_s <= hi)
     return inside
+
+
+def time_spent(meta: dict) -> dict:
+    """How the run's time went, per engine: its set-up (server, debugging pass, calibration), its operating
+    point, its search (its first visit's other points) and the decision (points measured on later visits), in
+    seconds of load; the run's whole time beside them."""
+    op = meta.get("operating_point") or {}
+    out = {}
+    for engine, points in ((meta.get("sweep") or {}).get("points") or {}).items():
+        keys = set((op.get(engine) or {}).get("keys") or [])
+        spent = {"setup_s": float((meta.get("setup_s") or {}).get(engine, 0.0)), "operating_point_s": 0.0,
+                 "search_s": 0.0, "decision_s": 0.0}
+        for p in points:
+            for s in p.get("segments") or []:
+                phase = "operating_point_s" if p.get("key") in keys else "decision_s" if s.get("visit") else \
+                    "search_s"
+                spent[phase] += s["end_s"] - s["start_s"]
+        out[engine] = {k: round(v, 1) for k, v in spent.items()}
+    return {"bench_s": meta.get("bench_s"), "engines": out}

@@ -38,6 +38,7 @@ from harness.analysis.rundir import (
     segments,
     slo_of,
     spans,
+    time_spent,
     warmup_s,
 )
 from harness.analysis.size_classes import run_rule
@@ -369,6 +370,7 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         fits = fits_of(by_budget[own], meta)
         summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta, fits)
         summary["headline"] = headline_with(by_budget[own], meta, fits)[0]
+        summary["time_spent"] = time_spent(meta)
     if len(cfg.get("kv_budgets") or []) > 1:
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]

@@ -125,7 +125,18 @@ def evidence_sentence(summary: dict) -> str | None:
     screened = [e for e, r in roles.items() if r == "screened"]
     if screened:
         line += (". Screened (searched within a bounded time, not decided on): " + ", ".join(screened))
-    return line + "."
+    return line + "." + time_words(summary.get("time_spent"))
+
+
+def time_words(spent: dict | None) -> str:
+    """How the run's time went: per engine, set-up, operating point, search and decision, in seconds."""
+    if not spent or not spent.get("engines"):
+        return ""
+    parts = "; ".join(f"{e} {t['setup_s']:.0f} s set-up, {t['operating_point_s']:.0f} s operating point, "
+                      f"{t['search_s']:.0f} s search, {t['decision_s']:.0f} s decision"
+                      for e, t in spent["engines"].items())
+    whole = f" of {spent['bench_s']:.0f} s" if spent.get("bench_s") else ""
+    return f" How the time{whole} went (seconds of load per phase): {parts}."
 
 
 def end_words(p: dict) -> str:

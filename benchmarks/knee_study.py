@@ -103,7 +103,7 @@ class Params:
     step: float = 1.6
     search_points: int = 8
     decide_confidence: float = CONFIDENCE  # the interval "decided" reads (the bench: the reported 90 % one)
-    stop_rule: bool = True  # False: the decision ignores placement.done and runs until its time is spent
+    stop: str = "rule"  # rule: placement.done; time: until the time is spent; precise: placement.done as if decided
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         kf = fit(run.points, TARGET)
         _, _, _, decided, precise = headline(kf, prm.decide_confidence)
         counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
-        if prm.stop_rule and placement.done(decided, precise, counts):
+        if prm.stop != "time" and placement.done(decided or prm.stop == "precise", precise, counts):
             return kf, "precise", prm.decision_s - left_s
         engine = ABBA[turn % len(ABBA)]
         rate = turn_rate(kf, engine, searches, turns)
@@ -369,9 +369,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decide-confidence", type=float, default=d.decide_confidence,
                     help="the central interval whose excluding 1.0 counts as decided (the bench: the 90 %% one)")
     ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
-    ap.add_argument("--stop", choices=("rule", "time"), default="rule",
+    ap.add_argument("--stop", choices=("rule", "time", "precise"), default="rule",
                     help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
-                         "optional stopping: tells the interval's calibration from the stop rule's looks)")
+                         "optional stopping: tells the interval's calibration from the stop rule's looks); "
+                         "precise: placement.done with decided left out (a stop on the width alone)")
     return ap
 
 
@@ -379,7 +380,7 @@ def params_of(a: argparse.Namespace) -> Params:
     return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
                   judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
-                  calibration_sd=a.calibration_sd, stop_rule=a.stop == "rule",
+                  calibration_sd=a.calibration_sd, stop=a.stop,
                   decide_confidence=a.decide_confidence)
 
 

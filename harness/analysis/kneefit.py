@@ -11,15 +11,17 @@ attainment tips as the load grows, per unit of log rate) and u the stream's own 
 quarter more tokens than its neighbour loads the engine as a quarter higher rate would, so u is a shift in log
 load, u ~ Normal(0, s^2), one draw per stream (a per-stream random effect). Within a point, requests that arrive
 in one burst share a fate: its judged and met counts are divided by the engine's design effect (knee.py
-`design_effect`) before they enter the binomial likelihood. b and s are shared by every engine of one fit (one
-workload, one SLO: how fast a queue tips with load and how much one stream differs from the next are properties
-of the arrivals more than of the engine), each engine has its own knee.
+`design_effect`) before they enter the binomial likelihood. s is shared by every engine of one fit (one
+workload: how much one stream differs from the next is a property of the arrivals, and each engine's few points
+could not tell it alone); each engine has its own knee and its own slope (how fast attainment tips differs by
+engine: a paged engine's falls steeply once preemption starts, a contiguous one's OOMs at fragmentation miss a
+share of requests at every load, and a slope shared between them would push the difference into s).
 
 The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends: a
 knee past every rate measured is a bound the step limits, as it always was), on log b (SLOPES) and on s
 (SPREADS); u integrated out by Gauss-Hermite quadrature, the posterior computed on a grid, exactly. Draws of
-(b, s) come from their joint marginal over every engine, then each engine's knee from its conditional given
-them: a ratio's draws are joint (the same b and s in both knees). An estimate is the posterior median, its
+s come from its marginal over every engine, then each engine's knee from its conditional given
+them: a ratio's draws are joint (the same s in both knees). An estimate is the posterior median, its
 interval the central 90 %: the knee and a ratio of knees read the same way, so an interval always holds its
 estimate. Its width comes from where the variance arises: the binomial draw inside each stream, and the
 stream-to-stream spread s, which a run estimates from how far its points scatter around the curve (a run's
@@ -128,21 +130,24 @@ def bracketed(points: list[Judged], target: float) -> bool:
     return bool(fails) and any(a >= target and r < min(fails) for r, a in rows)
 
 
-def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
-        seed: int = SEED) -> KneeFit | None:
-    """Every engine's knee from one joint fit on the points a knee rests on; None when no engine has any."""
+def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS, seed: int = SEED,
+        shared_slope: bool = False) -> KneeFit | None:
+    """Every engine's knee from one joint fit on the points a knee rests on; None when no engine has any. The
+    stream spread s is shared by the engines; the slope b is each engine's own unless `shared_slope`."""
     pts = {e: knee_points(p) for e, p in points.items() if p}
     pts = {e: p for e, p in pts.items() if p}
     if not pts:
         return None
     grids = {e: knee_grid(p) for e, p in pts.items()}
-    ll = {e: log_likelihood(_Data.of(p), grids[e], target, spreads) for e, p in pts.items()}
-    # (b, s): the joint marginal over every engine (flat priors), each engine's knee summed out
-    cells = sum(logsumexp(v, axis=0) for v in ll.values())
+    ll = {e: log_likelihood(_Data.of(p), grids[e], target, spreads) for e, p in pts.items()}  # knee x b x s
     rng = np.random.default_rng(seed)
-    cell = rng.choice(cells.size, size=DRAWS, p=softmax(cells.ravel()))
-    b_i, s_i = np.unravel_index(cell, cells.shape)
-    log_knees = {e: draw_knees(ll[e], grids[e], b_i, s_i, named_rng(seed, e)) for e in pts}
+    if shared_slope:  # (b, s) from their joint marginal over every engine, each engine's knee summed out
+        cells = sum(logsumexp(v, axis=0) for v in ll.values())
+        b_i, s_i = np.unravel_index(rng.choice(cells.size, size=DRAWS, p=softmax(cells.ravel())), cells.shape)
+        log_knees = {e: draw_knees(ll[e][:, b_i, s_i], grids[e], named_rng(seed, e)) for e in pts}
+    else:  # s from its marginal, each engine's (knee, b) summed out; then each engine's knee given s, b summed out
+        s_i = rng.choice(len(spreads), size=DRAWS, p=softmax(sum(logsumexp(v, axis=(0, 1)) for v in ll.values())))
+        log_knees = {e: draw_knees(logsumexp(ll[e], axis=1)[:, s_i], grids[e], named_rng(seed, e)) for e in pts}
     estimates = {e: estimate(e, pts[e], log_knees[e], target) for e in pts}
     return KneeFit(estimates, log_knees, float(np.median(spreads[s_i])))
 
@@ -152,14 +157,14 @@ def softmax(log_w: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
-def draw_knees(ll: np.ndarray, grid: np.ndarray, b_i: np.ndarray, s_i: np.ndarray,
-               rng: np.random.Generator) -> np.ndarray:
-    """One log knee per (b, s) draw from its conditional on the grid, spread uniformly inside its cell."""
-    cond = ll[:, b_i, s_i]  # knees x draws
+def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One log knee per column of `cond` (knees x draws: the log posterior given that draw's shared parameters)
+    from its conditional on the grid, spread uniformly inside its cell."""
+    draws = cond.shape[1]
     cdf = np.cumsum(np.exp(cond - cond.max(axis=0)), axis=0)
-    at = (cdf < rng.random(len(b_i)) * cdf[-1]).sum(axis=0)
+    at = (cdf < rng.random(draws) * cdf[-1]).sum(axis=0)
     width = grid[1] - grid[0]
-    return grid[np.minimum(at, len(grid) - 1)] + width * (rng.random(len(b_i)) - 0.5)
+    return grid[np.minimum(at, len(grid) - 1)] + width * (rng.random(draws) - 0.5)
 
 
 def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:

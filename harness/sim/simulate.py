@@ -65,6 +65,8 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
     With `spans`, the result's "spans" holds the shares and mean running count over each of them."""
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
+        if not prefix_caching and not kv.memory.backed:  # no block is found again nor indexed: count them
+            kv.count_blocks()
     capacity = kv.stats().kv_capacity_bytes
     sched = Scheduler(kv, config)
     clock = DecodeClock()

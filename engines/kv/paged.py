@@ -163,15 +163,19 @@ class PagedKV(KVPolicy):
         assert self.can_allocate_periodic(len(seqs), crossings), \
             f"{len(seqs)} sequences x {crossings} blocks taken from {self.pool.num_free} free: the caller checks"
         self.pool.free_blocks -= len(seqs) * crossings
-        bs, records, totals, grown_slots = self.block_size, self.seqs, self.totals, crossings * self.block_size
+        bs, records, grown_slots = self.block_size, self.seqs, crossings * self.block_size
+        if seqs:  # a call's sequences share their phase: the first one's tokens speak for all (checked once, not n)
+            tokens, held_slots = seqs[0].num_tokens - lag, len(records[seqs[0].seq_id].table) * bs
+            assert held_slots < tokens <= held_slots + grown_slots, \
+                f"{seqs[0].seq_id}: {tokens} tokens are not {crossings} blocks past its {held_slots // bs}"
+        grown, eventual = [OWN] * crossings, 0
         for seq in seqs:
             table = records[seq.seq_id].table
-            held_slots = len(table) * bs
-            assert held_slots < seq.num_tokens - lag <= held_slots + grown_slots, \
-                f"{seq.seq_id}: {seq.num_tokens - lag} tokens are not {crossings} blocks past its {len(table)}"
-            table += [OWN] * crossings
-            final = seq.final_len
-            totals.eventual_tokens += min(held_slots + grown_slots, final) - min(held_slots, final)
+            room = seq.final_len - len(table) * bs  # > 0: it crosses into a block it will fill, at least in part
+            table += grown
+            eventual += grown_slots if grown_slots <= room else room
+        totals = self.totals
+        totals.eventual_tokens += eventual
         totals.allocated_tokens += len(seqs) * grown_slots
 
     def decode_headroom(self, num_seqs: int, own_steps: int) -> int:

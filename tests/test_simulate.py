@@ -8,8 +8,10 @@ from engines.kv.base import CATEGORIES
 from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan
-from harness.sim.simulate import run_simulation
+from harness.sim.roofline import StepModel
+from harness.sim.simulate import make_sim_policy, run_simulation, sim_config, simulate_policy
 from tests.conftest import run_cli
+from workloads.generate import iter_requests
 from workloads.spec import load_spec
 
 PAPER_CMD = ("simulate", "--model", "llama-2-13b", "--gpu", "a100-40gb", "--workload", "paper", "--policy",
@@ -138,3 +140,16 @@ def test_the_simulator_gives_the_recorded_json_for_the_same_seed(fixture, args):
         assert result.pop("allocator") is None
     want = json.loads((Path(__file__).parent / "fixtures" / "sim" / f"{fixture}.json").read_text())
     assert got == want
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_the_simulator_counts_blocks_unless_a_prefix_cache_finds_them_again(prefix_caching):
+    """Without prefix caching no block is found again and none is indexed: the pool counts them. With it, which
+    block a hit finds and which one LRU evicts is the result: the pool names them, as an engine's does."""
+    shape, gpu = load_shape("llama-2-13b"), gpu_preset("a100-40gb")
+    plan = make_plan(shape, gpu.memory_bytes, "float16", max_seq_len=2048)
+    kv = make_sim_policy("paged", plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, 16, None)
+    requests = iter_requests(load_spec("paper"), 0, plan.max_seq_len, shape.vocab_size, 50, token_ids=prefix_caching)
+    res, _, _ = simulate_policy(kv, sim_config(plan, 256, True), requests, plan.max_seq_len,
+                                StepModel.of(shape, "float16", gpu), prefix_caching, sample_every_s=1.0)
+    assert (kv.counted, res["requests_completed"]) == (not prefix_caching, 50)

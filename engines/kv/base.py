@@ -192,6 +192,23 @@ class KVPolicy(ABC):
         """Tokens seq (held) can still add before the policy must allocate for it: 0 when its next token
         needs the policy, negative when its slots already lag its tokens."""
 
+    def period_tokens(self, seq: SeqLike) -> int | None:
+        """Whether seq (held) needs memory on a fixed beat while it runs: every this many tokens, one allocation
+        that takes the same for every periodic sequence (the scheduler then serves those due at a step together,
+        allocate_periodic). None: no beat; the scheduler asks it alone when its slack runs out."""
+        return None
+
+    def can_allocate_periodic(self, num_seqs: int, crossings: int) -> bool:
+        """Whether num_seqs periodic sequences can each cross `crossings` period boundaries now."""
+        raise NotImplementedError(f"{self.name} has no periodic sequences")
+
+    def allocate_periodic(self, seqs: list[SeqLike], crossings: int, lag: int) -> None:
+        """Hold slots for positions [0, num_tokens - lag) of each of seqs (periodic ones, each `crossings` period
+        boundaries past its slots), in order; the caller saw can_allocate_periodic. By default each one's own
+        allocate, which is what a policy that names its memory needs."""
+        for seq in seqs:
+            self.allocate(seq, seq.num_tokens - lag)
+
     def decode_headroom(self, num_seqs: int, own_steps: int) -> int:
         """Decode steps num_seqs running sequences can take with each allocation certain to succeed,
         given that the one with the least slack can take own_steps without allocating at all."""

@@ -8,7 +8,8 @@ throughput never shows. Only tests and a user testing a checker should ever turn
 from __future__ import annotations
 
 from engines.kv.base import KVPolicy, SeqLike
-from engines.kv.paged import Block, PagedKV
+from engines.kv.paged import PagedKV
+from engines.kv.pool import Block
 
 FAULTS = ("early-free",)
 

@@ -4,105 +4,20 @@ Invariants (checked by tests/test_kv_invariants.py and tests/test_kv_policies.py
 - a block with ref_count 0 is in the free queue, a block with ref_count > 0 is not;
 - ref_count equals the number of block tables holding the block;
 - a hashed block is reachable from `cached` under that hash, and only full blocks are hashed;
-- a sequence's `rows` are its table's token rows, rebuilt when (and only when) a block is added or replaced.
+- a sequence's `rows` are its table's token rows, rebuilt when (and only when) a block is added or replaced;
+- counted (`PagedKV.count_blocks`: memory not backed, no prefix caching) every table entry is the one placeholder
+  `OWN`: the pool counts free blocks and names none, so a table's length is all it says.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from engines.kv.base import Breakdown, HeldTotals, KVOptions, KVPolicy, KVStats, SeqLike, seq_accounting
+from engines.kv.pool import OWN, Block, BlockPool, CountedPool, chain_hash
 from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
-
-
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    # chained hash of every token up to the end of this block; None until the block is full
-    block_hash: int | None = None
-
-
-class BlockPool:
-    """The blocks, the LRU free queue and the prefix cache. A block held by one table is the common case and
-    costs nothing to count; blocks held by more (shared prefixes, forks) are counted by ref count in
-    `shared_refs`, so /stats reads sharing in O(1)."""
-
-    def __init__(self, num_blocks: int):
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        # LRU order: the head is evicted first. Cached blocks stay here, reusable, until evicted.
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.cached: dict[int, int] = {}  # block hash -> block id
-        self.shared_refs: dict[int, int] = {}  # ref count (2 or more) -> blocks holding it
-
-    @property
-    def shared(self) -> int:
-        """Blocks more than one table holds."""
-        return sum(self.shared_refs.values())
-
-    @property
-    def max_refs(self) -> int:
-        return max(self.shared_refs, default=1 if self.num_free < len(self.blocks) else 0)
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_queue)
-
-    def _share(self, refs: int, delta: int) -> None:
-        if refs >= 2:
-            left = self.shared_refs[refs] = self.shared_refs.get(refs, 0) + delta
-            if not left:
-                del self.shared_refs[refs]
-
-    def take(self, n: int = 1) -> list[Block]:
-        """n blocks from the head of the free queue (the least recently freed), each with one owner."""
-        pop, blocks, cached = self.free_queue.popitem, self.blocks, self.cached
-        out = [blocks[pop(last=False)[0]] for _ in range(n)]
-        for block in out:
-            if block.block_hash is not None:  # evict its cached content
-                del cached[block.block_hash]
-                block.block_hash = None
-            block.ref_count = 1
-        return out
-
-    def touch(self, block: Block) -> None:
-        """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
-        if block.ref_count == 0:
-            del self.free_queue[block.block_id]
-        self._share(block.ref_count, -1)
-        block.ref_count += 1
-        self._share(block.ref_count, 1)
-
-    def release(self, blocks) -> None:
-        """One owner fewer for each, in order: the ones nobody holds join the free queue's tail."""
-        queue = self.free_queue
-        for block in blocks:
-            refs = block.ref_count
-            assert refs > 0, f"block {block.block_id} released more often than held"
-            block.ref_count = refs - 1
-            if refs == 1:
-                queue[block.block_id] = None
-            else:
-                self._share(refs, -1)
-                self._share(refs - 1, 1)
-
-    def unregister(self, block: Block) -> None:
-        """A block whose hash promised K/V that was never written: out of the prefix cache."""
-        if block.block_hash is not None and self.cached.get(block.block_hash) == block.block_id:
-            del self.cached[block.block_hash]
-        block.block_hash = None
-
-    def register(self, block: Block, block_hash: int) -> None:
-        if block.block_hash is None and block_hash not in self.cached:
-            block.block_hash = block_hash
-            self.cached[block_hash] = block.block_id
-
-
-def chain_hash(parent: int | None, tokens: list[int]) -> int:
-    return hash((parent, tuple(tokens)))
 
 
 @dataclass
@@ -144,12 +59,20 @@ class PagedKV(KVPolicy):
         # vLLM-style: one pool allocated up front; blocks are slices of it.
         self.pool_alloc = memory.allocate(num_blocks * self.block_bytes, owner="kv-block-pool")
         self.pool = BlockPool(num_blocks)
+        self.counted = False  # True: the pool counts blocks instead of naming them (count_blocks)
         self.prefix_caching = prefix_caching
         self.seqs: dict[str, SeqBlocks] = {}
         self.totals = HeldTotals()  # over the tables, len(table) x block_size slots each
         self._block_rows = torch.arange(block_size, device=memory.device)
         self.prefix_hits_tokens = 0
         self.prefix_queries_tokens = 0
+
+    def count_blocks(self) -> None:
+        """Count blocks instead of naming them, before anything is held: for a simulator, whose memory holds no
+        bytes (no row to index) and which hashes no prefix (no block to find again)."""
+        assert not self.seqs and not self.memory.backed and not self.prefix_caching, \
+            "only an empty pool on bookkeeping-only memory without prefix caching may stop naming its blocks"
+        self.pool, self.counted = CountedPool(len(self.pool.blocks)), True
 
     # -- what the scheduler calls
     def holds(self, seq: SeqLike) -> bool:
@@ -186,8 +109,7 @@ class PagedKV(KVPolicy):
         rec = self.seqs.pop(seq.seq_id, None)
         if rec is not None:
             self._account(seq, rec, -1)
-        # reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first
-        self.pool.release(reversed(rec.table) if rec else [])
+            self.pool.release_table(rec.table)
 
     def discard(self, seq: SeqLike) -> None:
         """Blocks are hashed when they are allocated full, before the step writes them: after a failed
@@ -221,6 +143,41 @@ class PagedKV(KVPolicy):
             return min(0, len(rec.table) * self.block_size - seq.num_tokens)
         return len(rec.table) * self.block_size - seq.num_tokens
 
+    def period_tokens(self, seq: SeqLike) -> int | None:
+        """A held sequence whose tail block is its own takes exactly one block each time its tokens cross a
+        block boundary, and nothing else: every block_size tokens. One sharing its tail (a fork's, until it is
+        copied) has no period."""
+        rec = self.seqs.get(seq.seq_id)
+        if rec is None or (rec.table and rec.table[-1].ref_count > 1):
+            return None
+        return self.block_size
+
+    def can_allocate_periodic(self, num_seqs: int, crossings: int) -> bool:
+        return num_seqs * crossings <= self.pool.num_free
+
+    def allocate_periodic(self, seqs: list[SeqLike], crossings: int, lag: int) -> None:
+        """Named blocks: each sequence's allocate, in order (block ids, copy-on-write and hashing as ever). Counted:
+        each table gains `crossings` blocks, with none of allocate's look-ups (the tail is its own, nothing hashes)."""
+        if not self.counted:
+            return super().allocate_periodic(seqs, crossings, lag)
+        assert self.can_allocate_periodic(len(seqs), crossings), \
+            f"{len(seqs)} sequences x {crossings} blocks taken from {self.pool.num_free} free: the caller checks"
+        self.pool.free_blocks -= len(seqs) * crossings
+        bs, records, grown_slots = self.block_size, self.seqs, crossings * self.block_size
+        if seqs:  # a call's sequences share their phase: the first one's tokens speak for all (checked once, not n)
+            tokens, held_slots = seqs[0].num_tokens - lag, len(records[seqs[0].seq_id].table) * bs
+            assert held_slots < tokens <= held_slots + grown_slots, \
+                f"{seqs[0].seq_id}: {tokens} tokens are not {crossings} blocks past its {held_slots // bs}"
+        grown, eventual = [OWN] * crossings, 0
+        for seq in seqs:
+            table = records[seq.seq_id].table
+            room = seq.final_len - len(table) * bs  # > 0: it crosses into a block it will fill, at least in part
+            table += grown
+            eventual += grown_slots if grown_slots <= room else room
+        totals = self.totals
+        totals.eventual_tokens += eventual
+        totals.allocated_tokens += len(seqs) * grown_slots
+
     def decode_headroom(self, num_seqs: int, own_steps: int) -> int:
         """Any free block serves any sequence: in k steps each crosses at most ceil(k / block_size) block
         boundaries (plus one copy-on-write), so block_size x (free blocks // sequences - 1) steps cannot run out."""
@@ -232,6 +189,7 @@ class PagedKV(KVPolicy):
         return rec.cached_tokens if rec else 0
 
     def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
+        assert not self.counted, "a counted pool names no block: it has no rows"
         rec = self.seqs[seq.seq_id]
         if rec.rows is None:  # a block was added or replaced since the last look: once per block, not per step
             ids = torch.tensor([b.block_id for b in rec.table], device=self._block_rows.device)
@@ -239,6 +197,7 @@ class PagedKV(KVPolicy):
         return rec.rows[:n]
 
     def row_of(self, seq: SeqLike, position: int) -> int:
+        assert not self.counted, "a counted pool names no block: it has no rows"
         block = self.seqs[seq.seq_id].table[position // self.block_size]
         return block.block_id * self.block_size + position % self.block_size
 
@@ -259,7 +218,8 @@ class PagedKV(KVPolicy):
             table = rec.table if rec else None
             if not table or table[-1].block_id in seen:
                 continue
-            seen.add(table[-1].block_id)
+            if table[-1].ref_count > 1:  # a tail two tables share is counted once (an own one cannot repeat)
+                seen.add(table[-1].block_id)
             start = (len(table) - 1) * bs
             live = seq.num_tokens - start
             t, r, i = seq_accounting(bs, live, seq.final_len - start)
@@ -299,7 +259,12 @@ class PagedKV(KVPolicy):
 
     def memory_map(self) -> list[dict]:
         """The pool as runs of consecutive blocks alike (the same owners, ref count and caching): a real
-        model's pool holds tens of thousands of blocks, its sequences' runs far fewer."""
+        model's pool holds tens of thousands of blocks, its sequences' runs far fewer. Counted: the held blocks
+        as one run, then the free ones (no block has a place)."""
+        if self.counted:
+            held = len(self.pool.blocks) - self.pool.num_free
+            return [{"block": 0, "blocks": held, "owners": sorted(self.seqs), "ref_count": 1, "cached": False},
+                    {"block": held, "blocks": self.pool.num_free, "owners": [], "ref_count": 0, "cached": False}]
         owners: dict[int, list[str]] = {}
         for seq_id, rec in self.seqs.items():
             for block in rec.table:

@@ -4,8 +4,11 @@ when KV runs out, and abort at any step. What differs between engines is the KV 
 
 Every running sequence gains one token per step, so the scheduler asks the policy about a running sequence
 only when its slack (the tokens its slots still cover) runs out: a heap keyed by the step at which that
-happens. A step's cost is then its admissions, its finishes and the sequences that cross a block (or
-reservation) boundary, not the size of the running batch: what lets the simulator replay millions of requests.
+happens. A sequence the policy says needs memory on a beat (paged, its tail block its own: one block every
+block_size steps) sits in its residue's bucket instead (beats.py): a step serves its bucket whole when the policy
+says all of it fits, and otherwise one by one as the heap's are, preemption order unchanged. A step's cost is then
+its admissions, its finishes and the sequences that cross a boundary off the beat, not the size of the running
+batch: what lets the simulator replay millions of requests.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from engines.kv.base import KVPolicy
 from engines.memory.arena import OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, OnOOM, oom_context
+from engines.scheduled.beats import Beats
 from engines.scheduled.model import Chunk
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
@@ -61,6 +65,7 @@ class Scheduler:
         # are skipped when they surface. Asking early is harmless (allocate is idempotent), late never happens.
         self._due_heap: list[tuple[int, int, int, Sequence]] = []
         self._due: dict[str, int] = {}
+        self._beats = Beats()  # running sequences on the policy's beat: never on the heap at the same time
         self._rank: dict[str, int] = {}  # running sequence -> admission number, the running list's order
         self._counter = itertools.count()
         self.preempted_total = 0
@@ -80,7 +85,7 @@ class Scheduler:
         that every sequence running after it takes (its caller appends one token to each)."""
         self.steps += 1
         plan = StepPlan(decodes=[], prefills=[])
-        for seq in self._pop_due(self.steps):
+        for seq in self._due_one_by_one(self.steps):
             if seq.status != SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if self._make_room(seq, plan):
@@ -115,19 +120,45 @@ class Scheduler:
         self.kv.next_need_bytes = self.kv.allocation_bytes(self.waiting[0]) if self.waiting else None
         return plan
 
+    def _due_one_by_one(self, step: int) -> list[Sequence]:
+        """Serve the beat's bucket due at `step` whole if nothing else is due and the policy has room for all of
+        it; what is left to serve one by one (the heap's and, when the bucket was not served, the bucket's), in
+        (due step, admission) order."""
+        entries = self._pop_due(step)
+        bucket = self._beats.due_at(step)
+        if not bucket:
+            return [seq for _, _, seq in entries]
+        if not entries and self.kv.can_allocate_periodic(len(bucket), 1):
+            self.kv.allocate_periodic(list(bucket.values()), 1, lag=0)
+            return []
+        entries += [(step, rank, seq) for rank, seq in bucket.items()]
+        return [seq for _, _, seq in sorted(entries, key=lambda e: e[:2])]
+
     def advance(self, steps: int) -> None:
         """The running sequences took `steps` more steps after this one without asking (the simulator's decode
-        stretch, within `decode_headroom`): give each the slots of the tokens it computed on the way."""
+        stretch, within `decode_headroom`): give each the slots of the tokens it computed on the way (its newest
+        token is sampled, not computed yet: lag 1), in the order the steps would have asked."""
+        start = self.steps
         self.steps += steps
-        for seq in self._pop_due(self.steps):
-            self.kv.allocate(seq, seq.num_tokens - 1)  # its newest token is sampled, not computed yet
+        entries = self._pop_due(self.steps)
+        stretch = self._beats.stretch(start, self.steps)
+        if not entries:  # the beat's buckets alone: each in one call, however many crossings
+            for _, crossings, seqs in stretch:
+                self.kv.allocate_periodic(seqs, crossings, lag=1)
+            return
+        entries += [(first, self._rank[seq.seq_id], seq) for first, _, seqs in stretch for seq in seqs]
+        for _, _, seq in sorted(entries, key=lambda e: e[:2]):
+            self.kv.allocate(seq, seq.num_tokens - 1)
             self._push_due(seq, seq.num_tokens - 1)
 
     def decode_headroom(self) -> int:
         """Steps the running sequences can take after this one with every allocation certain to succeed."""
         while self._due_heap and self._stale(self._due_heap[0]):
             heapq.heappop(self._due_heap)
-        own = self._due_heap[0][0] - self.steps - 1 if self._due_heap else 1
+        dues = [self._due_heap[0][0]] if self._due_heap else []
+        beat = self._beats.next_due(self.steps)
+        dues += [beat] if beat is not None else []
+        own = min(dues) - self.steps - 1 if dues else 1
         return self.kv.decode_headroom(len(self.running), own)
 
     def _run(self, seq: Sequence) -> None:
@@ -140,6 +171,10 @@ class Scheduler:
         """seq held slots for its tokens_now tokens at this step, and slack_tokens more: it gains one a step,
         so it must ask again at the step where it outgrows them."""
         due = self.steps + self.kv.slack_tokens(seq) + seq.num_tokens - tokens_now + 1
+        period = self.kv.period_tokens(seq)
+        if period is not None:
+            self._beats.put(seq, self._rank[seq.seq_id], due, period)
+            return
         self._due[seq.seq_id] = due
         heapq.heappush(self._due_heap, (due, self._rank[seq.seq_id], next(self._counter), seq))
 
@@ -147,14 +182,15 @@ class Scheduler:
         seq = entry[3]
         return self._due.get(seq.seq_id) != entry[0] or self._rank.get(seq.seq_id) != entry[1]
 
-    def _pop_due(self, step: int) -> list[Sequence]:
-        """The running sequences whose slots run out by `step`, in admission order."""
+    def _pop_due(self, step: int) -> list[tuple[int, int, Sequence]]:
+        """(due step, admission rank, seq) of the heap's running sequences whose slots run out by `step`, in that
+        order."""
         out = []
         while self._due_heap and self._due_heap[0][0] <= step:
             entry = heapq.heappop(self._due_heap)
             if not self._stale(entry):
                 del self._due[entry[3].seq_id]
-                out.append(entry[3])
+                out.append((entry[0], entry[1], entry[3]))
         return out
 
     def _make_room(self, seq: Sequence, plan: StepPlan) -> bool:
@@ -211,12 +247,14 @@ class Scheduler:
         if self._rank.pop(seq.seq_id, None) is not None:
             self.running.remove(seq)
         self._due.pop(seq.seq_id, None)
+        self._beats.remove(seq.seq_id)
 
     def add_running(self, seq: Sequence, parent: Sequence) -> None:
         """A forked sample that already holds its KV, shared with parent's: both ask at the next step, where
         a shared tail block is copied before either writes to it."""
         self._run(seq)
         if parent.seq_id in self._rank:
+            self._beats.remove(parent.seq_id)  # its tail is shared now: off the beat until it copies it
             self._due[parent.seq_id] = self.steps + 1
             heapq.heappush(self._due_heap, (self.steps + 1, self._rank[parent.seq_id], next(self._counter), parent))
 

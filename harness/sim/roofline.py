@@ -34,7 +34,9 @@ class StepModel:
         FLOPs alone; a fitted model (harness/sim/stepfit.py) also the cost per sequence and per chunk."""
         memory = (self.weights_bytes + self.kv_bytes_per_token * context_read) / self.hbm_bytes_per_s
         compute = (2 * self.params * tokens + self.attn_flops_per_ctx_token * attn_pairs) / self.peak_flops
-        return np.maximum(memory, compute)
+        if isinstance(memory, np.ndarray):
+            return np.maximum(memory, compute)
+        return max(memory, compute)  # one step (the event's first): a float, no array to set up
 
     def constants(self) -> dict:
         return {"weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -65,6 +66,8 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
     With `spans`, the result's "spans" holds the shares and mean running count over each of them."""
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
+        if not prefix_caching and not kv.memory.backed:  # no block is found again nor indexed: count them
+            kv.count_blocks()
     capacity = kv.stats().kv_capacity_bytes
     sched = Scheduler(kv, config)
     clock = DecodeClock()
@@ -115,7 +118,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         t += dt
         clock.steps += 1
         for c in step.prefills:
-            if np.isnan(tracks.first_s[c.seq.track]):
+            if math.isnan(tracks.first_s[c.seq.track]):
                 tracks.first_s[c.seq.track] = t
             heapq.heappush(finishing, (c.seq.finish_step, next(admissions), c.seq))
         # then the running sequences decode together until something must be decided again
@@ -173,7 +176,7 @@ def span_figures(acc: Accumulator, failures: list[tuple[float, str]], preempted:
 def result(name: str, sched: Scheduler, requests: pd.DataFrame, acc: Accumulator, t: float,
            wall_s: float, placement: str) -> dict:
     seconds = acc.seconds or 1e-12
-    shares = acc.bytes_s / seconds / acc.capacity
+    shares = np.array(acc.bytes_s) / seconds / acc.capacity
     done = requests[requests.status == "ok"]
     ttft, e2e, tpot = done.ttft_s.to_numpy(), done.e2e_s.to_numpy(), done.tpot_s[done.output_tokens > 1].to_numpy()
 

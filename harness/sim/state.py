@@ -4,6 +4,7 @@ breakdown (`Accumulator`), and the sequences that count their tokens on one shar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,7 +65,7 @@ class Accumulator:
     # simulated seconds: the wall-clock time inside it, idle included, as a sampler sees it (a twin's point)
     window: tuple[float, float] | None = None
     seconds: float = 0.0
-    bytes_s: np.ndarray = field(default_factory=lambda: np.zeros(5))
+    bytes_s: list[float] = field(default_factory=lambda: [0.0] * 5)  # CATEGORIES order
     running_s: float = 0.0
     max_running: int = 0
     timeline: list[tuple] = field(default_factory=list)
@@ -88,21 +89,22 @@ class Accumulator:
         return until
 
     def add(self, before: Breakdown, after: Breakdown, running: int, dt: float, t: float, every_s: float) -> None:
-        end = np.array(after.astuple())
-        lo, hi = self.window or (-np.inf, np.inf)
+        # five categories, once per event: plain floats (numpy costs more to set up than to add five numbers)
+        end = after.astuple()
+        lo, hi = self.window or (-math.inf, math.inf)
         inside = max(0.0, min(t, hi) - max(t - dt, lo))  # of the interval [t - dt, t]
-        mean = (np.array(before.astuple()) + end) / 2
-        self.bytes_s += mean * inside
+        mean = [(b + e) / 2 for b, e in zip(before.astuple(), end, strict=True)]
+        self.bytes_s = [s + m * inside for s, m in zip(self.bytes_s, mean, strict=True)]
         self.seconds += inside
         self.running_s += running * inside
         if len(self.spans):
             part = np.clip(np.minimum(t, self._hi) - np.maximum(t - dt, self._lo), 0.0, None)
             self.span_seconds += part
-            self.span_bytes_s += part[:, None] * mean[None, :]
+            self.span_bytes_s += part[:, None] * np.array(mean)[None, :]
             self.span_running_s += running * part
         self.max_running = max(self.max_running, running)
         if t >= self.next_sample_s:
-            self.timeline.append((t, *(end / self.capacity).tolist(), running))
+            self.timeline.append((t, *(e / self.capacity for e in end), running))
             self.next_sample_s = t + every_s
 
 

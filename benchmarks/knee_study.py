@@ -103,7 +103,7 @@ class Params:
     step: float = 1.6
     search_points: int = 8
     decide_confidence: float = CONFIDENCE  # the interval "decided" reads (the bench: the reported 90 % one)
-    stop: str = "rule"  # rule: placement.done; time: until the time is spent; precise: placement.done as if decided
+    stop: str = "rule"  # rule: placement.done; time: until the time is spent; decided: the former rule
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,15 @@ def turn_rate(kf: KneeFit, engine: str, searches: dict[str, KneeSearch], turns: 
     return rate
 
 
+def stops(rule: str, decided: bool, precise: bool, counts: dict[str, int]) -> bool:
+    """Whether the decision stops now: `rule` is placement.done (precise, each engine on MIN_POINTS points);
+    `decided` the rule it replaced (decided too: optional stopping, kept to show what it did); `time` never (a
+    fixed design, to tell the interval's calibration from the stop's looks)."""
+    if rule == "decided":
+        return decided and precise and min(counts.values()) >= placement.MIN_POINTS
+    return rule == "rule" and placement.done(precise, counts)
+
+
 def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]) -> tuple[KneeFit, str, float]:
     """The decision's turns (ABBA), refitting after each, until placement.done or the time is spent: the last
     fit, why it stopped, and the seconds it used."""
@@ -226,7 +235,7 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         kf = fit(run.points, TARGET)
         _, _, _, decided, precise = headline(kf, prm.decide_confidence)
         counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
-        if prm.stop != "time" and placement.done(decided or prm.stop == "precise", precise, counts):
+        if stops(prm.stop, decided, precise, counts):
             return kf, "precise", prm.decision_s - left_s
         engine = ABBA[turn % len(ABBA)]
         rate = turn_rate(kf, engine, searches, turns)
@@ -369,10 +378,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decide-confidence", type=float, default=d.decide_confidence,
                     help="the central interval whose excluding 1.0 counts as decided (the bench: the 90 %% one)")
     ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
-    ap.add_argument("--stop", choices=("rule", "time", "precise"), default="rule",
+    ap.add_argument("--stop", choices=("rule", "time", "decided"), default="rule",
                     help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
                          "optional stopping: tells the interval's calibration from the stop rule's looks); "
-                         "precise: placement.done with decided left out (a stop on the width alone)")
+                         "decided: the former stop, decided and precise (optional stopping, for comparison)")
     return ap
 
 

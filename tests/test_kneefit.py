@@ -110,7 +110,7 @@ def test_a_ratio_whose_interval_holds_one_or_whose_knee_is_a_bound_decides_nothi
     same = {"paged": engine_points(rng, 2.0, factors=(0.9, 1.1)), "static-oracle": engine_points(rng, 2.0,
                                                                                                   factors=(0.9, 1.1))}
     h = headline(fit(same, 0.9), None, 1.5)
-    assert h.ratio_ci[0] <= 1.0 <= h.ratio_ci[1] and not h.decided and h.stop == "time spent"
+    assert h.ratio_ci[0] <= 1.0 <= h.ratio_ci[1] and not h.decided and h.stop == "time spent"  # 2 points each
     bound = {"paged": [stream(rng, r, 30.0) for r in (2.0, 2.5)],  # every rate met: a bound
              "static-oracle": engine_points(rng, 1.0)}
     hb = headline(fit(bound, 0.9), None, 1.5)
@@ -132,5 +132,5 @@ def test_points_are_placed_around_the_fitted_knee_alternately_above_and_below():
     up, down = next_rate(est, 0), next_rate(est, 1)
     assert down < est.rps < up and snap(up) == up and snap(down) == down
     assert math.log(up / down) >= 2 * GRID_STEP - 1e-9
-    assert done(True, True, {"a": MIN_POINTS, "b": MIN_POINTS}) and not done(True, True, {"a": MIN_POINTS - 1})
-    assert not done(False, True, {"a": 9}) and not done(True, False, {"a": 9})
+    assert done(True, {"a": MIN_POINTS, "b": MIN_POINTS}) and not done(True, {"a": MIN_POINTS - 1})
+    assert not done(False, {"a": 9})

@@ -82,8 +82,9 @@ class Design:
             f"after it and {DECISION_SHARES} shares for the decision; no point runs past its engine's share; the "
             "decision measures the headline's two engines in alternating turns (ABBA), each turn one point on a "
             "fresh stream placed around the engine's fitted knee, alternately above and below it, until the "
-            f"ratio's interval excludes 1.0 with hi / lo <= {self.precision:g} on at least {MIN_POINTS} points per "
-            "engine, or the time is spent",
+            f"ratio's interval is at most {self.precision:g} wide (hi / lo) on at least {MIN_POINTS} points per "
+            "engine, or the time is spent (whether it is decided does not stop it: stopping on the first look "
+            "that excludes 1.0 would decide too often where there is no difference)",
         ]
 
 

@@ -27,7 +27,7 @@ from harness.analysis.placement import MIN_POINTS, done
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
 METHOD = ("90 % central interval of the joint posterior of a dose-response fit of every point (kneefit.py): SLO "
-          "attainment against log offered rate, a logistic curve per engine with a slope shared by the engines, "
+          "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
           "each point a stream with its own random shift in log load (the stream-to-stream spread estimated from "
           "the run's points), judged requests weighted by the engine's design effect; the knees' ratio read from "
           "the same {draws} joint draws")
@@ -97,7 +97,7 @@ class Headline:
 
     @property
     def stop(self) -> str:
-        return "precise" if done(self.decided, self.precise, self.points) else "time spent"
+        return "precise" if done(self.precise, self.points) else "time spent"
 
     @property
     def run_to_run_share(self) -> float:

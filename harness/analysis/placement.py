@@ -7,8 +7,13 @@ next below, `spread` apart in log rate, so that the points straddle the crossing
 point is a fresh stream (a new realization of its rate) with a fixed number of judged requests, so that every
 point weighs alike and the stream-to-stream spread is sampled as often as the rate is.
 
-The stop: the headline decided (its interval excludes 1.0, both knees bracketed) and precise (hi / lo at most the
-precision asked), each of its two engines resting on at least `MIN_POINTS` points; else when the time is spent.
+The stop: the headline precise (hi / lo at most the precision asked), each of its two engines resting on at least
+`MIN_POINTS` points; else when the time is spent. Whether it is decided does not enter the stop: a rule that
+stops as soon as the interval excludes 1.0 looks again after every point and stops on the first look that does,
+so at a true ratio of 1.0 it decides far more often than a 90 % interval should (optional stopping: in the
+simulation study, benchmarks/knee_study.py, 13-30 % of such runs decided under a stop on "decided and precise",
+7.5 % under a stop on precision alone; the intervals' coverage fell from 0.93 to 0.68-0.83). An interval as narrow
+as asked that still holds 1.0 is an answer too: no measurable difference at that precision.
 """
 
 from __future__ import annotations
@@ -40,6 +45,6 @@ def next_rate(estimate: KneeEstimate, turn: int) -> float:
     return rate
 
 
-def done(decided: bool, precise: bool, points: dict[str, int]) -> bool:
-    """The decision's stop: decided, precise, and each headline engine on at least MIN_POINTS points."""
-    return decided and precise and min(points.values(), default=0) >= MIN_POINTS
+def done(precise: bool, points: dict[str, int]) -> bool:
+    """The decision's stop: precise, and each headline engine on at least MIN_POINTS points."""
+    return precise and min(points.values(), default=0) >= MIN_POINTS

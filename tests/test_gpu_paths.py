@@ -181,7 +181,8 @@ def test_34_3_in_cuda_mode_the_budget_caps_the_kv_as_the_arena_does(cuda_tensors
                 held[name] += 1
         except cuda.OutOfMemory as e:
             events[name] = e.event
-    assert held["cuda"] == held["arena"] == 4  # 1.5 MiB rounds to a 2 MiB granule: four fit, a fifth is refused
+    # PyTorch rounds 1.5 MiB to 512 B (five fit in 8 MiB); the arena to a 2 MiB granule (four fit)
+    assert (held["cuda"], held["arena"]) == (5, 4)
     assert memory.stats().allocated_bytes <= memory.capacity_bytes
     assert events["cuda"].cause == events["arena"].cause == "capacity"
     # a paged pool (sized by max_units, as PagedKV sizes it) holds as many 64 KiB blocks in either memory
@@ -193,12 +194,12 @@ def test_34_4_cuda_stats_count_the_kv_alone(cuda_tensors):
     a = memory.allocate(4 * MiB, "seq-a")
     memory.allocate(3 * MiB, "seq-b")
     stats = memory.stats()
-    assert stats.allocated_bytes == 4 * MiB + 4 * MiB and stats.num_allocations == 2  # the workspace is not KV
-    assert stats.free_bytes == 8 * MiB and stats.largest_free_bytes <= stats.free_bytes
+    assert stats.allocated_bytes == 4 * MiB + 3 * MiB and stats.num_allocations == 2  # the workspace is not KV
+    assert stats.free_bytes == 9 * MiB and stats.largest_free_bytes <= stats.free_bytes
     assert [owner for _, _, owner in memory.extents()] == ["seq-a", "seq-b"] or \
         sorted(owner for _, _, owner in memory.extents()) == ["seq-a", "seq-b"]
     memory.free(a)
-    assert memory.stats().allocated_bytes == 4 * MiB
+    assert memory.stats().allocated_bytes == 3 * MiB
     # the snapshot of the engine's device only: cuda:1's segment is another process's business
     assert [s["device"] for s in cuda.cuda_segments("cuda:0")] == [0]
 
@@ -298,6 +299,29 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     assert engine.scheduler.config.max_num_seqs == 3  # one fewer than the step the device could not hold
     (_, event, _), = engine.oom_events
     assert event.cause == "capacity" and event.owner == "activations" and event.requested_bytes == 262 * MiB
+
+
+def test_an_oom_in_a_forward_is_judged_by_the_engines_memory(tiny_model):
+    """The scheduled engine asks its memory to judge a forward's OOM (CUDA memory reads the allocator's state,
+    tests/test_cuda_counts.py): the event recorded is the memory's, not a fixed `capacity`."""
+    from engines.memory.arena import OOMEvent
+    from engines.offline import generate
+    from engines.sequence import SamplingParams
+
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
+    forward, raised = engine.runner.forward, []
+
+    def once(chunks, *rest):
+        if not raised and len(chunks) > 2:
+            raised.append(len(chunks))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.00 MiB")
+        return forward(chunks, *rest)
+
+    engine.runner.forward = once
+    engine.memory.device_oom = lambda requested, owner: OOMEvent(requested, 9 * MiB, MiB, "fragmentation", owner)
+    generate(engine, [[5 + i for i in range(n)] for n in (3, 17, 40, 8)], SamplingParams(4))
+    (_, event, _), = engine.oom_events
+    assert (event.cause, event.owner, event.requested_bytes) == ("fragmentation", "activations", 5 * MiB)
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])

@@ -76,6 +76,17 @@ class OOMEvent:
         cause: Cause = "capacity" if free_bytes < requested_bytes else "fragmentation"
         return OOMEvent(requested_bytes, free_bytes, largest_free_bytes, cause, owner)
 
+    @staticmethod
+    def judge(rounded_bytes: int, cached_free_bytes: int, device_free_bytes: int, largest_free_bytes: int,
+              owner: str, layer: Layer) -> OOMEvent:
+        """A caching allocator's refusal (the emulator's or PyTorch's own): `fragmentation` where its cached free
+        bytes and the room left under its cap would together hold the request (the bytes exist, in no block or
+        segment that fits), `capacity` where they would not (the memory is truly full)."""
+        free = cached_free_bytes + device_free_bytes
+        cause: Cause = "capacity" if free < rounded_bytes else "fragmentation"
+        return OOMEvent(rounded_bytes, free, largest_free_bytes, cause, owner, cached_free_bytes, device_free_bytes,
+                        layer)
+
 
 class OutOfMemory(RuntimeError):
     def __init__(self, event: OOMEvent):
@@ -130,6 +141,11 @@ class DeviceMemory(ABC):
 
     def close(self) -> None:  # noqa: B027 (most memories change nothing beyond their bytes)
         """Give back what the memory changed beyond its own bytes (the CUDA allocator's process-wide cap)."""
+
+    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
+        """A torch.cuda.OutOfMemoryError outside this memory's own bytes (a forward's activations): `capacity`,
+        nothing under the device was left for it. CUDA memory overrides it with the allocator's own judgement."""
+        return OOMEvent(requested_bytes, 0, 0, "capacity", owner)
 
     @abstractmethod
     def rounded(self, nbytes: int) -> int:

@@ -18,8 +18,8 @@ from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
-from engines.memory.arena import Allocation, DeviceMemory, OOMEvent, OutOfMemory
-from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
+from engines.memory.arena import Allocation, DeviceMemory, OutOfMemory
+from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context, tried_to_allocate
 from engines.sampler import StepLogits, process, prompt_logprobs
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
@@ -187,7 +187,8 @@ class HFEngine(Engine):
             )
         except (OutOfMemory, torch.OutOfMemoryError) as err:
             # the KV past its budget (the memory's OOM), or the device's cap under the activations
-            oom = err if isinstance(err, OutOfMemory) else OutOfMemory(OOMEvent(0, 0, 0, "capacity", "activations"))
+            oom = err if isinstance(err, OutOfMemory) else \
+                OutOfMemory(self.memory.device_oom(tried_to_allocate(err), "activations"))
             live = [s for s in batch if not s.is_finished]
             mem = self.memory.stats()
             self.oom_events.append((time.monotonic(), oom.event,

@@ -163,8 +163,13 @@ def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
     seen = torch_seen()
     if seen is not None and seen[1] and seen[2]:
         return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
+    if wheels and (lacking := plan([Requirement(f"torch=={version}")], {}, wheels_in(wheels), follow=False).missing):
+        raise Stop(f"the environment's torch has no CUDA (or sees no GPU) and no wheel in {wheels} satisfies "
+                   f"{lacking[0]}: put its CUDA wheel there (nothing was installed)")
+    # a torch without CUDA in the venv is replaced; one outside it (the system's) is shadowed, never touched
     in_venv = seen is not None and Path(seen[3]).resolve().is_relative_to(Path(sys.prefix).resolve())
-    pip(["--isolated", *(["--force-reinstall"] if in_venv else []), f"torch=={version}"], wheels)
+    over = [] if seen is None else ["--force-reinstall"] if in_venv else ["--ignore-installed"]
+    pip(["--isolated", *over, f"torch=={version}"], wheels)
     seen = torch_seen()
     if seen is None or not seen[1]:
         raise Stop(f"torch {seen[0] if seen else version} has no CUDA build: install torch=={version} with CUDA "

@@ -13,6 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Two workers' servers share 2 cores: an OpenMP thread waiting for work sleeps instead of spinning on a core another
 # test's server needs (the servers and benches the tests start inherit it; what they compute is the same).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite runs on the CPU on any box, a GPU box included (`--device auto` reads it, in this process and in every
+# server and bench it starts): its figures and tolerances are the CPU's. FRAGBENCH_DEVICE=cuda make test runs the
+# servers on the GPU instead.
+os.environ.setdefault("FRAGBENCH_DEVICE", "cpu")
 
 
 # The suite runs on pytest-xdist's workers (make test: -n 2 --dist loadfile): a file's tests stay on one worker, so

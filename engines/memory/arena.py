@@ -9,6 +9,7 @@ failure says whether free memory would have sufficed (`fragmentation`) or not (`
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -386,8 +387,16 @@ class BuddyHeap:
         raise ValueError(f"offset {offset} lies outside the buddy regions")
 
 
+# What `auto` means when set: the test suite pins it to cpu (tests/conftest.py), so that on a GPU box its servers and
+# benches run where the suite's figures were made; FRAGBENCH_DEVICE=cuda (or auto) runs them on the GPU instead
+DEVICE_ENV = "FRAGBENCH_DEVICE"
+
+
 def resolve_device(requested: str = "auto") -> str:
-    """`auto` is the GPU where CUDA is available, else the CPU; asking for CUDA without it is an error."""
+    """`auto` is FRAGBENCH_DEVICE where set, else the GPU where CUDA is available, else the CPU; asking for CUDA
+    without it is an error."""
+    if requested == "auto":
+        requested = os.environ.get(DEVICE_ENV) or "auto"
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():

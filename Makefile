@@ -119,10 +119,13 @@ bench: setup $(if $(filter $(MODEL),$(MODEL_DIR) $(CACHING_MODEL_DIR)),$(MODEL)/
 bench-quick:
 	$(MAKE) bench BENCH_TIME=200
 
-# Every GPU path once (both memory modes, forced OOMs, NVML, a two-engine bench, the OOM snapshot), PASS or
-# FAIL per item; on a machine without CUDA it says so and exits 2.
+# The release check of every GPU path (both memory modes, torch's own OOMs and their causes, NVML, greedy tokens,
+# the decode rate, a bf16 model of a real shape, a two-engine bench, the churn replayed under both segment kinds,
+# vLLM where installed): each item in its own process under its limit, one line each and gpu-check.json (each
+# item's verdict, figures and seconds); exit 0 only when every item that ran passed, 2 without CUDA. Nothing is
+# written into the repository but gpu-check.json; KEEP_FIXTURE=1 keeps the churn recording as the CPU suite's fixture.
 gpu-check: setup model
-	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR)
+	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
 # Nightly: the standard run, the history of every run beside its report, then a comparison with the
 # previous run (exit 1 on a regression).

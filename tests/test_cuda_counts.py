@@ -67,6 +67,7 @@ def device(monkeypatch) -> EmulatedDevice:
     monkeypatch.setattr(torch.cuda, "memory_stats", dev.stats)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (TOTAL - dev.allocator.reserved, TOTAL))
     monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: snapshot(dev.allocator)["segments"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", dev.allocator.empty_cache)
     return dev
 
 

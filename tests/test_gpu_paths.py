@@ -330,7 +330,7 @@ def test_an_oom_in_a_forward_is_judged_by_the_engines_memory(tiny_model):
 def test_34_minor_gpu_checks_attention_item_measures_and_can_fail(tiny_model, path, monkeypatch):
     """The kernel item printed PASS with a SKIP and could not fail: it now compares the runner's decode
     attention with a dense reference (here on the CPU, through both paths), and a wrong one is caught."""
-    import scripts.gpu_check as gpu_check
+    import scripts.gpu_items as gpu_check
     from engines.scheduled import model
 
     if path == "torch":
@@ -415,7 +415,7 @@ def test_41_gpu_checks_churn_item_without_cuda_exits_2_in_one_line():
 
 
 def test_41_the_churn_varies_its_requests_within_the_servers_context():
-    import scripts.gpu_check as gpu_check
+    import scripts.gpu_items as gpu_check
 
     bodies = gpu_check.churn_bodies(gpu_check.CHURN_REQUESTS)
     prompts = {len(b["prompt"]) for b in bodies}
@@ -434,7 +434,7 @@ def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
 
 
 def test_41_the_churn_verdict_passes_a_trace_reproduced_and_lists_each_mismatch_with_its_rule(tmp_path):
-    import scripts.gpu_check as gpu_check
+    import scripts.gpu_items as gpu_check
     from engines.memory.replay import RELEASE_RULE
 
     same = hand_replay([("segment_alloc", 1, 20 * MiB), ("alloc", 1, 5 * MiB), ("free", 1, 5 * MiB)])
@@ -452,17 +452,17 @@ def test_41_the_churn_verdict_passes_a_trace_reproduced_and_lists_each_mismatch_
         gpu_check.churn_verdict(hand_replay([("alloc", 1, 100)]), tmp_path / "m.txt")
 
 
-def test_41_a_failing_items_lines_are_printed_under_its_fail_line(monkeypatch, capsys):
+def test_41_a_failing_items_lines_are_printed_under_its_fail_line(monkeypatch):
     import scripts.gpu_check as gpu_check
 
     def mismatching(args):
         raise AssertionError("1 of 2 segment events reproduced\ntrace entry 7 (...); rule: R")
 
-    monkeypatch.setitem(gpu_check.CHECKS, "churn", ("churn", mismatching))
-    assert gpu_check.run_item("churn", None) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["FAIL  churn: AssertionError: 1 of 2 segment events reproduced",
-                   "      trace entry 7 (...); rule: R"]
+    monkeypatch.setitem(gpu_check.ITEMS, "churn", gpu_check.Item("churn", mismatching, 10))
+    result = gpu_check.run_here("churn", None)
+    assert result.verdict == "fail"
+    assert result.lines()[0].startswith("FAIL  churn: AssertionError: 1 of 2 segment events reproduced (")
+    assert result.lines()[1:] == ["      trace entry 7 (...); rule: R"]
 
 
 def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_path):
@@ -470,7 +470,7 @@ def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_pa
     cap and settings included."""
     import pickle
 
-    import scripts.gpu_check as gpu_check
+    import scripts.gpu_items as gpu_check
     from engines.memory.replay import RECORDING_KEY, load_trace, replay_recorded
     from tests.test_allocator_replay import synthetic_snapshot
 

@@ -157,9 +157,11 @@ def cuda_tensors(fake_cuda, monkeypatch):
     return others
 
 
-def test_34_1_make_bench_with_cuda_memory_is_a_command_bench_accepts(fake_cuda, tiny_model):
+def test_34_1_make_bench_with_cuda_memory_is_a_command_bench_accepts(fake_cuda, tiny_model, monkeypatch):
     """`MEMORY=cuda make bench` gave --engine-args static-max=... to a bench of hf and paged: exit 2."""
     import shlex
+
+    monkeypatch.delenv("FRAGBENCH_DEVICE")  # a user's GPU box: `auto` is the GPU
 
     from harness.cli import build_parser
     from harness.cli.bench import config

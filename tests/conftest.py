@@ -24,8 +24,10 @@ os.environ.setdefault("FRAGBENCH_DEVICE", "cpu")
 # (the sweep, the servers) stay on one worker too (tests/scheduling.py, by the hook at the end of this file).
 
 
-# What pytest itself sets around each phase of a test: not the test's doing.
-PYTEST_OWN_ENVIRONMENT = frozenset({"PYTEST_CURRENT_TEST"})
+# What pytest itself sets around each phase of a test, and what torch sets for itself on its first use in a process
+# (inductor's cache folder, written into os.environ by whichever test first reaches it: test_34_6 when it ran first
+# in its worker): not the test's doing.
+PYTEST_OWN_ENVIRONMENT = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 
 
 def process_state() -> dict:

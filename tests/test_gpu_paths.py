@@ -270,6 +270,21 @@ def test_34_minor_the_device_note_names_the_runs_own_gpu(fake_cuda, monkeypatch)
     assert "cuda:1 (H200 #1)" in cuda.device_note("cuda:1")
 
 
+def forward_oom_once(engine, message: str) -> list[int]:
+    """The engine's forward raises torch's OutOfMemoryError once, at its first step of more than two chunks (what
+    the device refused); the list gets that step's width."""
+    forward, raised = engine.runner.forward, []
+
+    def once(chunks, *rest):
+        if not raised and len(chunks) > 2:
+            raised.append(len(chunks))
+            raise torch.OutOfMemoryError(message)
+        return forward(chunks, *rest)
+
+    engine.runner.forward = once
+    return raised
+
+
 def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_is_an_oom(tiny_model, fake_cuda,
                                                                                           monkeypatch):
     """A decode step gathers every running sequence's K and V (padded): for Llama-3-8B's shape 262 MiB at
@@ -286,15 +301,7 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     assert llama3 > 262 * MiB
 
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
-    forward, raised = engine.runner.forward, []
-
-    def once(chunks, *rest):
-        if not raised and len(chunks) > 2:
-            raised.append(len(chunks))
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 262.00 MiB")
-        return forward(chunks, *rest)
-
-    engine.runner.forward = once
+    raised = forward_oom_once(engine, "CUDA out of memory. Tried to allocate 262.00 MiB")
     prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8)]
     outs = generate(engine, prompts, SamplingParams(8))
     clean = generate(make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512)), prompts,
@@ -313,15 +320,7 @@ def test_an_oom_in_a_forward_is_judged_by_the_engines_memory(tiny_model):
     from engines.sequence import SamplingParams
 
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
-    forward, raised = engine.runner.forward, []
-
-    def once(chunks, *rest):
-        if not raised and len(chunks) > 2:
-            raised.append(len(chunks))
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.00 MiB")
-        return forward(chunks, *rest)
-
-    engine.runner.forward = once
+    forward_oom_once(engine, "CUDA out of memory. Tried to allocate 5.00 MiB")
     engine.memory.device_oom = lambda requested, owner: OOMEvent(requested, 9 * MiB, MiB, "fragmentation", owner)
     generate(engine, [[5 + i for i in range(n)] for n in (3, 17, 40, 8)], SamplingParams(4))
     (_, event, _), = engine.oom_events

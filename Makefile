@@ -149,7 +149,13 @@ TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
+ifeq ($(DEVICE_KIND)$(WHEELS),cpu)
 	$(BIN)/pip install -q -e '.[dev,ray]'  # the ray extra: simulate --grid --ray's tests (pytest -m ray)
+else
+# a GPU box or an offline one: ray where it can be had (from WHEELS offline), else simulate --ray's tests skip
+	$(BIN)/pip install -q $(if $(WHEELS),--no-index --find-links '$(WHEELS)') 'ray>=2.9' \
+		|| echo "make test: ray could not be installed here: simulate --ray's tests skip"
+endif
 	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 

@@ -1,39 +1,42 @@
 # Set-up is idempotent: the stamp is rebuilt when pyproject.toml changes, and when the machine gains or loses a
-# GPU (the stamp names the kind): a venv made on CPU gets the CUDA torch on a GPU box.
+# GPU (the stamp names the kind). On a laptop (DEVICE_KIND=cpu, no WHEELS) it is as it always was: a venv of its
+# own, the tested torch and `pip install -e .[dev]`. On a GPU box the venv sees the system's packages
+# (--system-site-packages: an NGC container's or a cloud image's CUDA torch, transformers, numpy...) and
+# scripts/setup_missing.py installs only what is missing, within pyproject.toml's bounds: a CUDA torch that sees
+# the GPU is kept (no download), and only where there is none is the tested version installed. WHEELS=DIR installs
+# offline from a folder of wheels (on either kind), and a stop names every missing one in one line before anything
+# is installed. A failed set-up writes no stamp and touches nothing outside the venv; the next run finds again only
+# what is still missing (nothing is ever force-reinstalled over a working torch). DEVICE_KIND=cuda|cpu overrides
+# what nvidia-smi says.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEVICE_KIND := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.fragbench-installed-$(DEVICE_KIND)
 MODEL_DIR := models/tiny-llama
-# The tested torch, on both kinds. On CPU its wheel lies on disk; on a GPU box PyPI's Linux wheel of the same
-# version is the CUDA build (an unpinned torch would pull whatever is newest).
+# The tested torch, on both kinds: on CPU its wheel lies on disk; on a GPU box without a CUDA torch, PyPI's Linux
+# wheel of the same version is the CUDA build (an unpinned torch would pull whatever is newest).
 TORCH_VERSION := 2.13.0
 OTAVA_VERSION := 0.8.0
+WHEELS ?=
 
 .PHONY: setup test lint model vllm bench bench-quick nightly stress clean gpu-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-# On a GPU box: --isolated (no pip configuration, so no find-links directory whose CPU wheel, 2.13.0+cpu, also
-# matches ==2.13.0 and shadows PyPI's CUDA build); then the wheel must see the GPU (a driver too old for its CUDA
-# cannot): a stop that says which, never a silent bench on the CPU.
-ifeq ($(DEVICE_KIND),cuda)
-	$(BIN)/pip install -q --isolated --force-reinstall torch==$(TORCH_VERSION)
-	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else \
-	  'make setup: torch ' + torch.__version__ + (' has no CUDA (a local CPU wheel may shadow PyPI: pip config list)' \
-	  if not torch.version.cuda else ' (CUDA ' + torch.version.cuda + ') sees no GPU: is the driver (nvidia-smi) ' \
-	  'older than this CUDA?') + '; install torch==$(TORCH_VERSION) with CUDA for this driver')"
-else
-	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-endif
-	$(BIN)/pip install -q -e '.[dev]'
 # Apache Otava, `fragbench history`'s change points: without its dependencies, which pin numpy 2.2 and scipy < 1.17
 # and pull BigQuery, Postgres and Slack clients; otava.analysis needs numpy and scipy alone, which the venv has
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(if $(filter cuda,$(DEVICE_KIND)),--system-site-packages) $(VENV)
+ifeq ($(DEVICE_KIND)$(WHEELS),cpu)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps apache-otava==$(OTAVA_VERSION)
+else
+	$(BIN)/python scripts/setup_missing.py $(if $(filter cuda,$(DEVICE_KIND)),--cuda-torch $(TORCH_VERSION)) \
+		$(if $(WHEELS),--wheels '$(WHEELS)') --pin apache-otava==$(OTAVA_VERSION)
+endif
 	$(BIN)/python -c "from otava.analysis import compute_change_points"
 	$(BIN)/python -m engines.scheduled.kernels
 	rm -f $(VENV)/.fragbench-installed*
@@ -116,10 +119,13 @@ bench: setup $(if $(filter $(MODEL),$(MODEL_DIR) $(CACHING_MODEL_DIR)),$(MODEL)/
 bench-quick:
 	$(MAKE) bench BENCH_TIME=200
 
-# Every GPU path once (both memory modes, forced OOMs, NVML, a two-engine bench, the OOM snapshot), PASS or
-# FAIL per item; on a machine without CUDA it says so and exits 2.
+# The release check of every GPU path (both memory modes, torch's own OOMs and their causes, NVML, greedy tokens,
+# the decode rate, a bf16 model of a real shape, a two-engine bench, the churn replayed under both segment kinds,
+# vLLM where installed): each item in its own process under its limit, one line each and gpu-check.json (each
+# item's verdict, figures and seconds); exit 0 only when every item that ran passed, 2 without CUDA. Nothing is
+# written into the repository but gpu-check.json; KEEP_FIXTURE=1 keeps the churn recording as the CPU suite's fixture.
 gpu-check: setup model
-	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR)
+	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
 # Nightly: the standard run, the history of every run beside its report, then a comparison with the
 # previous run (exit 1 on a regression).
@@ -143,7 +149,13 @@ TEST_WORKERS ?= 2
 test: setup
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
+ifeq ($(DEVICE_KIND)$(WHEELS),cpu)
 	$(BIN)/pip install -q -e '.[dev,ray]'  # the ray extra: simulate --grid --ray's tests (pytest -m ray)
+else
+# a GPU box or an offline one: ray where it can be had (from WHEELS offline), else simulate --ray's tests skip
+	$(BIN)/pip install -q $(if $(WHEELS),--no-index --find-links '$(WHEELS)') 'ray>=2.9' \
+		|| echo "make test: ray could not be installed here: simulate --ray's tests skip"
+endif
 	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 

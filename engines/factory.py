@@ -63,6 +63,11 @@ def make_engine(spec: EngineSpec):
         raise EngineConfigError(refused)
     if not (Path(spec.model_dir) / "config.json").is_file():
         raise EngineConfigError(f"model directory {spec.model_dir!r} has no config.json")
+    if spec.engine == "hf-cb":
+        from engines.peers.transformers_api import continuous_batching_refusal
+
+        if refused := continuous_batching_refusal():
+            raise EngineConfigError(refused)
     hf_model = load_hf_model(spec.model_dir, spec.device)
     cfg = hf_model.config
     max_seq_len = spec.max_seq_len or cfg.max_position_embeddings

@@ -59,11 +59,12 @@ def check_fits_in_ram(shape: ModelShape, dtype: str) -> None:
         )
 
 
-def build_model(preset: str, out: Path, dtype: str = "float32", seed: int = 0) -> Path:
+def build_model(preset: str, out: Path, dtype: str = "float32", seed: int = 0, overrides: dict | None = None) -> Path:
+    """`overrides` changes the preset's config (gpu-check's real-shape model: Llama-3-8B's layer, fewer layers)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(preset_config(preset))
+    cfg = {**preset_config(preset), **(overrides or {})}
     shape = ModelShape.from_config(preset, cfg)
     if dtype not in BUILD_DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(BUILD_DTYPES)}, not {dtype!r}")

@@ -3,6 +3,7 @@ the crash a naive server meets. Shared by the scheduled engines and the naive on
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from engines.memory.arena import OOMEvent
@@ -26,3 +27,12 @@ class EngineCrash(RuntimeError):
     def __init__(self, event: OOMEvent):
         super().__init__(f"engine crashed on a KV allocation: {event.cause}, requested {event.requested_bytes} B")
         self.event = event
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def tried_to_allocate(err: Exception) -> int:
+    """The bytes a torch.cuda.OutOfMemoryError says it tried to allocate ("Tried to allocate 262.00 MiB"), or 0."""
+    wanted = re.search(r"Tried to allocate ([\d.]+) ([KMG]i?B|B)", str(err))
+    return int(float(wanted.group(1)) * UNITS[wanted.group(2)]) if wanted else 0

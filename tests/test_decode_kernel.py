@@ -85,3 +85,14 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load():
     r = subprocess.run([sys.executable, "-m", "engines.scheduled.kernels"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and not stale.exists(), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("moved", ["q", "store", "rows", "lengths"])
+def test_an_input_off_the_cpu_is_refused_by_name_before_any_read(moved):
+    """The kernel reads host memory: a CUDA tensor among its inputs (here the meta device, which a CPU machine
+    has) is refused with its name, where its data pointer would have been read as a host address."""
+    inputs = {"q": torch.randn(2, 4, 64), "store": torch.randn(32, 2, 2, 64),
+              "rows": torch.arange(32).repeat(2, 1).contiguous(), "lengths": torch.tensor([3, 5])}
+    inputs[moved] = inputs[moved].to("meta")
+    with pytest.raises(RuntimeError, match=f"every input must be on the CPU; {moved} is on meta"):
+        kernel.decode_attention(inputs["q"], inputs["store"], inputs["rows"], inputs["lengths"], 0.125)

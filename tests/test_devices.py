@@ -1,6 +1,7 @@
 """Device selection: the GPU where CUDA is available, the CPU elsewhere, one flag to override."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -20,10 +21,21 @@ def test_without_cuda_auto_is_the_cpu_and_asking_for_cuda_is_refused(monkeypatch
 
 def test_with_cuda_auto_is_the_gpu_and_cpu_still_overrides(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no real device is touched
+    monkeypatch.delenv("FRAGBENCH_DEVICE")  # a user's shell: nothing pins auto
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
     assert resolve_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="auto, cpu or cuda"):
         resolve_device("tpu")
+
+
+def test_the_suite_runs_on_the_cpu_on_a_gpu_box_unless_told_otherwise(monkeypatch):
+    """tests/conftest.py pins `auto` to the CPU for this process and every server and bench it starts: on a GPU
+    box `make test` ran them on CUDA, against figures and tolerances made on a CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert os.environ["FRAGBENCH_DEVICE"] == "cpu" and resolve_device("auto") == "cpu"
+    assert resolve_device("cuda") == "cuda"  # a test that asks for the GPU still gets it
+    monkeypatch.setenv("FRAGBENCH_DEVICE", "cuda")
+    assert resolve_device("auto") == "cuda"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -9,6 +9,7 @@ failure says whether free memory would have sufficed (`fragmentation`) or not (`
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -76,6 +77,17 @@ class OOMEvent:
         cause: Cause = "capacity" if free_bytes < requested_bytes else "fragmentation"
         return OOMEvent(requested_bytes, free_bytes, largest_free_bytes, cause, owner)
 
+    @staticmethod
+    def judge(rounded_bytes: int, cached_free_bytes: int, device_free_bytes: int, largest_free_bytes: int,
+              owner: str, layer: Layer) -> OOMEvent:
+        """A caching allocator's refusal (the emulator's or PyTorch's own): `fragmentation` where its cached free
+        bytes and the room left under its cap would together hold the request (the bytes exist, in no block or
+        segment that fits), `capacity` where they would not (the memory is truly full)."""
+        free = cached_free_bytes + device_free_bytes
+        cause: Cause = "capacity" if free < rounded_bytes else "fragmentation"
+        return OOMEvent(rounded_bytes, free, largest_free_bytes, cause, owner, cached_free_bytes, device_free_bytes,
+                        layer)
+
 
 class OutOfMemory(RuntimeError):
     def __init__(self, event: OOMEvent):
@@ -130,6 +142,11 @@ class DeviceMemory(ABC):
 
     def close(self) -> None:  # noqa: B027 (most memories change nothing beyond their bytes)
         """Give back what the memory changed beyond its own bytes (the CUDA allocator's process-wide cap)."""
+
+    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
+        """A torch.cuda.OutOfMemoryError outside this memory's own bytes (a forward's activations): `capacity`,
+        nothing under the device was left for it. CUDA memory overrides it with the allocator's own judgement."""
+        return OOMEvent(requested_bytes, 0, 0, "capacity", owner)
 
     @abstractmethod
     def rounded(self, nbytes: int) -> int:
@@ -370,8 +387,16 @@ class BuddyHeap:
         raise ValueError(f"offset {offset} lies outside the buddy regions")
 
 
+# What `auto` means when set: the test suite pins it to cpu (tests/conftest.py), so that on a GPU box its servers and
+# benches run where the suite's figures were made; FRAGBENCH_DEVICE=cuda (or auto) runs them on the GPU instead
+DEVICE_ENV = "FRAGBENCH_DEVICE"
+
+
 def resolve_device(requested: str = "auto") -> str:
-    """`auto` is the GPU where CUDA is available, else the CPU; asking for CUDA without it is an error."""
+    """`auto` is FRAGBENCH_DEVICE where set, else the GPU where CUDA is available, else the CPU; asking for CUDA
+    without it is an error."""
+    if requested == "auto":
+        requested = os.environ.get(DEVICE_ENV) or "auto"
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():

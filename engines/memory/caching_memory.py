@@ -11,6 +11,7 @@ compute on them for real; contiguous policies index its rows as they index the a
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import torch
 
@@ -109,10 +110,9 @@ class CachingMemory(DeviceMemory):
         """The policy's OOM when the live KV and this request pass the cap; else the allocator's: cached and
         never-reserved bytes would hold it, but no block does and the segment it asks for does not fit."""
         i = e.info
-        free = i.cached_free_bytes + i.device_free_bytes
-        policy = free < i.rounded_bytes
-        return OOMEvent(i.rounded_bytes, free, self._largest(), "capacity" if policy else "fragmentation", owner,
-                        i.cached_free_bytes, i.device_free_bytes, "policy" if policy else "allocator")
+        event = OOMEvent.judge(i.rounded_bytes, i.cached_free_bytes, i.device_free_bytes, self._largest(), owner,
+                               "allocator")
+        return replace(event, layer="policy") if event.cause == "capacity" else event
 
     def free(self, alloc: Allocation) -> None:
         with self._lock:

@@ -4,15 +4,19 @@ where a GPU path runs or is described; `engines/memory/arena.py` holds the arena
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory, round_size
+from engines.memory.allocconf import parse_alloc_conf
+from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
+from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size
 from engines.memory.nvml import memory_info, nvml
 
 # What a forward takes from the same per-process cap as the KV: cuBLAS's workspace (":4096:8", eight 4 MiB
 # chunks, the default on sm90; less on older GPUs) beside the activations the caller sizes.
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
-SEGMENT_SLACK_BYTES = 20 * 2**20  # the caching allocator's large segment: what rounding may add past the budget
+SEGMENT_SLACK_BYTES = LARGE_BUFFER_BYTES  # the caching allocator's large segment: what packing may add past the budget
 
 
 def cuda_device(device: str | torch.device) -> torch.device:
@@ -28,23 +32,30 @@ class CudaMemory(DeviceMemory):
     process-wide cap of what is already in use + the KV budget + the headroom a forward needs (so that the
     activations never fail first), restored by `close`.
 
-    The budget itself is a KV cap, counted here (as the arena counts it): an allocation whose rounded size
-    would take the KV past `capacity_bytes` fails with cause `capacity`, whatever the process cap would still
-    allow; one the allocator refuses under its cap while the KV is within budget is `fragmentation` (the free
-    bytes under the cap exist, but in no block that fits). Only the KV tensors count: cuBLAS's workspace, the
-    weights and what a forward keeps are the cap's, not the budget's."""
+    The budget itself is a KV cap, counted here in PyTorch's own rounding (engines/memory/blocks.py: 512 B
+    granules, or the power-of-two divisions PYTORCH_CUDA_ALLOC_CONF sets; the one source the emulator uses), so
+    the KV's count is at most what torch.cuda.memory_allocated counts for the same tensors (a block PyTorch
+    leaves unsplit is larger, never smaller) and so at most what it reserves: allocated <= reserved always. An
+    allocation whose rounded size would take the KV past `capacity_bytes` fails with cause `capacity`, whatever
+    the process cap would still allow. One the allocator itself refuses (torch.cuda.OutOfMemoryError) is judged
+    from the allocator's state, as the emulator judges it (OOMEvent.judge): `fragmentation` where the cached free
+    bytes and the room left under the cap would hold it, `capacity` where they would not (the activations, the
+    weights or another process took the slack). Only the KV tensors count toward the budget: cuBLAS's
+    workspace, the weights and what a forward keeps are the cap's, not the budget's."""
 
     def __init__(self, capacity_bytes: int, device: str | torch.device = "cuda", headroom_bytes: int = 0):
         if not torch.cuda.is_available():
             raise RuntimeError("the cuda memory backend needs a CUDA device; this machine has none")
         self.device = cuda_device(device)
         self.capacity_bytes = capacity_bytes
+        # the settings the real allocator read when CUDA started: its rounding (roundup_power2_divisions) is ours
+        self.conf = parse_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES
         total = torch.cuda.get_device_properties(self.device).total_memory
         in_use = torch.cuda.memory_reserved(self.device)
         self._previous_fraction = torch.cuda.get_per_process_memory_fraction(self.device)
-        # the allocator carves large blocks from 2 MiB granules and 20 MiB segments: the cap leaves a segment's
-        # slack above the budget, so that a KV within budget is refused only by the cache's own holes
+        # the allocator packs requests under 10 MiB into 20 MiB segments: the cap leaves a segment's slack above
+        # the budget, so that a KV within budget is refused only by the cache's own holes
         cap = min(1.0, (in_use + capacity_bytes + SEGMENT_SLACK_BYTES + self.headroom_bytes) / total)
         torch.cuda.set_per_process_memory_fraction(cap, self.device)
         self._live: dict[int, Allocation] = {}
@@ -57,27 +68,39 @@ class CudaMemory(DeviceMemory):
         return True
 
     def rounded(self, nbytes: int) -> int:
-        return round_size(nbytes)
+        return round_size(nbytes, self.conf)
 
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
-        size = round_size(nbytes)
-        if self._allocated + size > self.capacity_bytes:
-            self._refused(size, owner)
+        size = self.rounded(nbytes)
+        if self._allocated + size > self.capacity_bytes:  # the budget's own check: the policy's OOM
+            self._keep_snapshot()
+            s = self.stats()
+            raise OutOfMemory(OOMEvent.classify(size, s.free_bytes, s.largest_free_bytes, owner))
         try:
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError:
-            self._refused(size, owner)
+            raise OutOfMemory(self.device_oom(size, owner)) from None
         alloc = Allocation(0, size, nbytes, owner, tensor)
         self._live[id(alloc)] = alloc
         self._allocated += size
         self._requested += nbytes
         return alloc
 
-    def _refused(self, size: int, owner: str):
+    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
+        """A torch.cuda.OutOfMemoryError (a KV tensor's, or a forward's activations'), judged from the allocator's
+        state as it failed: its cached free bytes (reserved less everything allocated, KV or not) and the room
+        left under the cap (and on the device); the snapshot kept for the first."""
+        self._keep_snapshot()
+        stats = torch.cuda.memory_stats(self.device)
+        reserved = stats.get("reserved_bytes.all.current", 0)
+        cached_free = max(0, reserved - stats.get("allocated_bytes.all.current", 0))
+        device_free = max(0, min(int(self._cap_bytes()) - reserved, torch.cuda.mem_get_info(self.device)[0]))
+        return OOMEvent.judge(self.rounded(requested_bytes), cached_free, device_free,
+                              self._largest_free_block(), owner, "allocator")
+
+    def _keep_snapshot(self) -> None:
         if self.first_oom_snapshot is None:
             self.first_oom_snapshot = cuda_segments(self.device)
-        s = self.stats()
-        raise OutOfMemory(OOMEvent.classify(size, s.free_bytes, s.largest_free_bytes, owner)) from None
 
     def free(self, alloc: Allocation) -> None:
         if self._live.pop(id(alloc), None) is None:
@@ -103,9 +126,11 @@ class CudaMemory(DeviceMemory):
         segments = cuda_segments(self.device)
         inactive = [b["size"] for seg in segments for b in seg["blocks"] if b["state"] == "inactive"]
         reserved = sum(seg["total_size"] for seg in segments)
-        cap = torch.cuda.get_per_process_memory_fraction(self.device) * \
+        return max([int(max(0.0, self._cap_bytes() - reserved)), *inactive])
+
+    def _cap_bytes(self) -> float:
+        return torch.cuda.get_per_process_memory_fraction(self.device) * \
             torch.cuda.get_device_properties(self.device).total_memory
-        return max([int(max(0.0, cap - reserved)), *inactive])
 
     def extents(self) -> list[tuple[int, int, str | None]]:
         """The KV's own tensors, by address: what the cache holds for anything else is not the budget's."""

@@ -18,10 +18,13 @@ from transformers.cache_utils import DynamicLayer
 
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
-from engines.memory.arena import Allocation, DeviceMemory, OOMEvent, OutOfMemory
-from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context
+from engines.memory.arena import Allocation, DeviceMemory, OutOfMemory
+from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context, tried_to_allocate
+from engines.peers.transformers_api import generate_cache_argument
 from engines.sampler import StepLogits, process, prompt_logprobs
 from engines.sequence import FinishReason, SeqStatus, Sequence
+
+CACHE_ARGUMENT = generate_cache_argument()  # `cache` from transformers 5.24, `past_key_values` before
 
 
 class ArenaLayer(DynamicLayer):
@@ -175,7 +178,7 @@ class HFEngine(Engine):
             self.model.generate(
                 input_ids=ids.to(self.model.device),
                 attention_mask=mask.to(self.model.device),
-                cache=cache,
+                **{CACHE_ARGUMENT: cache},
                 max_new_tokens=max(1, max_new),
                 do_sample=not params.greedy,
                 # RowSampling applies each row's own: generate's warpers off (its top_k defaults to 50)
@@ -187,7 +190,8 @@ class HFEngine(Engine):
             )
         except (OutOfMemory, torch.OutOfMemoryError) as err:
             # the KV past its budget (the memory's OOM), or the device's cap under the activations
-            oom = err if isinstance(err, OutOfMemory) else OutOfMemory(OOMEvent(0, 0, 0, "capacity", "activations"))
+            oom = err if isinstance(err, OutOfMemory) else \
+                OutOfMemory(self.memory.device_oom(tried_to_allocate(err), "activations"))
             live = [s for s in batch if not s.is_finished]
             mem = self.memory.stats()
             self.oom_events.append((time.monotonic(), oom.event,

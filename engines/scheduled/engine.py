@@ -3,7 +3,6 @@ policy; what differs between them is the policy alone."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import replace
 
@@ -11,8 +10,8 @@ import torch
 
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
-from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
-from engines.oom import oom_context
+from engines.memory.arena import DeviceMemory, OutOfMemory
+from engines.oom import oom_context, tried_to_allocate
 from engines.sampler import make_generator, process, prompt_logprobs, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
@@ -117,10 +116,7 @@ class ScheduledEngine(Engine):
         later, and a sequence alone fails its request. The engine goes on; what its device can hold is what
         it now runs."""
         mem = self.memory.stats()
-        wanted = re.search(r"Tried to allocate ([\d.]+) ([KMG]i?B)", str(err))
-        unit = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-        requested = int(float(wanted.group(1)) * unit.get(wanted.group(2), 1)) if wanted else 0
-        event = OOMEvent(requested, 0, 0, "capacity", "activations")  # nothing under the cap was left for it
+        event = self.memory.device_oom(tried_to_allocate(err), "activations")  # judged from the allocator's state
         live = self.scheduler.live()
         self.oom_events.append((time.monotonic(), event, oom_context(live, len(self.scheduler.waiting),
                                                                      mem.allocated_bytes, mem.capacity_bytes)))

@@ -12,13 +12,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import sys
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
-NAME = "fragbench_decode_attention"
+# the build folder (torch's extensions cache, shared by every checkout on the machine) is named by the source's
+# hash: two checkouts with different kernels would otherwise rebuild over each other's module, and one could load
+# the other's
+NAME = f"fragbench_decode_attention_{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
 
 
 @functools.cache

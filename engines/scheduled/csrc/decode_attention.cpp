@@ -116,6 +116,14 @@ void attend(const torch::Tensor& q, const torch::Tensor& store, const torch::Ten
 
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor store, torch::Tensor rows, torch::Tensor lengths,
                                double scale) {
+  // the kernel dereferences every input's data pointer on the host: a CUDA (or meta) tensor among them, a CPU
+  // store with a GPU query say, would be read as host memory
+  const std::pair<const char*, const torch::Tensor*> inputs[] = {{"q", &q}, {"store", &store}, {"rows", &rows},
+                                                                 {"lengths", &lengths}};
+  for (const auto& [name, t] : inputs) {
+    TORCH_CHECK(t->device().is_cpu(), "decode_attention: every input must be on the CPU; ", name, " is on ",
+                t->device().str(), " (the runner attends through torch off the CPU)");
+  }
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && store.scalar_type() == torch::kFloat32,
               "decode_attention: float32 only");
   TORCH_CHECK(q.is_contiguous() && store.is_contiguous() && rows.is_contiguous() && lengths.is_contiguous(),

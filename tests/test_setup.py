@@ -1,0 +1,136 @@
+"""`make setup` on a box that already holds packages, read on a CPU: scripts/setup_missing.py's plan against a
+faked environment and a folder of hand-made wheels, its stops, and what the Makefile runs on each kind of box.
+(A whole run on a simulated GPU box, a venv over a folder holding torch and transformers 5.17, is in the
+issue 59 closing note: it needs minutes and a wheel download, not a unit test's.)"""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+import scripts.setup_missing as setup
+from tests.conftest import ROOT
+
+
+def wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
+    """A wheel pip could read: its METADATA, nothing else."""
+    path = folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    meta = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                    *(f"Requires-Dist: {r}\n" for r in requires)])
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
+    return path
+
+
+def reqs(*texts: str) -> list[Requirement]:
+    return [Requirement(t) for t in texts]
+
+
+def test_what_the_environment_satisfies_is_never_planned_and_the_rest_comes_from_the_wheels(tmp_path):
+    """The box's torch 2.11 and transformers 5.17 satisfy the bounds: kept. pydantic comes from its wheel; the
+    dependency that wheel names and the box lacks is found too."""
+    wheel(tmp_path, "pydantic", "2.5.0", "annotated-types>=0.4", "typing-extensions>=4.6")
+    wheel(tmp_path, "annotated-types", "0.7.0")
+    have = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "typing-extensions": "4.12.0"}
+    got = setup.plan(reqs("torch>=2.4", "transformers>=5.17,<6", "pydantic>=2"), have, setup.wheels_in(tmp_path))
+    assert [str(r) for r in got.install] == ["pydantic>=2"] and got.missing == []
+
+
+def test_offline_every_requirement_no_wheel_satisfies_is_named_dependencies_included(tmp_path):
+    wheel(tmp_path, "locust", "2.30.0", "gevent>=24", "flask>=2; python_version >= '3.8'", "pywin32; os_name == 'nt'")
+    wheel(tmp_path, "pydantic", "1.10.0")  # too old for the bound
+    got = setup.plan(reqs("locust", "pydantic>=2", "plotly"), {}, setup.wheels_in(tmp_path))
+    assert got.missing == ["pydantic>=2", "plotly", "gevent>=24", "flask>=2; python_version >= \"3.8\""]
+    assert [str(r) for r in got.install] == ["locust"]  # pywin32 is Windows's alone
+
+
+def test_a_pin_is_checked_without_its_dependencies(tmp_path):
+    wheel(tmp_path, "apache-otava", "0.8.0", "google-cloud-bigquery")
+    got = setup.plan(reqs("apache-otava==0.8.0"), {}, setup.wheels_in(tmp_path), follow=False)
+    assert [str(r) for r in got.install] == ["apache-otava==0.8.0"] and got.missing == []
+
+
+@pytest.fixture
+def pip_calls(monkeypatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(setup, "pip", lambda args, wheels: calls.append(args))
+    return calls
+
+
+def test_an_offline_set_up_that_lacks_wheels_stops_in_one_line_before_installing_anything(tmp_path, pip_calls,
+                                                                                         monkeypatch, capsys):
+    monkeypatch.setattr(setup, "installed", lambda: {"torch": "2.11.0"})
+    assert setup.main(["--wheels", str(tmp_path), "--pin", "apache-otava==0.8.0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pydantic>=2" in err[0] and "locust" in err[0] and "apache-otava==0.8.0" in err[0]
+    assert "torch" not in err[0] and pip_calls == []  # the box's torch satisfies its bound; nothing installed
+
+
+def test_a_folder_that_is_not_one_is_bad_input(tmp_path, capsys):
+    assert setup.main(["--wheels", str(tmp_path / "absent")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("seen, expected", [
+    (("2.11.0+cu130", "13.0", True, "/usr/lib/python3/dist-packages/torch/__init__.py"), None),
+    (("2.13.0+cpu", None, False, "/usr/lib/python3/dist-packages/torch/__init__.py"), "--ignore-installed"),
+    (None, "torch==2.13.0"),
+])
+def test_a_working_cuda_torch_is_kept_and_only_a_missing_or_cpu_one_is_installed(seen, expected, pip_calls,
+                                                                                 monkeypatch):
+    answers = [seen, ("2.13.0", "13.0", True, "/venv/torch/__init__.py")]
+    monkeypatch.setattr(setup, "torch_seen", lambda: answers.pop(0))
+    setup.ensure_cuda_torch("2.13.0", None)
+    if expected is None:
+        assert pip_calls == []  # no torch download on a box whose torch works
+    else:
+        [call] = pip_calls
+        assert "--isolated" in call and expected in call and "torch==2.13.0" in call
+        assert "--force-reinstall" not in call  # the system's torch is shadowed in the venv, never replaced
+
+
+def test_offline_a_cpu_torch_without_a_cuda_wheel_stops_before_pip(tmp_path, pip_calls, monkeypatch):
+    monkeypatch.setattr(setup, "torch_seen", lambda: ("2.13.0+cpu", None, False, "/usr/torch/__init__.py"))
+    with pytest.raises(setup.Stop, match="no wheel in .* satisfies torch==2.13.0"):
+        setup.ensure_cuda_torch("2.13.0", tmp_path)
+    assert pip_calls == []
+
+
+def make_n(*args: str) -> list[str]:
+    out = subprocess.run(["make", "-n", "-W", "pyproject.toml", "setup", *args], cwd=ROOT, capture_output=True,
+                         text=True).stdout
+    return out.replace("\\\n", " ").splitlines()
+
+
+def test_on_a_gpu_box_the_venv_sees_the_systems_packages_and_nothing_forces_a_torch():
+    lines = make_n("DEVICE_KIND=cuda")
+    assert any("-m venv --system-site-packages" in x for x in lines)
+    assert not any("pip install" in x for x in lines)  # only setup_missing.py installs, and only what is missing
+    assert any("setup_missing.py --cuda-torch 2.13.0" in x for x in lines) and lines[-1].endswith("installed-cuda")
+    assert any("--wheels '/w'" in x for x in make_n("DEVICE_KIND=cuda", "WHEELS=/w"))
+
+
+def test_on_a_laptop_set_up_is_as_it_was():
+    lines = make_n("DEVICE_KIND=cpu")
+    assert [x for x in lines if "pip install" in x] == [
+        ".venv/bin/pip install -q --upgrade pip", ".venv/bin/pip install -q torch==2.13.0",
+        ".venv/bin/pip install -q -e '.[dev]'", ".venv/bin/pip install -q --no-deps apache-otava==0.8.0"]
+    assert not any("--system-site-packages" in x for x in lines)
+
+
+def test_make_test_on_a_gpu_or_offline_box_installs_nothing_it_cannot_have():
+    """On the laptop make test installs the ray extra as it did; elsewhere ray alone, and its failure (no network,
+    no wheel) leaves simulate --ray's tests to skip instead of stopping the suite."""
+    def lines(*args):
+        out = subprocess.run(["make", "-n", "-o", "setup", "test", *args], cwd=ROOT, capture_output=True,
+                             text=True).stdout
+        return [x for x in out.replace("\\\n", " ").splitlines() if "pip install" in x]
+
+    assert lines("DEVICE_KIND=cpu") == [".venv/bin/pip install -q -e '.[dev,ray]'  # the ray extra: simulate "
+                                        "--grid --ray's tests (pytest -m ray)"]
+    [gpu] = lines("DEVICE_KIND=cuda", "WHEELS=/w")
+    assert "--no-index --find-links '/w' 'ray>=2.9'" in gpu and "|| echo" in gpu

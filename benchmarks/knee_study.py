@@ -260,7 +260,7 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     return {"true_ratio": true_ratio, "ratio": ratio, "lo": lo, "hi": hi, "covered": lo <= true_ratio <= hi,
             "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
             "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
-            "spread_s_fit": kf.spread_s,
+            "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
             "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].knee_rps <= kf.estimates[e].ci[1]
                              for e in (PAGED, STATIC)}}
 

@@ -26,11 +26,11 @@ from harness.analysis.placement import MIN_POINTS, done
 
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
-METHOD = ("90 % central interval of the joint posterior of a dose-response fit of every point (kneefit.py): SLO "
+METHOD = ("90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
           "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
-          "each point a stream with its own random shift in log load (the stream-to-stream spread estimated from "
-          "the run's points), judged requests weighted by the engine's design effect; the knees' ratio read from "
-          "the same {draws} joint draws")
+          "each point a stream with its own random shift in log load (the engine's stream-to-stream spread "
+          "estimated from its points), judged requests weighted by the engine's design effect; the knees' ratio "
+          "read from {draws} draws of each")
 
 
 def reference_of(engines) -> str | None:
@@ -118,7 +118,7 @@ class Headline:
                 "min_points": MIN_POINTS, "points": self.points, "judged": {e: est[e].judged for e in pair},
                 "run_to_run_share": round(self.run_to_run_share, 3), "ratio_ci_within_runs": list(self.within_ci),
                 "replications": {e: est[e].streams for e in pair}, "bracketed": self.bracketed,
-                "stream_spread": round(self.fit.spread_s, 3)}
+                "stream_spread": {e: round(self.fit.spread_s[e], 3) for e in pair}}
 
 
 def headline(fit: KneeFit | None, within: KneeFit | None, precision: float) -> Headline | None:

@@ -99,9 +99,10 @@ def evidence_sentence(summary: dict) -> str | None:
             + ("the interval was decided and as narrow as asked "
                f"({h['precision']:g}x) on at least {h.get('min_points', '?')} points per engine" if h.get("stop") ==
                "precise" else "its time was spent"))
-    line += (f". Streams differ from one another by about {100 * h.get('stream_spread', 0.0):.0f} % in the load "
-             f"they put on an engine (the fit's estimate); that spread makes up "
-             f"{100 * h.get('run_to_run_share', 0.0):.0f} % of the interval's log-width")
+    spread = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.get("stream_spread") or {}).items())
+    line += (f". Streams differ from one another in the load they put on an engine by about {spread} (each fit's "
+             f"estimate, as the sd of log load); that spread makes up {100 * h.get('run_to_run_share', 0.0):.0f} % "
+             "of the interval's log-width")
     within = h.get("ratio_ci_within_runs")
     if within:
         line += f" (these streams' sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"

@@ -96,9 +96,8 @@ def evidence_sentence(summary: dict) -> str | None:
                       f"{h['judged'][e]} judged requests)" for e in (h["engine"], h["against"]))
     line = (f"Each knee is fitted from every point it may rest on (a dose-response curve of SLO attainment against "
             f"log rate, the 90 % interval from the fit's joint posterior): {rests}. The decision stopped: "
-            + ("the interval was decided and as narrow as asked "
-               f"({h['precision']:g}x) on at least {h.get('min_points', '?')} points per engine" if h.get("stop") ==
-               "precise" else "its time was spent"))
+            + (f"the interval was as narrow as asked ({h['precision']:g}x) on at least {h.get('min_points', '?')} "
+               "points per engine" if h.get("stop") == "precise" else "its time was spent"))
     spread = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.get("stream_spread") or {}).items())
     line += (f". Streams differ from one another in the load they put on an engine by about {spread} (each fit's "
              f"estimate, as the sd of log load); that spread makes up {100 * h.get('run_to_run_share', 0.0):.0f} % "

@@ -172,9 +172,17 @@ def test_a_request_cut_off_by_the_window_is_judged_on_what_it_showed():
 
 def test_every_capacity_block_has_its_interval_and_the_constraint_that_bound_it(swept):
     run_dir, report = swept
-    for c in json.loads((run_dir / "summary.json").read_text())["capacity"].values():
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for c in summary["capacity"].values():
         lo, hi = c["sustained_rps_ci"]
         assert lo <= c["sustained_rps"] <= hi and c["bound"] in ("memory", "compute", "failures")
         knee = {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total", "preemptions"}
-        assert knee <= set(c["knee"])
+        assert knee <= set(c["knee_point"])
+        assert {"method", "points", "streams", "judged", "rps", "ci"} <= set(c["knee"])  # issue 58's contract
+        assert c["knee"]["rps"] == round(c["sustained_rps"], 4) and c["replications"] == c["knee"]["streams"]
+        assert c["role"] in ("headline", "rival", "screened") and set(c["operating_point"]) == {"offered_rps", "keys"}
+    h = summary["headline"]
+    assert h["stop"] in ("precise", "time spent") and isinstance(h["precise"], bool)
+    assert summary["capacity"][h["engine"]]["role"] == "headline" and summary["capacity"][h["against"]]["role"] == \
+        "rival"
     assert "What bound each engine at its knee" in report.read_text()

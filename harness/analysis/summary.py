@@ -270,7 +270,8 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
         out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
-        out[e]["operating_point"] = (meta.get("operating_point") or {}).get(e)  # measured first, on fixed keys
+        # measured first, on fixed keys (none where the repository's table has no rate for this engine)
+        out[e]["operating_point"] = (meta.get("operating_point") or {}).get(e) or {"offered_rps": None, "keys": []}
     ratios = {}
     for a in (knees.estimates if knees is not None else {}):
         for b in knees.estimates:

@@ -129,14 +129,23 @@ def test_an_engines_pooled_rates_are_over_its_judged_spans_not_the_time_to_its_l
 def test_the_fixed_operating_point_is_gated_where_both_runs_measured_it(tmp_path):
     """Every default run measures each engine first at a rate from the repository's table, on a stream no search
     reaches: the pair's operating point, whatever else the two searches visited."""
-    from harness.analysis.operating import OPERATING_REPLICATION, fixed_point, operating_key, operating_rate, rule_rate
+    from harness.analysis.operating import (
+        OPERATING_REPLICATION,
+        TABLE,
+        fixed_point,
+        operating_key,
+        operating_rate,
+        rule_rate,
+    )
     from workloads.streams import replication_of, snap
 
     assert rule_rate([3.39]) == snap(1.68) and rule_rate([3.39]) <= 0.5 * 3.39
     assert rule_rate([0.9]) is None and rule_rate([]) is None  # 30 judged requests at 0.45/s: over a minute
     key = operating_key(1.681793)
     assert replication_of(key) == OPERATING_REPLICATION
-    assert operating_rate("workloads/presets/mixed-churn.yaml", 16 * 2**20, "models/tiny-llama", "paged") == 1.681793
+    table = json.loads(TABLE.read_text())["tables"]["mixed-churn/16777216/tiny-llama"]
+    assert operating_rate("workloads/presets/mixed-churn.yaml", 16 * 2**20, "models/tiny-llama", "paged") == \
+        table["paged"] and snap(table["paged"]) == table["paged"]
     assert operating_rate("mixed-churn", 32 * 2**20, "models/tiny-llama", "paged") is None
     fixed = point(key, 1.681793, 1.0, ttft=0.05)
     base = {**block(point("g3", 2.0, 0.95), fixed), "operating_point": {"offered_rps": 1.681793, "keys": [key]}}

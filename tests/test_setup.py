@@ -101,8 +101,9 @@ def test_offline_a_cpu_torch_without_a_cuda_wheel_stops_before_pip(tmp_path, pip
 
 
 def make_n(*args: str) -> list[str]:
-    out = subprocess.run(["make", "-n", "-W", "pyproject.toml", "setup", *args], cwd=ROOT, capture_output=True,
-                         text=True).stdout
+    # --no-print-directory: under `make test` this make is a sub-make, which otherwise prints its directory lines
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "setup", *args], cwd=ROOT,
+                         capture_output=True, text=True).stdout
     return out.replace("\\\n", " ").splitlines()
 
 

@@ -229,7 +229,7 @@ def decider(design):
 def look(pts):
     from harness.run.verdicts import Verdict
 
-    return Verdict({"paged": pts}, {}, {}, None, {}, fit({"paged": pts}, 0.9))
+    return Verdict({"paged": pts}, {}, {}, None, fit({"paged": pts}, 0.9))
 
 
 def test_an_open_bracket_gets_a_new_rate_and_a_bracketed_knee_fresh_streams_around_it():

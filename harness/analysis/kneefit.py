@@ -41,7 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from harness.analysis.knee import CONFIDENCE, Judged, central, design_effect, knee_points, named_rng, pooled
+from harness.analysis.knee import (
+    CONFIDENCE,
+    Judged,
+    KneeSearch,
+    central,
+    design_effect,
+    knee_points,
+    named_rng,
+    pooled,
+)
 
 METHOD = "dose-response fit"
 SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit of log rate (0.9 -> 0.5 over 2.2/b)
@@ -90,10 +99,6 @@ class KneeFit:
         lo, hi = central(draws, CONFIDENCE)
         return float(np.median(draws)), (lo, hi)
 
-    def sd(self, engine: str) -> float:
-        """The sd of an engine's log knee: its share of a ratio's uncertainty."""
-        return float(np.std(self.log_knees[engine]))
-
 
 @dataclass(frozen=True)
 class _Data:
@@ -130,9 +135,9 @@ def knee_grid(points: list[Judged]) -> np.ndarray:
 def bracketed(points: list[Judged], target: float) -> bool:
     """A rate (its replications pooled) that met the target below one that missed it, among the points a knee
     rests on: the knee measured, not a bound past (every rate met) or under (none did) the rates measured."""
-    rows = [(p.offered_rps, p.attainment) for p in pooled(knee_points(points))]
-    fails = [r for r, a in rows if a < target]
-    return bool(fails) and any(a >= target and r < min(fails) for r, a in rows)
+    search = KneeSearch(0.0, target, measured=[(p.offered_rps, p.attainment) for p in pooled(knee_points(points))])
+    lo, hi = search.bracket()
+    return lo is not None and hi is not None
 
 
 def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,

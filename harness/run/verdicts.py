@@ -25,8 +25,7 @@ class Verdict:
     capacity: dict  # summary.json's `capacity`
     ratios: dict  # summary.json's `capacity_ratios`
     headline: dict | None  # summary.json's `headline`
-    log_sd: dict[str, float]  # each headline engine's share of the ratio's uncertainty (sd of its log knee)
-    fit: KneeFit | None = None  # the joint knee fit every figure above was read from
+    fit: KneeFit | None = None  # the knee fit every figure above was read from
 
     def ratio_ci(self, a: str, b: str) -> list[float] | None:
         return (self.ratios.get(f"{a}/{b}") or {}).get("ratio_ci")
@@ -55,9 +54,8 @@ def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] |
     blocks = blocks_of(frames, meta, engines).get(own, {})
     fits = fits_of(blocks, meta)
     capacity, ratios = intervals(blocks, meta, fits) if blocks else ({}, {})
-    head, h = headline_with(blocks, meta, fits) if blocks else (None, None)
-    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head,
-                   {e: h.fit.sd(e) for e in (h.engine, h.against)} if h else {}, fits[0])
+    head = headline_with(blocks, meta, fits)[0] if blocks else None
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, fits[0])
 
 
 def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from engines.shapes import ModelShape
@@ -26,6 +27,12 @@ def workload_mix(requests: list, name: str, max_seq_len: int) -> LengthMix:
 
 # The vLLM paper's ShareGPT setting (section 6.2), used when no workload is named.
 SHAREGPT_MIX = LengthMix(161.0, 338.0, "ShareGPT-like means from the vLLM paper (161 in, 338 out)")
+
+
+def live_tokens_per_request(mix: LengthMix, max_seq_len: int, block_size: int) -> float:
+    """A request holds its prompt and, on average over its life, half its output, plus half a block."""
+    prompt = min(mix.mean_prompt_tokens, max_seq_len)
+    return prompt + min(mix.mean_output_tokens, max_seq_len - prompt) / 2 + block_size / 2
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,7 @@ def make_plan(
     headroom = shape.activation_bytes(DTYPE_BYTES[dtype], max(2048, max_seq_len), DEFAULT_MAX_NUM_SEQS)
     usable = int(gpu_mem_bytes * gpu_util)
     budget = max(0, usable - weights - headroom)
-    # a request holds its prompt and, on average over its life, half its output, plus half a block
-    prompt = min(mix.mean_prompt_tokens, max_seq_len)
-    output = min(mix.mean_output_tokens, max_seq_len - prompt)
-    live_per_request = prompt + output / 2 + block_size / 2
+    live_per_request = live_tokens_per_request(mix, max_seq_len, block_size)
     fits = budget >= max_seq_len * kvb
     if weights > usable:
         reason = "the weights alone exceed the usable GPU memory"
@@ -133,3 +137,44 @@ def fitting_plan(shape: ModelShape, gpu_name: str, gpu_mem_bytes: int, dtype: st
     if not plan.fits:
         raise PlanRefused(f"{shape.name} on {gpu_name}: {plan.reason} (see fragbench plan)")
     return plan
+
+
+# make bench's defaults by device kind, each by a rule the report prints (harness/views/regime.py).
+# The KV budget is a whole number of max-length sequences of the model:
+# - cpu: 2. static-max then holds 2 requests at once, fewer than 2 cores batch within the TPOT limit, so the
+#   contiguous engines are memory-bound at their knees as on a GPU.
+# - cuda: the fewest max-length sequences at which the paged engine's expected concurrency (make_plan's rule: a
+#   request holds its prompt, half its output and half a block) reaches GPU_TARGET_CONCURRENCY on the default
+#   workload. At that batch a decode step of a real-shape model still reads its weights for most of its time
+#   (the roofline), so adding requests costs little compute and what stops more from running is KV memory.
+GPU_TARGET_CONCURRENCY = 32
+
+
+@dataclass(frozen=True)
+class BenchRegime:
+    """What `make bench` runs on one device kind: the model (a preset built locally with random weights) and the
+    KV budget in max-length sequences of it."""
+
+    device_kind: str
+    preset: str
+    dtype: str
+    model_dir: str
+    sequences: int
+    max_seq_len: int = 2048
+
+    def kv_budget_bytes(self, shape: ModelShape) -> int:
+        return self.sequences * self.max_seq_len * shape.kv_bytes_per_token(self.dtype)
+
+
+def gpu_sequences(shape: ModelShape, dtype: str, mix: LengthMix, max_seq_len: int = 2048, block_size: int = 16) -> int:
+    """The cuda rule: the fewest max-length sequences whose tokens hold GPU_TARGET_CONCURRENCY requests of the
+    mix's mean live tokens (make_plan's estimate)."""
+    live = live_tokens_per_request(mix, max_seq_len, block_size)
+    return math.ceil(GPU_TARGET_CONCURRENCY * live / max_seq_len)
+
+
+BENCH_REGIMES: dict[str, BenchRegime] = {
+    "cpu": BenchRegime("cpu", "tiny-llama", "float32", "models/tiny-llama", 2),
+    # Llama-3-8B's shape whole (32 layers, bf16: 16 GB of weights); gpu_sequences on mixed-churn gives 8
+    "cuda": BenchRegime("cuda", "llama-3-8b", "bfloat16", "models/llama-3-8b-bf16", 8),
+}

@@ -268,19 +268,6 @@ def budget_curve(by_budget: dict) -> str:
     return "<h3>Sustained rate against KV budget</h3>" + fig_html(fig)
 
 
-def regime_words(summary: dict, budget_bytes: int | None) -> str:
-    kvb = next((s.get("kv_bytes_per_token") for s in summary["engines"].values() if s.get("kv_bytes_per_token")),
-               None)
-    max_seq_len = summary.get("max_seq_len")
-    if not (kvb and budget_bytes and max_seq_len):
-        return ""
-    one = kvb * max_seq_len
-    return (f" The KV budget, {budget_bytes / MiB:g} MiB, is {budget_bytes / one:.1f} max-length sequences "
-            f"({max_seq_len} tokens x {kvb} B); make bench's default is 2, the rule that puts contiguous "
-            "reservations in the regime of a GPU: a static-max engine then holds 2 requests at once, fewer than "
-            "the CPU can batch before a step misses the TPOT limit, so memory, not compute, is what binds it.")
-
-
 def method_words(summary: dict, design: dict | None) -> str:
     slo = next(iter(summary["capacity"].values()))["slo"]
     if "policies" in summary:  # fragbench simulate's sweep
@@ -316,12 +303,13 @@ def method_words(summary: dict, design: dict | None) -> str:
     return how
 
 
-def capacity_section(summary: dict, budget_bytes: int | None = None, design: dict | None = None) -> str:
+def capacity_section(summary: dict, regime: str = "", design: dict | None = None) -> str:
+    """`regime`: the KV budget's regime in words (harness/views/regime.py)."""
     cap = summary.get("capacity")
     if not cap:
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
-    how = method_words(summary, design) + regime_words(summary, budget_bytes)
+    how = method_words(summary, design) + regime
     lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(cap)) if x]
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
     body = words + fig_html(curves(cap)) + capacity_table(summary)

@@ -34,6 +34,7 @@ from harness.views.html import (
     section,
     table,
 )
+from harness.views.regime import regime_words
 from harness.views.twin import twin_section
 from harness.views.verdict import verdict
 
@@ -398,7 +399,8 @@ def render(run_dir: Path, out: Path) -> Path:
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
         verdict(summary, meta, frames["events"]), targets_note(meta),
-        capacity_section(summary, budget_bytes(meta), (meta.get("sweep") or {}).get("design")),
+        capacity_section(summary, regime_words(summary, meta, budget_bytes(meta)),
+                         (meta.get("sweep") or {}).get("design")),
         twin_section(summary, budget_bytes(meta)), integrity_section(summary),
         memory_breakdown(frames["samples"]), figure2(summary), settings_section(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 UNITS = {
     "": 1, "b": 1,
@@ -29,3 +30,23 @@ def format_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+@dataclass(frozen=True, order=True)
+class KvBudget:
+    """A KV-cache budget as the user gave it: its bytes, and the text they wrote (`16MiB`), which names its files
+    and labels it in run.json and the reports. Equal, hashed and ordered by bytes alone, so that `16MiB` and
+    `16777216` are one budget wherever budgets are keys or de-duplicated."""
+
+    bytes: int
+    label: str = field(compare=False)
+
+    @classmethod
+    def parse(cls, text: str | int | KvBudget) -> KvBudget:
+        """From a flag's text (or bytes, or a budget); ValueError naming the text otherwise (parse_size's)."""
+        if isinstance(text, KvBudget):
+            return text
+        return cls(parse_size(str(text)), str(text).strip())
+
+    def __str__(self) -> str:
+        return self.label

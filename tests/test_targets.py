@@ -145,7 +145,7 @@ def test_a_target_that_stops_answering_is_down_until_it_answers_again(tmp_path):
     run = EngineRun("mine", time.time(), 0, server=server)
     for _ in range(4):
         run.checked_s = -1e9  # ask at once rather than every 2 s
-        bench.watch(run)
+        bench.servers.watch(run)
     events = [json.loads(x) for x in (tmp_path / "w" / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events] == ["crash", "restart"]
     assert "never restarts" in events[0]["detail"] and "answers again" in events[1]["detail"]

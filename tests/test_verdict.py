@@ -208,22 +208,18 @@ class _Visits:
         return self._st
 
 
-class _Host:
-    def __init__(self, design):
-        self.design, self.slo = design, SLO()
-
-
 class _Run:
     engine = "paged"
 
 
 def decider(design):
-    """The decision's turn rule (run/search.py) over a host and visits that hold only what it reads."""
+    """The decision's turn rule (run/search.py) over a design and visits that hold only what it reads."""
     from harness.analysis.knee import KneeSearch
     from harness.run.search import KneeSearching
 
     search = KneeSearch(1.0, 0.9, float("inf"), design.step)
-    return KneeSearching(_Host(design), _Visits(_Searched(search)))
+    return KneeSearching(cfg=None, design=design, clock=None, record=None, console=None,
+                         visits=_Visits(_Searched(search)), order=["paged"], budgets=[], targets={})
 
 
 def look(pts):

@@ -1,0 +1,116 @@
+"""The run's record as it is produced: run.json (one dict, written whole and atomically: a kill never leaves half
+of it) and the events journal (crashes, restarts, OOMs, releases). Each of the bench's collaborators writes what
+it learns here, through a method named for it; a method says whether it writes run.json at once or leaves it to
+the next write."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harness.results import Journal
+from harness.run.config import BenchConfig
+from harness.run.engine_run import EngineRun
+from harness.run.provenance import git_sha, hardware, versions
+
+OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
+OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or allocator, and the bytes that tell
+
+
+class RunRecord:
+    def __init__(self, run_dir: Path, meta: dict, memory: str):
+        self.dir, self.meta = run_dir, meta
+        self.memory = memory  # --memory: an OOM's layer is recorded where a caching allocator holds the KV
+        self.events = Journal(run_dir / "events.jsonl")
+
+    @classmethod
+    def start(cls, cfg: BenchConfig, run_dir: Path) -> RunRecord:
+        """A partial run's record: the configuration (the targets' API key never), where and on what it runs."""
+        meta = {
+            "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
+            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
+            "git_sha": git_sha(),
+            "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
+        }
+        record = cls(run_dir, meta, cfg.memory)
+        record.write()
+        return record
+
+    def write(self) -> None:
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
+        tmp.replace(self.dir / "run.json")  # atomic: a kill never leaves half a run.json
+
+    # -- events
+    def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None:
+        t = t_s if t_s is not None else time.time() - run.t0
+        self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
+
+    def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
+        """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
+        state = {k: ev.get(k) for k in OOM_STATE}
+        words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                          for k, v in state.items() if v is not None)
+        # which layer failed, where a caching allocator holds the KV (engines/memory/caching_memory.py); null elsewhere
+        layer = {k: ev.get(k) if self.memory == "caching" else None for k in OOM_LAYER}
+        self.event(run, "oom", t_s, requested_bytes=ev.get("requested_bytes"), free_bytes=ev.get("free_bytes"),
+                   largest_free_bytes=ev.get("largest_free_bytes"), cause=ev.get("cause"),
+                   detail=f"{outcome}; {words}", **state, **layer)
+
+    # -- run.json, written at once
+    def sweep(self, rates: list[float] | None, point_s: float | None, design: dict, search: dict | None) -> None:
+        self.meta["sweep"] = {"rates": rates, "point_s": point_s, "points": {}, "design": design, "search": search}
+        self.write()
+
+    def engine_config(self, engine: str, budget: str, config: dict) -> None:
+        """The configuration the engine's server reported at a budget (the twin configures itself from it)."""
+        self.meta.setdefault("engine_config", {}).setdefault(engine, {})[budget] = config
+        self.write()
+
+    def target(self, engine: str, described: dict) -> None:
+        self.meta.setdefault("targets", {})[engine] = described
+        self.write()
+
+    def calibration(self, engine: str, budget: str, rate_rps: float) -> None:
+        self.meta.setdefault("calibration", {}).setdefault(engine, {})[budget] = rate_rps
+        self.write()
+
+    def engine_t0(self, engine: str, t0: float) -> None:
+        """The engine's clock (wall): finalize re-bases the rows written before it started."""
+        self.meta.setdefault("engine_t0", {})[engine] = t0
+        self.write()
+
+    def engine_done(self, engine: str) -> None:
+        self.meta["engines_done"].append(engine)
+        self.write()
+
+    def complete(self, started: float) -> None:
+        """The run's end: `started` the wall clock it began at."""
+        self.meta["status"] = "complete"
+        self.meta["finished"] = datetime.now(timezone.utc).isoformat()
+        self.meta["bench_s"] = round(time.time() - started, 1)
+        self.write()
+
+    # -- run.json, written with the next write
+    def setup_s(self, engine: str, seconds: float) -> None:
+        self.meta.setdefault("setup_s", {})[engine] = round(seconds, 1)
+
+    def operating_point(self, engine: str, rate_rps: float, keys: list[str]) -> None:
+        self.meta.setdefault("operating_point", {})[engine] = {"offered_rps": rate_rps, "keys": keys}
+
+    def points(self, engine: str) -> list[dict]:
+        """The engine's sweep points (every budget's), the list run.json holds: a point appended is recorded."""
+        return self.meta["sweep"]["points"].setdefault(engine, [])
+
+    def decision_log(self) -> list[dict]:
+        """The decision's looks at the headline, the list run.json holds."""
+        return self.meta.setdefault("decision", [])
+
+    # -- read
+    def setups_s(self) -> list[float]:
+        """Each engine's set-up so far, seconds."""
+        return list(self.meta.get("setup_s", {}).values())

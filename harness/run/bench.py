@@ -64,7 +64,7 @@ class Bench:
         self.servers = Supervisor(cfg, self.targets, self.record)
         self.calibration = Calibration(cfg, self.servers)
         self.probes = Probes(cfg, self.servers, self.record, self.console)
-        self.visits = Visits(cfg, self.clock, self.record, self.servers, self.console, streams)  # how a point is
+        self.visits = Visits(cfg, self.clock, self.record, self.servers, self.console, streams)  # a point measured
         self.searching = KneeSearching(cfg, self.design, self.clock, self.record, self.console, self.visits,
                                        self.order(), self.budgets, self.targets)  # which points: search, decision
 

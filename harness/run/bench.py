@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from harness.run.targets import Target
 from harness.run.verdicts import decision_line
 from harness.run.visits import EngineRun, Visits
 from harness.sim.twin import twin_of
+from harness.units import KvBudget
 from workloads.spec import load_spec
 from workloads.streams import Streams, dispersion
 
@@ -78,7 +79,7 @@ class Bench:
         self.targets = {name: Target.restore(name, d, cfg.api_key) for name, d in cfg.targets.items()}
         self.run_meta = {
             "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
-            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
+            "config": {**cfg.record(), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
             "git_sha": git_sha(),
             "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
         }
@@ -155,7 +156,7 @@ class Bench:
                               alloc_conf=self.cfg.alloc_conf if self.cfg.memory == "cuda" else None)
         config = (fetch_stats(server.url) or {}).get("engine_config")
         if config:
-            self.run_meta.setdefault("engine_config", {}).setdefault(run.engine, {})[run.budget] = config
+            self.run_meta.setdefault("engine_config", {}).setdefault(run.engine, {})[str(run.budget)] = config
             self.write_meta()
         return server
 
@@ -193,8 +194,8 @@ class Bench:
         return round(achieved, 3)
 
     @property
-    def budgets(self) -> list[str]:
-        """The KV budgets every engine is run at: the run's own first, then --kv-budgets' others."""
+    def budgets(self) -> list[KvBudget]:
+        """The KV budgets every engine is run at: the run's own first, then --kv-budgets' others (by bytes)."""
         return list(dict.fromkeys([self.cfg.kv_budget, *self.cfg.kv_budgets]))
 
     @property
@@ -306,7 +307,7 @@ class Bench:
     def calibrate_at(self, run: EngineRun, show) -> float:
         rate = self.calibrate(run, lambda text, done: show(f"{run.engine:<6} calibrating", 0))
         self.plain(f"{run.engine}: calibrated at {rate:g} req/s ({run.budget})")
-        self.run_meta.setdefault("calibration", {}).setdefault(run.engine, {})[run.budget] = rate
+        self.run_meta.setdefault("calibration", {}).setdefault(run.engine, {})[str(run.budget)] = rate
         self.write_meta()
         return rate
 

@@ -17,7 +17,6 @@ from harness.analysis.operating import OPERATING_JUDGED, OPERATING_REPLICATION, 
 from harness.analysis.placement import next_rate
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import EngineRun, Host, Visit, Visits
-from harness.units import parse_size
 from workloads.streams import replication_of
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
@@ -71,7 +70,7 @@ class KneeSearching:
         cfg, run = self.host.cfg, visit.run
         if run.budget != cfg.kv_budget or run.engine in self.host.targets:
             return
-        rate = operating_rate(cfg.workload, parse_size(run.budget), cfg.model, run.engine)
+        rate = operating_rate(cfg.workload, run.budget.bytes, cfg.model, run.engine)
         if rate is None:
             return
         self.host.run_meta.setdefault("operating_point", {})[run.engine] = {"offered_rps": rate,

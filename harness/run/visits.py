@@ -21,6 +21,7 @@ from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
 from harness.run.points import PointJob, PointResult, PointRunner
 from harness.run.sampler import Sampler
 from harness.run.servers import ServerFailed, ServerProcess
+from harness.units import KvBudget
 from workloads.schedule import ScheduleWriter
 from workloads.streams import Streams, key_of
 
@@ -35,11 +36,11 @@ class EngineRun:
     server: ServerProcess | None = None
     crashes: int = 0
     down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
-    budget: str = ""  # the KV budget its server runs at now
+    budget: KvBudget | None = None  # the KV budget its server runs at now
     oom_seen: int = 0
     checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
     down_since: float | None = None  # a target that stopped answering: since when
-    searched: dict[str, Searched] = field(default_factory=dict)  # by KV budget
+    searched: dict[KvBudget, Searched] = field(default_factory=dict)  # by KV budget (its bytes)
     sampler: Sampler | None = None  # the latest one (a revisit resumes it)
     setup_s: float = 0.0  # server start, debugging pass and calibration, as measured
 
@@ -103,7 +104,7 @@ class Host(Protocol):
     def left_s(self) -> float: ...
 
     @property
-    def budgets(self) -> list[str]: ...
+    def budgets(self) -> list[KvBudget]: ...
 
     def order(self) -> list[str]: ...
 
@@ -176,7 +177,7 @@ class Visits:
     def searched(self, run: EngineRun) -> Searched:
         if run.budget not in run.searched:
             points = self.host.run_meta["sweep"]["points"].setdefault(run.engine, [])
-            run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == run.budget])
+            run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == str(run.budget)])
         return run.searched[run.budget]
 
     def measure(self, visit: Visit, rate: float, show, replication: int = 0, **rules) -> PointResult:
@@ -187,7 +188,7 @@ class Visits:
         at = st.of_key(key)
         if at is None:
             mine = self.host.run_meta["sweep"]["points"].setdefault(run.engine, [])
-            record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": run.budget, "segments": []}
+            record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": str(run.budget), "segments": []}
             mine.append(record)
             st.points.append(record)
             at = len(st.points) - 1

@@ -9,8 +9,6 @@ from pathlib import Path
 from harness.cli.args import (
     UsageError,
     add_api_flag,
-    add_kv_budget,
-    add_kv_budgets,
     check_sweep_args,
     positive_int,
     sweep_group,
@@ -18,6 +16,7 @@ from harness.cli.args import (
     usage_errors,
 )
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.units import KvBudget
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import add_kv_budget, device_of, model_dir, positive_int, usage_errors
+from harness.cli.args import device_of, model_dir, positive_int, usage_errors
+from harness.cli.kv_budget import add_kv_budget
 
 
 def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:

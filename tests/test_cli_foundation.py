@@ -130,35 +130,3 @@ def test_every_flag_of_every_verb_explains_itself_with_its_default():
     assert not silent, silent
     bench = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
     assert "(default: 16MiB)" in bench and "(default: 0)" in bench  # --kv-budget in words, --seed argparse's
-
-
-@pytest.mark.parametrize("verb", [("bench", "--engines", "paged"), ("serve", "--engine", "paged", "--model", "m"),
-                                  ("generate", "--engine", "paged", "--model", "m")])
-def test_every_verb_reads_kv_budget_through_one_flag_that_refuses_a_bad_size_in_one_line(verb):
-    """bench, serve and generate share --kv-budget's definition (harness/cli/args.py): the same refusal,
-    naming the flag, before anything loads."""
-    for bad in ("0", "lots"):
-        r = run_cli(*verb, "--kv-budget", bad)
-        assert r.returncode == 2 and "--kv-budget" in r.stderr and repr(bad) in r.stderr, r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-
-
-def test_a_kv_budget_is_its_bytes_and_the_label_written_and_one_budget_runs_once(tiny_model, tmp_path):
-    """16MiB and 16777216 are one budget: --kv-budgets keeps the first label and runs it once; run.json's
-    config keeps the labels, and serve reads the bytes bench hands it as the same budget."""
-    from harness.cli import build_parser
-    from harness.cli.bench import config
-    from harness.units import KvBudget
-
-    serve = build_parser().parse_args(["serve", "--engine", "paged", "--model", "m", "--kv-budget", "16777216"])
-    assert serve.kv_budget == KvBudget.parse("16MiB") and serve.kv_budget.bytes == 2**24
-    default = build_parser().parse_args(["serve", "--engine", "paged", "--model", "m"]).kv_budget
-    assert default.bytes == 128 * 2**20 and str(default) == "128MiB"
-    args = build_parser().parse_args(["bench", "--engines", "paged", "--model", str(tiny_model), "--out", str(tmp_path),
-                                      "--device", "cpu", "--kv-budgets", "16MiB, 16777216,32MiB,33554432"])
-    cfg = config(args)
-    assert [(b.bytes, str(b)) for b in cfg.kv_budgets] == [(2**24, "16MiB"), (2**25, "32MiB")]
-    assert cfg.kv_budget == KvBudget.parse("16777216") and str(cfg.kv_budget) == "16MiB"
-    record = cfg.record()
-    assert record["kv_budget"] == "16MiB" and record["kv_budgets"] == ["16MiB", "32MiB"]
-    json.dumps(record, default=str)  # what run.json writes

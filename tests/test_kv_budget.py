@@ -49,3 +49,16 @@ def test_the_recorded_labels_are_read_into_bytes_once_where_the_run_is_read():
     assert {label: b.bytes for label, b in budgets_of(meta).items()} == {"16MiB": 2**24, "0.5GiB": 2**29}
     assert own_budget(meta).bytes == 2**24 and str(own_budget(meta)) == "16MiB"
     assert own_budget({"config": {"kv_budget": "own"}}) is None and own_budget({}) is None
+
+
+def test_bench_runs_each_budget_once_by_bytes_and_records_the_labels(tmp_path):
+    """Bench.budgets de-duplicates by bytes (the run's own label kept); run.json's config keeps each label."""
+    from harness.run.bench import Bench, BenchConfig
+    from harness.units import KvBudget
+
+    own, same, more = KvBudget.parse("16777216"), KvBudget.parse("16MiB"), KvBudget.parse("32MiB")
+    bench = Bench(BenchConfig(engines=[], model="m", kv_budget=own, kv_budgets=[same, more], out_dir=tmp_path,
+                              workload="mixed-churn", duration_s=1, run_id="w"))
+    assert [(b.bytes, str(b)) for b in bench.budgets] == [(2**24, "16777216"), (2**25, "32MiB")]
+    config = json.loads((tmp_path / "w" / "run.json").read_text())["config"]
+    assert config["kv_budget"] == "16777216" and config["kv_budgets"] == ["16MiB", "32MiB"]

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.analysis.operating import TABLE, rule_rate, table_key
-from harness.units import parse_size
+from harness.analysis.rundir import own_budget
 
 
 def lower_ends(run_dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
@@ -26,8 +26,11 @@ def lower_ends(run_dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
         summary, meta = run / "summary.json", run / "run.json"
         if not (summary.is_file() and meta.is_file()):
             continue
-        cfg = json.loads(meta.read_text()).get("config", {})
-        key = table_key(cfg["workload"], parse_size(cfg["kv_budget"]), cfg["model"])
+        run_meta = json.loads(meta.read_text())
+        cfg, budget = run_meta.get("config", {}), own_budget(run_meta)
+        if budget is None:  # targets alone (`own`): no budget of ours, no key in the table
+            continue
+        key = table_key(cfg["workload"], budget.bytes, cfg["model"])
         for engine, cap in (json.loads(summary.read_text()).get("capacity") or {}).items():
             if (cap.get("knee") or {}).get("bracketed") and cap.get("sustained_rps_ci"):
                 out[key][engine].append(float(cap["sustained_rps_ci"][0]))

@@ -137,9 +137,10 @@ def test_a_target_that_stops_answering_is_down_until_it_answers_again(tmp_path):
     import time
 
     from harness.run.bench import Bench, BenchConfig, EngineRun
+    from harness.units import KvBudget
 
-    bench = Bench(BenchConfig(engines=[], model="m", kv_budget="16MiB", out_dir=tmp_path, workload="mixed-churn",
-                              duration_s=1, run_id="w"))
+    bench = Bench(BenchConfig(engines=[], model="m", kv_budget=KvBudget.parse("16MiB"), out_dir=tmp_path,
+                              workload="mixed-churn", duration_s=1, run_id="w"))
     answers = iter([True, False, False, True])
     server = type("Gone", (), {"alive": lambda self: next(answers), "proc": None})()
     run = EngineRun("mine", time.time(), 0, server=server)

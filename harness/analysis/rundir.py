@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.analysis.capacity import SLO
 from harness.results import read_journals
+from harness.units import KvBudget
 
 
 def warmup_s(cfg: dict) -> float:
@@ -27,6 +28,24 @@ def load_meta(run_dir: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
     return json.loads(path.read_text())
+
+
+def budgets_of(meta: dict) -> dict[str, KvBudget]:
+    """The run's KV budgets by the label its records carry (config's kv_budget, then kv_budgets'), each label
+    read into its bytes here once; a label that is no size (`own`: a bench of targets alone, which serve from
+    their own memory) has none."""
+    cfg, out = meta.get("config", {}), {}
+    for label in [cfg.get("kv_budget"), *(cfg.get("kv_budgets") or [])]:
+        try:
+            out.setdefault(label, KvBudget.parse(label))
+        except ValueError:
+            continue
+    return out
+
+
+def own_budget(meta: dict) -> KvBudget | None:
+    """The run's own KV budget (its first); None where it is no size (budgets_of)."""
+    return budgets_of(meta).get(meta.get("config", {}).get("kv_budget"))
 
 
 def rebase(df: pd.DataFrame, engine_t0: dict) -> pd.DataFrame:

@@ -30,6 +30,7 @@ from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
 from harness.analysis.rundir import (
     arrived_in,
+    budgets_of,
     in_point,
     judged_spans,
     load_frames,
@@ -44,7 +45,6 @@ from harness.analysis.rundir import (
 from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
 from harness.results import read_rows
-from harness.units import parse_size
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of
 
@@ -373,8 +373,9 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         summary["headline"] = headline_with(by_budget[own], meta, fits)[0]
         summary["time_spent"] = time_spent(meta)
     if len(cfg.get("kv_budgets") or []) > 1:
+        budgets = budgets_of(meta)
         for budget, blocks in by_budget.items():
-            summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]
+            summary.setdefault("capacity_by_budget", {})[str(budgets[budget].bytes)] = intervals(blocks, meta)[0]
     if settings := settings_block(run_dir, summary, cfg, finalize):  # --compare-alloc-conf: each setting's own run
         summary["alloc_settings"] = settings
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?

@@ -323,6 +323,7 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Found:
     from harness.run.bench import Bench, BenchConfig
     from harness.run.targets import Target
     from harness.run.telemetry import NoTelemetry, Telemetry
+    from harness.units import KvBudget
     from workloads.spec import load_spec
 
     if cfg.capacity_s <= 0:
@@ -335,8 +336,10 @@ def sustained(cfg: CheckConfig, model_name: str | None) -> Found:
         telemetry = None  # the rate needs no memory figures; the bound then says what it could not see
     target = Target("target", cfg.target, telemetry, model_name or "", None)
     calibrate_s = min(8.0, cfg.capacity_s / 3)
+    # the target serves from its own memory: no bytes of ours, only the label its records carry
     bench = BenchConfig(engines=[], targets={"target": target.describe()}, workload=cfg.workload, model=cfg.model,
-                        kv_budget="own", duration_s=cfg.capacity_s, out_dir=Path(tempfile.mkdtemp(prefix="fragbench-")),
+                        kv_budget=KvBudget(0, "own"), duration_s=cfg.capacity_s,
+                        out_dir=Path(tempfile.mkdtemp(prefix="fragbench-")),
                         seed=cfg.seed, max_seq_len=cfg.max_seq_len, grace_s=5.0, sweep=True,
                         # --capacity-time is the search's arrivals: the bench's time adds its calibration windows
                         time_s=cfg.capacity_s + 4 * calibrate_s + 5.0, calibrate_s=calibrate_s, api=cfg.api,

@@ -16,6 +16,8 @@ from harness.cli.args import (
     usage_errors,
 )
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
+from harness.units import KvBudget
 
 
 def register(sub) -> None:
@@ -29,11 +31,9 @@ def register(sub) -> None:
     bench.add_argument("--workload", default="mixed-churn",
                        help="a workload name (fragbench workload list) or a spec's YAML path")
     bench.add_argument("--model", default="models/tiny-llama", help="model directory (fragbench model build)")
-    bench.add_argument("--kv-budget", default="16MiB", type=str,
-                       help="bytes of KV cache every engine gets, e.g. 16MiB, 2GiB (default: 16MiB)")
-    bench.add_argument("--kv-budgets", metavar="B1,B2,...",
-                       help="run every engine's knee search at each of these KV budgets (the first is the run's own); "
-                            "the report draws sustained rate against budget")
+    add_kv_budget(bench, "16MiB", "bytes of KV cache every engine gets")
+    add_kv_budgets(bench, "run every engine's knee search at each of these KV budgets (the first is the run's own); "
+                          "the report draws sustained rate against budget")
     bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
     bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
     bench.add_argument("--warmup", type=float,
@@ -103,28 +103,23 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[str]:
-    """--kv-budget, or --kv-budgets' list: each a size that holds one max-length sequence of the model."""
-    from engines.shapes import load_shape
-    from harness.units import parse_size
-
-    texts = [b.strip() for b in args.kv_budgets.split(",")] if args.kv_budgets is not None else [args.kv_budget]
-    flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
-    if not any(texts):
-        raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
+def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
+    """--kv-budget, or --kv-budgets' list (parsed and de-duplicated by bytes by their flags): each a size that
+    holds one max-length sequence of the model, by every engine's own rule."""
     from engines.registry import entry
+    from engines.shapes import load_shape
 
+    budgets = args.kv_budgets if args.kv_budgets is not None else [args.kv_budget]
+    flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
+    if not budgets:
+        raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
     shape = load_shape(args.model)
     kvb = shape.kv_bytes_per_token(shape.dtype or "float16")
-    for text in texts:
-        try:
-            size = parse_size(text)
-        except ValueError as e:
-            raise UsageError(f"{flag}: {e}") from None
+    for budget in budgets:
         for engine in engines:  # each engine's own rule (engines/registry.py), as its server will check it
-            if refused := entry(engine).budget.refusal(size, args.max_seq_len, kvb):
-                raise UsageError(f"{flag}: {text} is {refused}")
-    return list(dict.fromkeys(texts))
+            if refused := entry(engine).budget.refusal(budget.bytes, args.max_seq_len, kvb):
+                raise UsageError(f"{flag}: {budget} is {refused}")
+    return budgets
 
 
 def settings_refusal(memory: str, engines: list[str]) -> None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import device_of, model_dir, positive_int, size_arg, usage_errors
-from harness.units import parse_size
+from harness.cli.args import device_of, model_dir, positive_int, usage_errors
+from harness.cli.kv_budget import add_kv_budget
 
 
 def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
     p.add_argument("--engine", required=True, choices=engines, help="the engine (README: The engines)")
     p.add_argument("--model", required=True, help="model directory (fragbench model build)")
-    p.add_argument("--kv-budget", type=size_arg, default=parse_size("128MiB"),
-                   help="bytes of KV cache, e.g. 128MiB, 2GiB (default: 128MiB)")
+    add_kv_budget(p, "128MiB", "bytes of KV cache")
     p.add_argument("--max-seq-len", type=positive_int,
                    help="tokens per sequence, prompt and output (default: the model's max_position_embeddings)")
     p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block")
@@ -55,7 +54,7 @@ def engine_from_flags(args: argparse.Namespace):
     spec = EngineSpec(
         engine=args.engine,
         model_dir=args.model,
-        kv_budget_bytes=args.kv_budget,
+        kv_budget_bytes=args.kv_budget.bytes,
         max_seq_len=args.max_seq_len,
         block_size=args.block_size,
         reserve=args.reserve,

@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         from engines.peers.base import PeerUnavailable, serve_peer
 
         with usage_errors(PeerUnavailable):
-            return serve_peer(args.engine, args.model, args.kv_budget, args.max_seq_len, args.block_size, args.host,
-                              args.port)
+            return serve_peer(args.engine, args.model, args.kv_budget.bytes, args.max_seq_len, args.block_size,
+                              args.host, args.port)
     from transformers import AutoTokenizer
 
     from engines.api.server import CompletionServer, serve

@@ -33,6 +33,7 @@ from harness.run.targets import Target
 from harness.run.verdicts import decision_line
 from harness.run.visits import Visits
 from harness.sim.twin import twin_of
+from harness.units import KvBudget
 from workloads.spec import load_spec
 from workloads.streams import Streams, dispersion
 
@@ -100,8 +101,8 @@ class Bench:
         return [ref, *(e for e in engines if e != ref)] if ref else engines
 
     @property
-    def budgets(self) -> list[str]:
-        """The KV budgets every engine is run at: the run's own first, then --kv-budgets' others."""
+    def budgets(self) -> list[KvBudget]:
+        """The KV budgets every engine is run at: the run's own first, then --kv-budgets' others (by bytes)."""
         return list(dict.fromkeys([self.cfg.kv_budget, *self.cfg.kv_budgets]))
 
     # -- one engine

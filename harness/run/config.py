@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.run.loadargs import Traffic
+from harness.units import KvBudget
 
 
 @dataclass(kw_only=True)
@@ -14,7 +15,7 @@ class BenchConfig(Traffic):
 
     engines: list[str]
     model: str
-    kv_budget: str
+    kv_budget: KvBudget  # the run's own: its files and run.json carry its label, its servers its bytes
     out_dir: Path
     threads: int = 2
     run_id: str = ""
@@ -36,9 +37,14 @@ class BenchConfig(Traffic):
     time_s: float = 900.0  # the whole bench's time: set-up, every search and the decision
     precision: float = 1.5  # the headline ratio's interval asked: hi / lo at most this
     calibrate_s: float = 12.0  # seconds of one saturating calibration window
-    kv_budgets: list[str] = field(default_factory=list)  # more budgets, each searched like kv_budget
+    kv_budgets: list[KvBudget] = field(default_factory=list)  # every budget searched (kv_budget first), by bytes
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
     targets: dict[str, dict] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
     api_key: str | None = None  # the targets'; never written to run.json
+
+    def record(self) -> dict:
+        """The fields as run.json's `config` writes them: each budget as the label the user wrote (asdict alone
+        would spell a KvBudget as its bytes and label)."""
+        return {**asdict(self), "kv_budget": str(self.kv_budget), "kv_budgets": [str(b) for b in self.kv_budgets]}

@@ -11,6 +11,7 @@ import numpy as np
 from harness.analysis.knee import Judged, KneeSearch
 from harness.run.sampler import Sampler
 from harness.run.servers import ServerProcess
+from harness.units import KvBudget
 
 
 @dataclass
@@ -23,11 +24,11 @@ class EngineRun:
     server: ServerProcess | None = None
     crashes: int = 0
     down: list[tuple[float, float]] = field(default_factory=list)  # (crash, back up), engine time
-    budget: str = ""  # the KV budget its server runs at now
+    budget: KvBudget | None = None  # the KV budget its server runs at now
     oom_seen: int = 0
     checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
     down_since: float | None = None  # a target that stopped answering: since when
-    searched: dict[str, Searched] = field(default_factory=dict)  # by KV budget
+    searched: dict[KvBudget, Searched] = field(default_factory=dict)  # by KV budget (its bytes)
     sampler: Sampler | None = None  # the latest one (a revisit resumes it)
     setup_s: float = 0.0  # server start, debugging pass and calibration, as measured
 

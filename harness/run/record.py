@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from harness.results import Journal
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.provenance import git_sha, hardware, versions
+from harness.units import KvBudget
 
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
 OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or allocator, and the bytes that tell
@@ -32,7 +32,7 @@ class RunRecord:
         """A partial run's record: the configuration (the targets' API key never), where and on what it runs."""
         meta = {
             "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
-            "config": {**asdict(cfg), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
+            "config": {**cfg.record(), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
             "git_sha": git_sha(),
             "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
         }
@@ -66,17 +66,17 @@ class RunRecord:
         self.meta["sweep"] = {"rates": rates, "point_s": point_s, "points": {}, "design": design, "search": search}
         self.write()
 
-    def engine_config(self, engine: str, budget: str, config: dict) -> None:
+    def engine_config(self, engine: str, budget: KvBudget, config: dict) -> None:
         """The configuration the engine's server reported at a budget (the twin configures itself from it)."""
-        self.meta.setdefault("engine_config", {}).setdefault(engine, {})[budget] = config
+        self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config
         self.write()
 
     def target(self, engine: str, described: dict) -> None:
         self.meta.setdefault("targets", {})[engine] = described
         self.write()
 
-    def calibration(self, engine: str, budget: str, rate_rps: float) -> None:
-        self.meta.setdefault("calibration", {}).setdefault(engine, {})[budget] = rate_rps
+    def calibration(self, engine: str, budget: KvBudget, rate_rps: float) -> None:
+        self.meta.setdefault("calibration", {}).setdefault(engine, {})[str(budget)] = rate_rps
         self.write()
 
     def engine_t0(self, engine: str, t0: float) -> None:

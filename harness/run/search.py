@@ -23,7 +23,7 @@ from harness.run.engine_run import EngineRun, Searched
 from harness.run.record import RunRecord
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import Visit, Visits
-from harness.units import parse_size
+from harness.units import KvBudget
 from workloads.streams import replication_of
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
@@ -39,7 +39,7 @@ class KneeSearching:
     measures through `visits`."""
 
     def __init__(self, cfg: BenchConfig, design: Design, clock: Clock, record: RunRecord, console: Console,
-                 visits: Visits, order: list[str], budgets: list[str], targets: Collection[str]):
+                 visits: Visits, order: list[str], budgets: list[KvBudget], targets: Collection[str]):
         self.cfg, self.design, self.clock, self.record, self.console = cfg, design, clock, record, console
         self.visits, self.order, self.budgets, self.targets = visits, order, budgets, targets
 
@@ -87,7 +87,7 @@ class KneeSearching:
         cfg, run = self.cfg, visit.run
         if run.budget != cfg.kv_budget or run.engine in self.targets:
             return
-        rate = operating_rate(cfg.workload, parse_size(run.budget), cfg.model, run.engine)
+        rate = operating_rate(cfg.workload, run.budget.bytes, cfg.model, run.engine)
         if rate is None:
             return
         self.record.operating_point(run.engine, rate, [operating_key(rate)])

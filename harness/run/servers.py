@@ -13,6 +13,7 @@ from pathlib import Path
 from engines.procs import spawn
 from engines.procs import stop as stop_process
 from harness.fetch import ok
+from harness.units import KvBudget
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: servers run from it, as the CLI does
 
@@ -46,16 +47,17 @@ class ServerProcess:
 def start_server(
     engine: str,
     model: str,
-    kv_budget: str,
+    kv_budget: KvBudget | str,
     log_path: Path,
     extra: list[str] | None = None,
     threads: int | None = None,
     timeout_s: float = 600,
     alloc_conf: str | None = None,
 ) -> ServerProcess:
-    """Port 0: the server picks a free port and prints its URL, which we read from its log."""
+    """Port 0: the server picks a free port and prints its URL, which we read from its log. The budget goes on
+    serve's command line as its bytes (a test's or a script's text is read as a flag's would be)."""
     cmd = [sys.executable, "-m", "harness.cli", "serve", "--engine", engine, "--model", model,
-           "--kv-budget", kv_budget, "--port", "0", *(extra or [])]
+           "--kv-budget", str(KvBudget.parse(kv_budget).bytes), "--port", "0", *(extra or [])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

@@ -84,7 +84,7 @@ class Visits:
     def searched(self, run: EngineRun) -> Searched:
         if run.budget not in run.searched:
             points = self.record.points(run.engine)
-            run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == run.budget])
+            run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == str(run.budget)])
         return run.searched[run.budget]
 
     def measure(self, visit: Visit, rate: float, show: Show, replication: int = 0, **rules) -> PointResult:
@@ -95,7 +95,7 @@ class Visits:
         at = st.of_key(key)
         if at is None:
             mine = self.record.points(run.engine)
-            record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": run.budget, "segments": []}
+            record = {"point": len(mine), "offered_rps": rate, "key": key, "kv_budget": str(run.budget), "segments": []}
             mine.append(record)
             st.points.append(record)
             at = len(st.points) - 1

@@ -33,12 +33,12 @@ import pandas as pd
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
-from harness.analysis.rundir import judged_spans, load_meta, segments, slo_of
+from harness.analysis.rundir import judged_spans, load_meta, own_budget, segments, slo_of
 from harness.analysis.steady import warmup_s
 from harness.analysis.summary import SHARE_COLUMNS, finalize
 from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
-from harness.units import parse_size
+from harness.units import KvBudget
 from workloads.generate import TraceRequest, has_shared_prefixes
 from workloads.outcome import UNFINISHED
 from workloads.spec import load_spec
@@ -264,11 +264,11 @@ def twins_of(meta: dict, steps: pd.DataFrame, shared: bool) -> dict[str, TwinEng
     return out
 
 
-def visit_jobs(twin: TwinEngine, meta: dict, streams: Streams, slo: SLO, budget: str) -> list[VisitJob]:
+def visit_jobs(twin: TwinEngine, meta: dict, streams: Streams, slo: SLO, budget: KvBudget) -> list[VisitJob]:
     """Every visit of the bench to one engine at one budget, with the requests each of its segments sent."""
     cfg = meta.get("config", {})
     points = [p for p in (meta.get("sweep") or {}).get("points", {}).get(twin.engine, [])
-              if p.get("kv_budget") == budget and p.get("segments")]
+              if p.get("kv_budget") == str(budget) and p.get("segments")]
     visits: dict[int, list[tuple[dict, dict]]] = {}
     for p in points:
         for seg in segments(p):
@@ -285,7 +285,7 @@ def visit_jobs(twin: TwinEngine, meta: dict, streams: Streams, slo: SLO, budget:
             judged.setdefault(p["point"], []).extend(judged_spans({"segments": [seg]}))
         cut = max(seg["end_s"] for _, seg in parts) + float(cfg.get("grace_s", 0.0))
         jobs.append(VisitJob(twin, tuple(reqs), tuple(owner), tuple((k, tuple(v)) for k, v in judged.items()), slo,
-                             parse_size(budget), cut))
+                             budget.bytes, cut))
     return jobs
 
 
@@ -294,7 +294,7 @@ def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None 
     its error against the measured one, and the KV-budget curve. `steps` are the rows each engine's model
     is fitted on: this run's, or another run's (a twin checked on a workload its fit never saw)."""
     cfg = meta.get("config", {})
-    slo, budget = slo_of(cfg), cfg["kv_budget"]
+    slo, budget = slo_of(cfg), own_budget(meta)
     spec = load_spec(cfg["workload"])
     twins = twins_of(meta, steps, has_shared_prefixes(spec))
     streams = Streams(spec, cfg.get("seed", 0), cfg.get("max_seq_len", 2048))
@@ -308,7 +308,7 @@ def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None 
             del jobs[engine]
             continue
         start = max(measured[engine]["sustained_rps"], 0.05)
-        curve_jobs[engine] = [CurveJob(twin, start, slo, int(parse_size(budget) * m), cfg["workload"],
+        curve_jobs[engine] = [CurveJob(twin, start, slo, int(budget.bytes * m), cfg["workload"],
                                        cfg.get("seed", 0), cfg.get("max_seq_len", 2048)) for m in BUDGET_MULTIPLES]
     n = n_jobs or os.cpu_count() or 1
     visit_results = iter(pool_map(simulate_visit, [j for js in jobs.values() for j in js], n))

@@ -15,10 +15,9 @@ from plotly.subplots import make_subplots
 from engines.memory.snapshot import read_snapshot
 from engines.percentile import percentile
 from harness.analysis.integrity import sentence
-from harness.analysis.rundir import load_frames, load_meta
+from harness.analysis.rundir import load_frames, load_meta, own_budget
 from harness.analysis.summary import SHARE_COLUMNS, read_summary
 from harness.results import token_times
-from harness.units import parse_size
 from harness.views.alloc_settings import settings_section, size_rule
 from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
 from harness.views.capacity import capacity_section
@@ -370,10 +369,8 @@ def config(meta: dict) -> str:
 
 
 def budget_bytes(meta: dict) -> int | None:
-    try:
-        return parse_size(meta.get("config", {}).get("kv_budget"))
-    except ValueError:
-        return None
+    budget = own_budget(meta)
+    return budget.bytes if budget else None
 
 
 def targets_note(meta: dict) -> str:

@@ -16,17 +16,25 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.scheduling import PER_WORKER, SHARED_BUILDS, group_of
+from tests.scheduling import APART, GROUP_OF, PER_WORKER, SECONDS, SECONDS_PER_TEST, SHARED_BUILDS, group_of, longest
 
-# A pytest plugin for the collecting process: each collected test's file and the fixtures it uses (its closure:
-# those its fixtures use too), written where FRAGBENCH_FIXTURE_USERS says.
+GROUP_OF_FILES = set(GROUP_OF)
+
+# A pytest plugin for the collecting process: each collected test's file, its name (without parameters), the
+# fixtures it uses (its closure: those its fixtures use too) and those of them scoped to its module, written where
+# FRAGBENCH_FIXTURE_USERS says.
 PLUGIN = '''
 import json, os
 
 
+def module_scoped(item):
+    return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
+
+
 def pytest_collection_finish(session):
     with open(os.environ["FRAGBENCH_FIXTURE_USERS"], "w") as f:
-        json.dump([[item.path.name, sorted(item.fixturenames)] for item in session.items], f)
+        json.dump([[item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item)]
+                   for item in session.items], f)
 '''
 
 
@@ -46,8 +54,9 @@ def session_fixtures(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def users(tmp_path_factory) -> dict[str, set[str]]:
-    """fixture -> the test files whose collected tests use it, from a collection of the whole suite."""
+def collected(tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
+    """Each test of the whole suite, as pytest collects it: (file, test, its fixtures, those scoped to its
+    module)."""
     folder = tmp_path_factory.mktemp("collect")
     (folder / "fixture_users_plugin.py").write_text(PLUGIN)
     out = folder / "users.json"
@@ -57,8 +66,14 @@ def users(tmp_path_factory) -> dict[str, set[str]]:
                         "-p", "no:xdist", "-p", "fixture_users_plugin", str(ROOT / "tests")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return [tuple(row) for row in json.loads(out.read_text())]
+
+
+@pytest.fixture(scope="module")
+def users(collected) -> dict[str, set[str]]:
+    """fixture -> the test files whose collected tests use it, from a collection of the whole suite."""
     found: dict[str, set[str]] = {}
-    for file, fixtures in json.loads(out.read_text()):
+    for file, _, fixtures, _ in collected:
         for name in fixtures:
             found.setdefault(name, set()).add(file)
     return found
@@ -82,6 +97,35 @@ def test_the_files_that_share_a_session_build_are_dealt_out_together(users):
     for fixture, named in SHARED_BUILDS.items():
         assert {group_of(f"tests/{name}::test_x[a::b]") for name in named} == {fixture}
     assert group_of("tests/test_knee.py::t") == "tests/test_knee.py"
+
+
+def test_a_test_dealt_out_apart_from_its_files_build_needs_nothing_built_there(collected):
+    """An APART test is one of a shared build's files, uses no shared build (else the build is made twice) and no
+    fixture of its module (else that is built twice), and is its own unit with its parameters together."""
+    for test in sorted(APART):
+        file, name = test.split("::")
+        rows = [(fixtures, module) for f, n, fixtures, module in collected if (f, n) == (file, name)]
+        assert rows, f"{test}: no such test"
+        assert file in GROUP_OF_FILES, f"{test}: not in a shared build's file, nothing to deal apart from"
+        for fixtures, module in rows:
+            assert not set(fixtures) & set(SHARED_BUILDS) and not module, (test, fixtures, module)
+        assert group_of(f"tests/{test}[a::b]") == group_of(f"tests/{test}") == f"tests/{test}"
+    assert group_of("tests/test_verdict.py::test_other") == "swept"
+
+
+def test_every_unit_measured_long_is_one_the_suite_has(collected):
+    files = {file for file, *_ in collected}
+    for unit in SECONDS:
+        assert unit in SHARED_BUILDS or unit in APART or (unit in files and unit not in GROUP_OF_FILES), unit
+
+
+def test_the_longest_unit_is_dealt_out_first_measured_or_by_its_count_of_tests():
+    slow, seconds = max(SECONDS.items(), key=lambda kv: kv[1])
+    many = int(seconds / SECONDS_PER_TEST) + 1  # a unit of more tests than the slowest's seconds would take
+    unit = slow if slow in SHARED_BUILDS else f"tests/{slow}"
+    assert longest({"tests/test_a.py": dict.fromkeys(range(many - 2)), unit: {"t": False}}) == unit
+    assert longest({unit: {"t": False}, "tests/test_b.py": dict.fromkeys(range(many))}) == "tests/test_b.py"
+    assert longest({"tests/test_a.py": {1: 0, 2: 0}, "tests/test_b.py": {1: 0, 2: 0}}) == "tests/test_a.py"
 
 
 def test_the_session_fixtures_read_off_a_file(tmp_path):

@@ -11,6 +11,7 @@ fixtures the tests of the whole suite use, as pytest collects them."""
 
 from __future__ import annotations
 
+import pytest
 from xdist.scheduler import LoadFileScheduling
 
 # fixture -> the test files whose tests use it (directly or through another fixture)
@@ -46,8 +47,23 @@ SECONDS: dict[str, float] = {
     "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios": 88,
     "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished": 64,
     "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series": 19,
+    "test_setup.py": 15,  # make -n, a dozen times
 }
 SECONDS_PER_TEST = 0.5
+
+
+# this session's collection_rows where it collected the whole suite (tests/conftest.py keeps them)
+WHOLE_SUITE = pytest.StashKey[list]()
+
+
+def collection_rows(items) -> list[tuple[str, str, list[str], list[str]]]:
+    """What tests/test_scheduling.py checks the units against, for each collected test: its file, its name (without
+    parameters), the fixtures it uses (its closure: those its fixtures use too) and those of them scoped to its
+    module."""
+    def module_scoped(item) -> list[str]:
+        return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
+
+    return [(item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item)) for item in items]
 
 
 def group_of(nodeid: str) -> str:

@@ -1,8 +1,9 @@
 """make test's dealing of the suite to its workers (tests/scheduling.py): every session-scoped fixture the tests
 define is either built on one worker (its users' files dealt out together) or named as cheap enough to build on
 each, and the files named for a build are exactly those whose tests use it. What the tests use is read from
-pytest's own collection of the whole suite, in a process of its own: the answer does not depend on which tests
-this session collected (run alone, with -k, or on one worker of several)."""
+pytest's own collection of the whole suite: this session's where it collected every test file (kept before -k or
+-m deselect any), else one in a process of its own: the answer does not depend on which tests this session runs
+(alone, with -k, or on one worker of several)."""
 
 from __future__ import annotations
 
@@ -16,25 +17,31 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.scheduling import APART, GROUP_OF, PER_WORKER, SECONDS, SECONDS_PER_TEST, SHARED_BUILDS, group_of, longest
+from tests.scheduling import (
+    APART,
+    GROUP_OF,
+    PER_WORKER,
+    SECONDS,
+    SECONDS_PER_TEST,
+    SHARED_BUILDS,
+    WHOLE_SUITE,
+    group_of,
+    longest,
+)
 
 GROUP_OF_FILES = set(GROUP_OF)
 
-# A pytest plugin for the collecting process: each collected test's file, its name (without parameters), the
-# fixtures it uses (its closure: those its fixtures use too) and those of them scoped to its module, written where
-# FRAGBENCH_FIXTURE_USERS says.
+# A pytest plugin for the collecting process: each collected test's rows (tests/scheduling.collection_rows),
+# written where FRAGBENCH_FIXTURE_USERS says.
 PLUGIN = '''
 import json, os
 
-
-def module_scoped(item):
-    return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
+from tests.scheduling import collection_rows
 
 
 def pytest_collection_finish(session):
     with open(os.environ["FRAGBENCH_FIXTURE_USERS"], "w") as f:
-        json.dump([[item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item)]
-                   for item in session.items], f)
+        json.dump(collection_rows(session.items), f)
 '''
 
 
@@ -54,9 +61,13 @@ def session_fixtures(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def collected(tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
+def collected(request, tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
     """Each test of the whole suite, as pytest collects it: (file, test, its fixtures, those scoped to its
-    module)."""
+    module). This session's collection where it was the whole suite's (make test's, on each worker: conftest keeps
+    it before any deselection), else a collection in a process of its own."""
+    whole = request.config.stash.get(WHOLE_SUITE, None)
+    if whole is not None:
+        return [(file, name, list(fixtures), list(module)) for file, name, fixtures, module in whole]
     folder = tmp_path_factory.mktemp("collect")
     (folder / "fixture_users_plugin.py").write_text(PLUGIN)
     out = folder / "users.json"
@@ -67,6 +78,13 @@ def collected(tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     return [tuple(row) for row in json.loads(out.read_text())]
+
+
+def test_a_whole_suites_collection_is_kept_and_a_partial_one_is_not(request, collected):
+    whole = request.config.stash.get(WHOLE_SUITE, None)
+    files = {file for file, *_ in collected}
+    assert files == {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert whole is None or len(whole) == len(collected)  # kept before -k: every test, this one's file or not
 
 
 @pytest.fixture(scope="module")

@@ -158,10 +158,17 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k, -m or --deselect leave tests out
 def pytest_collection_modifyitems(config, items):
-    """The cases of hf-cb skip, with its own refusal as the reason, where the installed transformers is older than
-    hf-cb needs (a GPU image's 5.17): the rest of the suite runs on it (engines/peers/transformers_api.py)."""
+    """This session's collection kept where it is the whole suite's (each of make test's workers collects all of
+    it): tests/test_scheduling.py reads it instead of collecting the suite again in a process of its own. The cases
+    of hf-cb skip, with its own refusal as the reason, where the installed transformers is older than hf-cb needs (a
+    GPU image's 5.17): the rest of the suite runs on it (engines/peers/transformers_api.py)."""
     from engines.peers.transformers_api import continuous_batching_refusal
+    from tests.scheduling import WHOLE_SUITE, collection_rows
+
+    if {item.path for item in items} >= set((ROOT / "tests").glob("test_*.py")):
+        config.stash[WHOLE_SUITE] = collection_rows(items)
 
     refused = continuous_batching_refusal()
     if refused is None:

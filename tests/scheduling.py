@@ -1,5 +1,7 @@
 """How `make test` deals the suite out to pytest-xdist's workers: a file at a time (as `--dist loadfile`), except
-that the files sharing one session-scoped build are dealt out together, so that the build is made once.
+that the files sharing one session-scoped build are dealt out together, so that the build is made once, and that
+a long test of such a file that does not use the build is dealt out alone, to run beside it. The units measured
+long go out first, the longest first.
 
 A session fixture is built once per worker: with loadfile alone, the session's sweep (conftest.swept, two minutes)
 was built on both workers, and each worker started its own server per engine. xdist's own `--dist loadgroup` would
@@ -9,6 +11,7 @@ fixtures the tests of the whole suite use, as pytest collects them."""
 
 from __future__ import annotations
 
+import pytest
 from xdist.scheduler import LoadFileScheduling
 
 # fixture -> the test files whose tests use it (directly or through another fixture)
@@ -24,16 +27,74 @@ PER_WORKER: dict[str, str] = {
 }
 GROUP_OF = {name: fixture for fixture, names in SHARED_BUILDS.items() for name in names}
 
+# Tests of a shared build's files that use neither a shared build nor a module fixture (tests/test_scheduling.py
+# checks both), each long enough to be a unit of its own: in its file's unit it ran after the build on the same
+# worker, the longest unit of the suite, while the other worker ran out of work.
+APART: frozenset[str] = frozenset({
+    "test_verdict.py::test_the_consoles_last_decision_line_is_summary_jsons_headline",  # a 110 s bench and more
+    "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished",  # a sweep, killed
+    "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios",  # Llama-2-13B's sweep simulated
+    "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series",  # two simulated sweeps
+})
+
+# The units measured long (seconds, whole unit, `pytest --durations=0` on the shared 2-core machine), dealt out
+# before the rest, the longest first: xdist deals units out by their count of tests, and a long unit of few tests
+# went last, one worker running it while the other had nothing left. A unit not named here counts
+# SECONDS_PER_TEST a test. Keys: a shared build's fixture, a file, or an APART test.
+SECONDS: dict[str, float] = {
+    "swept": 310,  # the sweep (conftest.swept), the twin's simulation, the rest reads it
+    "test_verdict.py::test_the_consoles_last_decision_line_is_summary_jsons_headline": 153,
+    "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios": 88,
+    "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished": 64,
+    "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series": 19,
+    "test_setup.py": 15,  # make -n, a dozen times
+}
+SECONDS_PER_TEST = 0.5
+
+
+# this session's collection_rows where it collected the whole suite (tests/conftest.py keeps them)
+WHOLE_SUITE = pytest.StashKey[list]()
+
+
+def collection_rows(items) -> list[tuple[str, str, list[str], list[str]]]:
+    """What tests/test_scheduling.py checks the units against, for each collected test: its file, its name (without
+    parameters), the fixtures it uses (its closure: those its fixtures use too) and those of them scoped to its
+    module."""
+    def module_scoped(item) -> list[str]:
+        return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
+
+    return [(item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item)) for item in items]
+
 
 def group_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its shared build's name, or else its file."""
-    path = nodeid.split("::", 1)[0]
-    return GROUP_OF.get(path.rsplit("/", 1)[-1], path)
+    """The unit of work a test belongs to: an APART test's own (its parameters together), its shared build's
+    name, or else its file."""
+    path, _, name = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    test = f"{file}::{name.split('[', 1)[0]}"
+    if test in APART:
+        return f"{path}::{name.split('[', 1)[0]}"
+    return GROUP_OF.get(file, path)
+
+
+def expected_s(unit: str, tests: int) -> float:
+    """How long a unit runs: as measured (SECONDS), or its tests at SECONDS_PER_TEST each."""
+    return SECONDS.get(unit.rsplit("/", 1)[-1], tests * SECONDS_PER_TEST)
+
+
+def longest(queue: dict[str, dict]) -> str:
+    """The unit of the queue (unit -> its tests) expected to run longest; on a tie the first in the queue (xdist's
+    order: most tests first)."""
+    return max(queue, key=lambda unit: expected_s(unit, len(queue[unit])))
 
 
 class SharedBuildScheduling(LoadFileScheduling):
-    """loadfile, with a shared build's files as one unit of work. (xdist deals the units out by test count,
-    largest first: a shared build's unit, several files' tests, goes out among the first.)"""
+    """loadfile, with a shared build's files as one unit of work and each APART test as one, dealt out longest
+    first (expected_s)."""
 
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid)
+
+    def _assign_work_unit(self, node) -> None:
+        self.workqueue.move_to_end(longest(self.workqueue), last=False)  # xdist deals out the queue's first
+        super()._assign_work_unit(node)

@@ -1,8 +1,9 @@
 """make test's dealing of the suite to its workers (tests/scheduling.py): every session-scoped fixture the tests
 define is either built on one worker (its users' files dealt out together) or named as cheap enough to build on
 each, and the files named for a build are exactly those whose tests use it. What the tests use is read from
-pytest's own collection of the whole suite, in a process of its own: the answer does not depend on which tests
-this session collected (run alone, with -k, or on one worker of several)."""
+pytest's own collection of the whole suite: this session's where it collected every test file (kept before -k or
+-m deselect any), else one in a process of its own: the answer does not depend on which tests this session runs
+(alone, with -k, or on one worker of several)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,31 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.scheduling import PER_WORKER, SHARED_BUILDS, group_of
+from tests.scheduling import (
+    APART,
+    GROUP_OF,
+    PER_WORKER,
+    SECONDS,
+    SECONDS_PER_TEST,
+    SHARED_BUILDS,
+    WHOLE_SUITE,
+    group_of,
+    longest,
+)
 
-# A pytest plugin for the collecting process: each collected test's file and the fixtures it uses (its closure:
-# those its fixtures use too), written where FRAGBENCH_FIXTURE_USERS says.
+GROUP_OF_FILES = set(GROUP_OF)
+
+# A pytest plugin for the collecting process: each collected test's rows (tests/scheduling.collection_rows),
+# written where FRAGBENCH_FIXTURE_USERS says.
 PLUGIN = '''
 import json, os
+
+from tests.scheduling import collection_rows
 
 
 def pytest_collection_finish(session):
     with open(os.environ["FRAGBENCH_FIXTURE_USERS"], "w") as f:
-        json.dump([[item.path.name, sorted(item.fixturenames)] for item in session.items], f)
+        json.dump(collection_rows(session.items), f)
 '''
 
 
@@ -46,8 +61,13 @@ def session_fixtures(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def users(tmp_path_factory) -> dict[str, set[str]]:
-    """fixture -> the test files whose collected tests use it, from a collection of the whole suite."""
+def collected(request, tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
+    """Each test of the whole suite, as pytest collects it: (file, test, its fixtures, those scoped to its
+    module). This session's collection where it was the whole suite's (make test's, on each worker: conftest keeps
+    it before any deselection), else a collection in a process of its own."""
+    whole = request.config.stash.get(WHOLE_SUITE, None)
+    if whole is not None:
+        return [(file, name, list(fixtures), list(module)) for file, name, fixtures, module in whole]
     folder = tmp_path_factory.mktemp("collect")
     (folder / "fixture_users_plugin.py").write_text(PLUGIN)
     out = folder / "users.json"
@@ -57,8 +77,21 @@ def users(tmp_path_factory) -> dict[str, set[str]]:
                         "-p", "no:xdist", "-p", "fixture_users_plugin", str(ROOT / "tests")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return [tuple(row) for row in json.loads(out.read_text())]
+
+
+def test_a_whole_suites_collection_is_kept_and_a_partial_one_is_not(request, collected):
+    whole = request.config.stash.get(WHOLE_SUITE, None)
+    files = {file for file, *_ in collected}
+    assert files == {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert whole is None or len(whole) == len(collected)  # kept before -k: every test, this one's file or not
+
+
+@pytest.fixture(scope="module")
+def users(collected) -> dict[str, set[str]]:
+    """fixture -> the test files whose collected tests use it, from a collection of the whole suite."""
     found: dict[str, set[str]] = {}
-    for file, fixtures in json.loads(out.read_text()):
+    for file, _, fixtures, _ in collected:
         for name in fixtures:
             found.setdefault(name, set()).add(file)
     return found
@@ -82,6 +115,35 @@ def test_the_files_that_share_a_session_build_are_dealt_out_together(users):
     for fixture, named in SHARED_BUILDS.items():
         assert {group_of(f"tests/{name}::test_x[a::b]") for name in named} == {fixture}
     assert group_of("tests/test_knee.py::t") == "tests/test_knee.py"
+
+
+def test_a_test_dealt_out_apart_from_its_files_build_needs_nothing_built_there(collected):
+    """An APART test is one of a shared build's files, uses no shared build (else the build is made twice) and no
+    fixture of its module (else that is built twice), and is its own unit with its parameters together."""
+    for test in sorted(APART):
+        file, name = test.split("::")
+        rows = [(fixtures, module) for f, n, fixtures, module in collected if (f, n) == (file, name)]
+        assert rows, f"{test}: no such test"
+        assert file in GROUP_OF_FILES, f"{test}: not in a shared build's file, nothing to deal apart from"
+        for fixtures, module in rows:
+            assert not set(fixtures) & set(SHARED_BUILDS) and not module, (test, fixtures, module)
+        assert group_of(f"tests/{test}[a::b]") == group_of(f"tests/{test}") == f"tests/{test}"
+    assert group_of("tests/test_verdict.py::test_other") == "swept"
+
+
+def test_every_unit_measured_long_is_one_the_suite_has(collected):
+    files = {file for file, *_ in collected}
+    for unit in SECONDS:
+        assert unit in SHARED_BUILDS or unit in APART or (unit in files and unit not in GROUP_OF_FILES), unit
+
+
+def test_the_longest_unit_is_dealt_out_first_measured_or_by_its_count_of_tests():
+    slow, seconds = max(SECONDS.items(), key=lambda kv: kv[1])
+    many = int(seconds / SECONDS_PER_TEST) + 1  # a unit of more tests than the slowest's seconds would take
+    unit = slow if slow in SHARED_BUILDS else f"tests/{slow}"
+    assert longest({"tests/test_a.py": dict.fromkeys(range(many - 2)), unit: {"t": False}}) == unit
+    assert longest({unit: {"t": False}, "tests/test_b.py": dict.fromkeys(range(many))}) == "tests/test_b.py"
+    assert longest({"tests/test_a.py": {1: 0, 2: 0}, "tests/test_b.py": {1: 0, 2: 0}}) == "tests/test_a.py"
 
 
 def test_the_session_fixtures_read_off_a_file(tmp_path):

@@ -31,7 +31,7 @@ ROOMS = {
 }
 FOUNDATION = {
     "engines": {"engines", "engines.procs", "engines.percentile", "engines.shapes", "engines.sequence",
-                "engines.sampler", "engines.modelbuild", "engines.registry"},
+                "engines.sampler", "engines.modelbuild", "engines.registry", "engines.kv_categories"},
     "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}

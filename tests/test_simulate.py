@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engines.kv.base import CATEGORIES
+from engines.kv_categories import CATEGORIES
 from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan

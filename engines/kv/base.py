@@ -8,12 +8,8 @@ from typing import Protocol
 
 import torch
 
+from engines.kv_categories import CATEGORIES, CATEGORY_COLUMNS  # noqa: F401 (the policies' accounting names them)
 from engines.memory.arena import DeviceMemory
-
-CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
-# each category's column in /stats and samples: free is the free bytes that would hold the next allocation
-# (usable_free_bytes); the rest of the free bytes are external fragmentation
-CATEGORY_COLUMNS = {c: "usable_free_bytes" if c == "free" else f"{c}_bytes" for c in CATEGORIES}
 
 
 class SeqLike(Protocol):

@@ -152,3 +152,14 @@ class SegmentHost(Protocol):
     def _reserve(self, nbytes: int) -> None: ...
 
     def _event(self, action: str, addr: int, size: int, stream: int) -> None: ...
+
+
+SIZE_CLASSES = ("small", "large", "huge")  # PyTorch's classes of a request, by its rounded size
+
+
+def size_class(rounded_bytes: int) -> str:
+    """PyTorch's class of a request: small (<= 1 MiB, the small pool's 2 MiB segments), large (under 10 MiB: a 20
+    MiB segment), huge (a segment of its own size)."""
+    if rounded_bytes <= SMALL_SIZE_BYTES:
+        return "small"
+    return "large" if rounded_bytes < MIN_LARGE_ALLOC_BYTES else "huge"

@@ -28,27 +28,16 @@ from engines.memory.arena import (
 from engines.memory.blocks import (
     LARGE_BUFFER_BYTES,
     MIN_BLOCK_BYTES,
-    MIN_LARGE_ALLOC_BYTES,
     ROUND_LARGE_BYTES,
-    SMALL_SIZE_BYTES,
+    SIZE_CLASSES,
     round_size,
     segment_size,
+    size_class,
 )
 from engines.memory.caching import AllocatorOOM, CachingAllocator
 from engines.memory.snapshot import snapshot
 
 SPARE_ADDRESS_BYTES = 64 * 2**20  # beyond three caps: an expandable segment's 1 1/8 cap per pool, rounded to pages
-
-
-SIZE_CLASSES = ("small", "large", "huge")
-
-
-def size_class(rounded_bytes: int) -> str:
-    """PyTorch's class of a request: small (<= 1 MiB, the small pool's 2 MiB segments), large (under 10 MiB: a 20
-    MiB segment), huge (a segment of its own size)."""
-    if rounded_bytes <= SMALL_SIZE_BYTES:
-        return "small"
-    return "large" if rounded_bytes < MIN_LARGE_ALLOC_BYTES else "huge"
 
 
 class HeapAddresses:

@@ -13,8 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from engines.memory.allocconf import parse_alloc_conf
-from engines.memory.blocks import round_size
-from engines.memory.caching_memory import SIZE_CLASSES, size_class
+from engines.memory.blocks import SIZE_CLASSES, round_size, size_class
 from engines.shapes import ModelShape, load_shape, preset_names
 
 REFERENCE = ("llama-3-8b", "bfloat16")  # the real model whose classes the CPU's should fall in

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engines.kv.base import CATEGORY_COLUMNS
+from engines.kv_categories import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.alloc_settings import settings_block
 from harness.analysis.allocator import allocator_block

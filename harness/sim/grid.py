@@ -302,7 +302,7 @@ def evaluate(p: GridPoint) -> dict:
 
 def _empty_capacity() -> dict:
     """A point that cannot serve (or completed nothing): no capacity, the columns present all the same."""
-    from engines.kv.base import CATEGORIES
+    from engines.kv_categories import CATEGORIES
 
     return {"calibrated_rps": None, "sustained_rps": 0.0, "sustained_where": "cannot serve", "sustained_lo_rps": None,
             "sustained_hi_rps": None, "knee_offered_rps": None, "knee_slo_attainment": None,

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from engines.kv import KVPolicy, PagedKV, make_policy
-from engines.kv.base import CATEGORIES
+from engines.kv_categories import CATEGORIES
 from engines.percentile import percentile
 from engines.registry import entry, policies
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig

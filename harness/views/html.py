@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from engines.kv.base import CATEGORIES
+from engines.kv_categories import CATEGORIES
 
 CATEGORY_LABELS = tuple(c.replace("_", " ") for c in CATEGORIES)
 CATEGORY_COLORS = ("#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#d9d9d9")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engines.registry import entry
+from harness.analysis.records import RunConfig
 
 SETTINGS_DIR = "alloc_confs"  # under the run's folder: one run directory per compared setting
 
@@ -31,15 +32,15 @@ def setting_id(number: int, conf: str) -> str:
     return f"{number}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", conf.strip()) or "default")
 
 
-def settings_block(run_dir: Path, summary: dict, cfg: dict,
+def settings_block(run_dir: Path, summary: dict, cfg: RunConfig,
                    finalize: Callable[[Path], dict]) -> list[dict] | None:
     """One record per setting, the run's own first; None where the run compared none. `finalize` summarizes a
     setting's run that never wrote its summary (summary.finalize, handed in: that module imports this one)."""
-    confs = cfg.get("compare_alloc_confs") or []
+    confs = cfg.compare_alloc_confs or []
     if not confs:
         return None
-    engines = compared_engines(cfg.get("engines") or [])
-    out = [setting_record(cfg.get("alloc_conf") or "default", None, summary, engines)]
+    engines = compared_engines(cfg.engines or [])
+    out = [setting_record(cfg.alloc_conf or "default", None, summary, engines)]
     for number, conf in enumerate(confs, start=1):
         rel = f"{SETTINGS_DIR}/{setting_id(number, conf)}"
         out.append(setting_record(conf, rel, setting_summary(run_dir / rel, finalize), engines))

@@ -43,7 +43,7 @@ from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
 from harness.analysis.summary_records import Summary
 from harness.results import read_rows
-from harness.units import parse_size
+from harness.units import KvBudget
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of
 
@@ -378,7 +378,7 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         summary["time_spent"] = time_spent(meta)
     if len(cfg.budgets) > 1:
         for budget, blocks in by_budget.items():
-            summary.setdefault("capacity_by_budget", {})[str(parse_size(budget))] = intervals(blocks, meta)[0]
+            summary.setdefault("capacity_by_budget", {})[str(KvBudget.parse(budget).bytes)] = intervals(blocks, meta)[0]
     if settings := settings_block(run_dir, summary, cfg, finalize):  # --compare-alloc-conf: each setting's own run
         summary["alloc_settings"] = settings
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?

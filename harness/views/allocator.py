@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.analysis.summary_records import AllocatorFigures, SizeClasses, Summary
+from harness.analysis.summary_records import SimulationOut, SizeClasses, Summary
 from harness.views.html import fmt, mib, table
 
 LAYER_WORDS = {"policy": "policy (the live KV and this request pass the cap)",
@@ -66,11 +66,12 @@ def oom_layers(ooms: pd.DataFrame) -> str:
             + table(["engine", "layer", "count", "most cached free", "most free under the cap"], rows))
 
 
-def sim_allocator_lines(allocators: dict[str, AllocatorFigures | None]) -> list[str]:
+def sim_allocator_lines(out: SimulationOut) -> list[str]:
     """`fragbench simulate --memory caching`'s text: per policy, what PyTorch's allocator reserved for what it
     allocated, and its OOMs by layer."""
     lines = []
-    for name, a in allocators.items():
+    for name, r in out.policies.items():
+        a = r.allocator
         if not a:
             continue
         gib = 2**30

@@ -28,11 +28,12 @@ def rate_words(c: CapacityBlock) -> str:
     return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
-def best_contiguous(capacity: dict[str, CapacityBlock], summary: Summary | None = None) -> str | None:
+def best_contiguous(summary: Summary) -> str | None:
     """What the paged ones are measured against: the headline's contiguous engine where the run has a headline
     (analysis/headline.best_contiguous: an open bracket that may reach above a bracketed knee is bracketed
     first), else the contiguous engine that sustains the highest rate (a simulation's sweep)."""
-    against = summary.headline.against if summary is not None and summary.headline else None
+    capacity = summary.capacity
+    against = summary.headline.against if summary.headline else None
     if against in capacity:
         return against
     return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e].sustained_rps, default=None)
@@ -162,7 +163,7 @@ def capacity_sentence(summary: Summary) -> str:
         line += "; no rate measured for " + ", ".join(
             f"{e} ({summary.engines[e].crashes} crashes; its calibration found no rate its share of the "
             "time could measure)" for e in missing)
-    rival = best_contiguous(capacity, summary)
+    rival = best_contiguous(summary)
     if rival is not None and not summary.headline:
         for e in (e for e in capacity if e in PAGED):
             if capacity[rival].sustained_rps <= 0:
@@ -172,20 +173,20 @@ def capacity_sentence(summary: Summary) -> str:
     return line + "."
 
 
-def bound_sentence(capacity: dict[str, CapacityBlock]) -> str:
+def bound_sentence(summary: Summary) -> str:
     parts = [f"{e} by {c.bound} ({c.bound_evidence}, at {c.knee_point.offered_rps:.2f} req/s)"
-             for e, c in sorted(capacity.items(), key=lambda kv: -kv[1].sustained_rps) if c.has("bound")]
+             for e, c in sorted(summary.capacity.items(), key=lambda kv: -kv[1].sustained_rps) if c.has("bound")]
     return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
 
 
-def steady_sentence(capacity: dict[str, CapacityBlock]) -> str | None:
+def steady_sentence(summary: Summary) -> str | None:
     """The points a knee does not take as they are: over the knee (attainment collapsing while the queue grew: a
     miss) or unsteady (halves on two sides of the target, disjoint, the queue not growing: left out)."""
     def words(e: str, p: CapacityPoint) -> str:
         return (f"{e} at {p.offered_rps:g} req/s ({fmt(p.halves[0], '%')} then {fmt(p.halves[1], '%')} met "
                 f"the SLO; mean queue {fmt(p.running_halves[0])} then {fmt(p.running_halves[1])})")
 
-    points = [(e, p) for e, c in capacity.items() for p in c.points]
+    points = [(e, p) for e, c in summary.capacity.items() for p in c.points]
     if not any(p.has("steady") for _, p in points):
         return None
     over = [words(e, p) for e, p in points if p.knee_use == "over_knee"]
@@ -223,7 +224,7 @@ def point_words(p: CapacityPoint) -> str:
 
 def capacity_table(summary: Summary) -> str:
     cap = summary.capacity
-    rival = best_contiguous(cap, summary)
+    rival = best_contiguous(summary)
     rows = []
     for e, c in sorted(cap.items(), key=lambda kv: -kv[1].sustained_rps):
         vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \
@@ -236,7 +237,8 @@ def capacity_table(summary: Summary) -> str:
                   "SLO attainment per rate (of requests judged)"], rows)
 
 
-def curves(cap: dict[str, CapacityBlock]) -> go.Figure:
+def curves(summary: Summary) -> go.Figure:
+    cap = summary.capacity
     fig = make_subplots(rows=1, cols=3, subplot_titles=("SLO attainment", "normalized latency (s/token)",
                                                          "mean running requests"), horizontal_spacing=0.07)
     for i, (engine, c) in enumerate(cap.items()):
@@ -262,8 +264,9 @@ def measured_budgets(pts: list[tuple[int, CapacityBlock]], **style) -> go.Scatte
                                                                      arrayminus=lo), **style)
 
 
-def budget_curve(by_budget: dict[str, dict[str, CapacityBlock]]) -> str:
+def budget_curve(summary: Summary) -> str:
     """Sustained rate against KV budget per engine: what memory each needs for a given rate."""
+    by_budget = summary.capacity_by_budget
     fig = go.Figure()
     engines = list(dict.fromkeys(e for blocks in by_budget.values() for e in blocks))
     for i, engine in enumerate(engines):
@@ -316,11 +319,11 @@ def capacity_section(summary: Summary, regime: str = "", design: Design | None =
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
-    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(cap)) if x]
+    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(summary)) if x]
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
-    body = words + fig_html(curves(cap)) + capacity_table(summary)
+    body = words + fig_html(curves(summary)) + capacity_table(summary)
     if summary.capacity_by_budget:
-        body += budget_curve(summary.capacity_by_budget)
+        body += budget_curve(summary)
     # the method's long paragraph after the figures: what it shows first, how it was measured below
     body += f"<h3>How this was measured</h3><p class='how'>{ESC(how)}</p>"
     return section("capacity", "Capacity at the SLO: what the memory buys",

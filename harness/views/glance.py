@@ -23,7 +23,8 @@ def knee_shares(c: CapacityBlock) -> list[float | None]:
     return [None if point is None or point.figure(k) is None else 100 * point.figure(k) for k in SHARE_COLUMNS]
 
 
-def forest(fig: go.Figure, cap: dict[str, CapacityBlock], order: list[str]) -> None:
+def forest(fig: go.Figure, summary: Summary, order: list[str]) -> None:
+    cap = summary.capacity
     for e in order:
         c, ci = cap[e], cap[e].sustained_rps_ci or [cap[e].sustained_rps] * 2
         fig.add_trace(go.Scatter(
@@ -52,7 +53,8 @@ def ratio(fig: go.Figure, h: HeadlineBlock) -> None:
     fig.add_vline(x=1.0, line_dash="dash", line_color="#c0392b", row=1, col=2)
 
 
-def shares(fig: go.Figure, cap: dict[str, CapacityBlock], order: list[str]) -> None:
+def shares(fig: go.Figure, summary: Summary, order: list[str]) -> None:
+    cap = summary.capacity
     for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
         fig.add_trace(go.Bar(y=order, x=[knee_shares(cap[e])[k] or 0 for e in order], orientation="h", name=label,
                              marker_color=color, legendgroup=label), row=1, col=3)
@@ -69,10 +71,10 @@ def glance(summary: Summary) -> str:
     fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.3, 0.32], horizontal_spacing=0.1,
                         subplot_titles=("sustained req/s at the SLO, 90 % interval", f"headline ratio: {verdict}",
                                         "memory at the knee, % of KV"))
-    forest(fig, cap, order)
+    forest(fig, summary, order)
     if h:
         ratio(fig, h)
-    shares(fig, cap, order)
+    shares(fig, summary, order)
     fig.update_xaxes(type="log", row=1, col=1)
     fig.update_xaxes(type="log", row=1, col=2, title_text="dashed: 1.0 (no difference); grey: the width asked")
     fig.update_xaxes(range=[0, 100], row=1, col=3)

@@ -66,7 +66,7 @@ def render_text(raw: dict) -> str:
         if r.first_oom_running is not None:
             lines.append(f"  {name}: first OOM with {r.first_oom_running} sequences running")
     # --memory caching (harness/views/allocator.py)
-    lines += sim_allocator_lines({name: r.allocator for name, r in out.policies.items()})
+    lines += sim_allocator_lines(out)
     if out.capacity:
         lines.append("  " + capacity_sentence(Summary(capacity=out.capacity)))
         for name, c in out.capacity.items():

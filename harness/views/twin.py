@@ -7,7 +7,7 @@ import itertools
 
 import plotly.graph_objects as go
 
-from harness.analysis.summary_records import CapacityBlock, CapacityPoint, Ratio, Summary, TwinBlock, TwinErrors
+from harness.analysis.summary_records import CapacityPoint, Summary, TwinErrors
 from harness.sim.twin import CURVE_JUDGED
 from harness.views.capacity import MiB, measured_budgets
 from harness.views.html import PALETTE, fig_html, fmt, section, table
@@ -48,9 +48,10 @@ def first_disagreement(engine: str, err: TwinErrors) -> str:
     return f"{engine}: {lead}it disagrees most on {WORDS[key]}, which the twin {side}states by {how}."
 
 
-def directions(twin: dict[str, TwinBlock], measured: dict[str, CapacityBlock], ratios: dict[str, Ratio]) -> list[str]:
+def directions(summary: Summary) -> list[str]:
     """Every ratio between two engines' sustained rates, measured and twin: the same way up or not. Where
     the measured ratio's (joint) interval holds 1.0 the measurement has no direction for the twin to share."""
+    twin, measured, ratios = summary.twin, summary.capacity, summary.capacity_ratios
     out = []
     for a, b in itertools.combinations([e for e in twin if e in measured], 2):
         m = measured[a].sustained_rps / measured[b].sustained_rps if measured[b].sustained_rps else None
@@ -66,8 +67,8 @@ def directions(twin: dict[str, TwinBlock], measured: dict[str, CapacityBlock], r
     return out
 
 
-def curves(twin: dict[str, TwinBlock], measured: dict[str, CapacityBlock],
-           by_budget: dict[str, dict[str, CapacityBlock]] | None, budget: int) -> str:
+def curves(summary: Summary, budget: int) -> str:
+    twin, measured, by_budget = summary.twin, summary.capacity, summary.capacity_by_budget
     fig = go.Figure()
     for i, (engine, t) in enumerate(twin.items()):
         color = PALETTE[i % len(PALETTE)]
@@ -84,9 +85,9 @@ def curves(twin: dict[str, TwinBlock], measured: dict[str, CapacityBlock],
         + fig_html(fig)
 
 
-def needed(twin: dict[str, TwinBlock], budget: int) -> str:
+def needed(summary: Summary, budget: int) -> str:
     rows = []
-    for engine, t in twin.items():
+    for engine, t in summary.twin.items():
         need = t.budget_for_best_rps
         b = need.kv_budget_bytes
         rows.append([engine, fmt(need.rate_rps), "more than 4x the run's (beyond the curve)" if b is None
@@ -140,12 +141,12 @@ def twin_section(summary: Summary, budget: int | None) -> str:
     words = "".join(
         f"<li>{disagreement(e, t.error, t.sustained_rps, measured[e].sustained_rps_ci if e in measured else None)}</li>"
         for e, t in twin.items())
-    ratio = "".join(f"<li>{line}</li>" for line in directions(twin, measured, summary.capacity_ratios))
+    ratio = "".join(f"<li>{line}</li>" for line in directions(summary))
     points = table(["engine", "offered req/s", "SLO attainment", "mean running", "TTFT p50", "TPOT p50",
                     "OOMs (fragmentation)", "preemptions", "token share", "reservation", "internal frag."],
                    [r for engine, t in twin.items() for r in point_rows(
                        engine, t.points, measured[engine].points if engine in measured else [])])
     body = (head + f"<ul class='verdict'>{words}{ratio}</ul><h3>Point by point: measured / twin</h3>" + points
-            + (curves(twin, measured, summary.capacity_by_budget, budget) + needed(twin, budget)
+            + (curves(summary, budget) + needed(summary, budget)
                if budget else ""))
     return section("twin", "Twin: the simulator beside the measurement", how, body)

@@ -37,7 +37,8 @@ def diagnosis(s: EngineFigures, ooms: pd.DataFrame) -> str | None:
     return RUNBOOK["capacity"]
 
 
-def goodput_sentence(engines: dict[str, EngineFigures]) -> str:
+def goodput_sentence(summary: Summary) -> str:
+    engines = summary.engines
     ranked = sorted(engines, key=lambda e: -(engines[e].goodput_requests_per_s or 0))
     best = ranked[0]
     contiguous = [e for e in engines if e not in PAGED]
@@ -54,10 +55,10 @@ def goodput_sentence(engines: dict[str, EngineFigures]) -> str:
 LATE_SHARE = 0.05  # the load generator's lateness worth a warning, as a share of the TTFT limit
 
 
-def lateness_sentence(engines: dict[str, EngineFigures], ttft_limit_s: float) -> str | None:
+def lateness_sentence(summary: Summary, ttft_limit_s: float) -> str | None:
     """Latency counts from each request's due time, so a late send is charged to the engine it waited for; the
     load generator's own lateness still says whether the client kept the schedule it was given."""
-    late = {e: s.late_p99_s for e, s in engines.items() if s.late_p99_s is not None}
+    late = {e: s.late_p99_s for e, s in summary.engines.items() if s.late_p99_s is not None}
     if not late:
         return None
     worst = max(late, key=late.get)
@@ -86,10 +87,10 @@ def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -
         if summary.headline:
             out.append(link("capacity", evidence_sentence(summary)))
         if any(c.has("bound") for c in summary.capacity.values()):
-            out.append(link("capacity", bound_sentence(summary.capacity)))
+            out.append(link("capacity", bound_sentence(summary)))
     else:  # one offered rate: goodput at it is the measure of what memory bought
-        out.append(link("verdict-table", goodput_sentence(engines)))
-    late = lateness_sentence(engines, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
+        out.append(link("verdict-table", goodput_sentence(summary)))
+    late = lateness_sentence(summary, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
     if late:
         out.append(link("latency", late))
     held = ", ".join(f"{e} {fmt(engines[e].mean_running)} (max {fmt(engines[e].max_running)})"

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.analysis.operating import TABLE, rule_rate, table_key
-from harness.analysis.rundir import own_budget
+from harness.analysis.records import RunRecord
 
 
 def lower_ends(run_dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
@@ -27,7 +27,7 @@ def lower_ends(run_dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
         if not (summary.is_file() and meta.is_file()):
             continue
         run_meta = json.loads(meta.read_text())
-        cfg, budget = run_meta.get("config", {}), own_budget(run_meta)
+        cfg, budget = run_meta.get("config", {}), RunRecord.of(run_meta).config.budget
         if budget is None:  # targets alone (`own`): no budget of ours, no key in the table
             continue
         key = table_key(cfg["workload"], budget.bytes, cfg["model"])

@@ -6,6 +6,7 @@ import re
 
 from harness.analysis.alloc_settings import compared_engines, setting_id
 from harness.analysis.size_classes import REFERENCE, TOLERANCE, cpu_presets, distance, rule_pick, shares
+from harness.analysis.summary_records import AllocSetting, Summary
 from harness.views.alloc_settings import engine_sentence, settings_section
 from tests.conftest import ROOT, run_cli
 
@@ -46,10 +47,11 @@ def figures(rps, ci, share, policy, allocator):
             "size_classes": {"small": 0, "large": 1, "huge": 9}}
 
 
-def settings(a: dict, b: dict, status: str = "complete") -> list[dict]:
-    return [{"alloc_conf": "default", "run": None, "status": "complete", "engines": {"static-max": a}},
-            {"alloc_conf": "expandable_segments:True", "run": "alloc_confs/1-x", "status": status,
-             "engines": {"static-max": b}}]
+def settings(a: dict, b: dict, status: str = "complete") -> list[AllocSetting]:
+    return [AllocSetting.model_validate(s) for s in (
+        {"alloc_conf": "default", "run": None, "status": "complete", "engines": {"static-max": a}},
+        {"alloc_conf": "expandable_segments:True", "run": "alloc_confs/1-x", "status": status,
+         "engines": {"static-max": b}})]
 
 
 def test_overlapping_intervals_are_no_measurable_difference_and_policy_ooms_are_said_to_be_beyond_any_setting():
@@ -66,9 +68,9 @@ def test_disjoint_intervals_are_a_difference_and_allocator_ooms_are_not_blamed_o
 
 
 def test_the_section_is_absent_without_settings_and_names_a_setting_whose_run_did_not_finish():
-    assert settings_section({}) == ""
-    html = settings_section({"alloc_settings": settings(figures(1.0, [0.8, 1.2], 0.2, 5, 0),
-                                                        figures(None, None, None, 0, 0), status="partial")})
+    assert settings_section(Summary()) == ""
+    html = settings_section(Summary(alloc_settings=settings(figures(1.0, [0.8, 1.2], 0.2, 5, 0),
+                                                           figures(None, None, None, 0, 0), status="partial")))
     assert "Allocator settings side by side" in html and "(partial run)" in html and "n/a (no knee measured)" in html
 
 
@@ -89,5 +91,5 @@ def test_an_engine_that_refused_a_setting_is_said_not_to_have_served_under_it():
     refused = {**figures(None, None, None, None, None), "served": False}
     line = engine_sentence("static-max", settings(figures(1.0, [0.8, 1.2], 0.2, 0, 3), refused))
     assert "did not serve under this setting" in line and "no measurable difference" not in line
-    html = settings_section({"alloc_settings": settings(figures(1.0, [0.8, 1.2], 0.2, 0, 3), refused)})
+    html = settings_section(Summary(alloc_settings=settings(figures(1.0, [0.8, 1.2], 0.2, 0, 3), refused)))
     assert "did not serve (its server refused the setting" in html

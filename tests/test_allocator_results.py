@@ -13,6 +13,7 @@ from engines.memory.arena import OutOfMemory
 from engines.memory.caching_memory import CachingMemory, size_class
 from engines.memory.snapshot import read_snapshot
 from harness.analysis.allocator import COLUMNS, allocator_block, counter_total
+from harness.analysis.summary_records import Summary
 from harness.results import SAMPLE_COLUMNS
 from harness.run.sampler import allocator_fields
 from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
@@ -92,9 +93,10 @@ def test_no_block_where_no_caching_allocator_held_the_kv():
 
 def test_the_report_lines_appear_only_where_an_allocator_held_the_kv():
     block = allocator_block(samples([(0.1, 4 * MiB, 8 * MiB, 0), (0.2, 0, 8 * MiB, 2)]))
-    html = reserved_unallocated({"engines": {"static": {"allocator": block}, "paged": {"allocator": None}}})
+    html = reserved_unallocated(Summary.model_validate(
+        {"engines": {"static": {"allocator": block}, "paged": {"allocator": None}}}))
     assert "Reserved by the allocator, unallocated" in html and "37.5 %" in html and ">paged<" not in html
-    assert reserved_unallocated({"engines": {"paged": {"allocator": None}, "old": {}}}) == ""
+    assert reserved_unallocated(Summary.model_validate({"engines": {"paged": {"allocator": None}, "old": {}}})) == ""
     ooms = pd.DataFrame([{"engine": "s", "layer": "allocator", "cached_free_bytes": 3 * MiB,
                           "device_free_bytes": 10 * MiB}, {"engine": "s", "layer": "policy", "cached_free_bytes": 0,
                                                             "device_free_bytes": 0}])

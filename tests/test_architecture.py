@@ -181,3 +181,48 @@ def test_modules_that_find_the_checkout_find_it_from_their_room():
 
     for module in (engines.peers.vllm, harness.run.bench, harness.run.loadargs, harness.run.servers):
         assert module.ROOT == ROOT, f"{module.__name__}.ROOT is {module.ROOT}"
+
+
+# A view reads a run through the typed records (harness/analysis/records.py, summary_records.py), never a dict
+# from analysis/: its JSON is read once into a record where a page starts. These parameters are dicts on purpose,
+# each with the reason; no other parameter of a view may be one.
+VIEW_DICTS = {
+    ("harness.views.check_report", "render_check", "result"): "the check room's own result (harness/check), the "
+                                                              "JSON `check --json` prints, not analysis/'s",
+    ("harness.views.sim_report", "render_text", "raw"): "Simulation.out as the simulator (sim/) hands it over; "
+                                                        "typed into SimulationOut on its first line",
+    ("harness.views.sim_alloc_settings", "row_cells", "row"): "a row of sim/alloc_settings.side_by_side, the "
+                                                              "simulator's table, not analysis/'s",
+}
+DICT_READERS = {"harness.analysis.rundir": {"load_meta"}, "harness.analysis.summary": {"read_summary"}}
+
+
+def bare_dict(annotation: ast.expr | None) -> bool:
+    """`dict`, `dict | None`: a dict whose keys and values say nothing (`dict[str, CapacityBlock]` says)."""
+    if annotation is None:
+        return False
+    text = ast.unparse(annotation).replace(" ", "")
+    return text in ("dict", "dict|None", "None|dict", "Optional[dict]")
+
+
+def test_views_take_records_not_bare_dicts_from_analysis():
+    found = []
+    for name, tree in modules().items():
+        if not name.startswith("harness.views."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                    if bare_dict(arg.annotation) and (name, node.name, arg.arg) not in VIEW_DICTS:
+                        found.append(f"{name}.{node.name}({arg.arg}: dict)")
+            if isinstance(node, ast.ImportFrom) and node.module in DICT_READERS:
+                found += [f"{name} imports {node.module}.{a.name} (a dict: read the record instead)"
+                          for a in node.names if a.name in DICT_READERS[node.module]]
+    assert not found, "views take the typed records (harness/analysis/records.py), not dicts:\n" + "\n".join(found)
+
+
+def test_the_view_rule_finds_a_bare_dict():
+    tree = ast.parse("def page(summary: dict, meta: dict | None = None, blocks: dict[str, int] = None): ...")
+    args = tree.body[0].args.args
+    assert [bare_dict(a.annotation) for a in args] == [True, True, False]

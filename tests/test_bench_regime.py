@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from engines.shapes import load_shape
+from harness.analysis.records import RunRecord
+from harness.analysis.summary_records import Summary
 from harness.plan import BENCH_REGIMES, gpu_sequences, workload_mix
 from harness.units import parse_size
 from harness.views.regime import gpu_of_name, regime_words
@@ -50,12 +52,12 @@ def test_the_cuda_rule_gives_the_regimes_sequences_on_the_default_workload():
     assert regime.kv_budget_bytes(shape) == 2 * 2**30  # 8 x 2048 tokens x 128 KiB
 
 
-def run_of(device: str, name: str | None, kvb: int, model: str) -> tuple[dict, dict]:
+def run_of(device: str, name: str | None, kvb: int, model: str) -> tuple[Summary, RunRecord]:
     summary = {"max_seq_len": 2048, "engines": {"paged": {"kv_bytes_per_token": kvb}},
-               "capacity": {"paged": {"slo": {"tpot_s": 0.25}}}}
+               "capacity": {"paged": {"sustained_rps": 1.0, "slo": {"tpot_s": 0.25}}}}
     meta = {"config": {"model": model, "workload": "mixed-churn", "seed": 0},
             "hardware": {"device_device": device, "device_name": name}}
-    return summary, meta
+    return Summary.model_validate(summary), RunRecord.of(meta)
 
 
 def test_the_report_says_the_cpu_rule_on_a_cpu_run():

@@ -70,11 +70,12 @@ def test_a_release_read_before_the_last_token_is_not_growth():
     """The server frees a contiguous reservation as it sends the last token; a loaded client reads that token
     after the sampler saw usage fall. One whole reservation at admission, flat, then the release: contiguous."""
     from harness.check import classify_layout
+    from harness.check.measures import LayoutProbe
 
     times = [0.1 * i for i in range(1, 41)]
     rows = [{"t_s": t, "usage": 0.25} for t in times[:-1]] + [{"t_s": times[-1] - 0.01, "usage": 0.0}]
     rows.sort(key=lambda r: r["t_s"])
-    layout, evidence = classify_layout({"baseline": 0.0, "rows": rows, "token_times": times, "error": None}, 8192)
+    layout, evidence = classify_layout(LayoutProbe(0.0, rows, times, None), 8192)
     assert layout == "contiguous", evidence
 
 

@@ -41,14 +41,15 @@ def test_a_kv_budget_is_its_bytes_and_the_label_written_and_one_budget_runs_once
 
 
 def test_the_recorded_labels_are_read_into_bytes_once_where_the_run_is_read():
-    """run.json keeps each budget's label; the readers take its bytes from budgets_of; a bench of targets alone
-    records `own` (their own memory), which has no bytes of ours."""
-    from harness.analysis.rundir import budgets_of, own_budget
+    """run.json keeps each budget's label; the readers take its bytes from the run's typed config (RunConfig);
+    a bench of targets alone records `own` (their own memory), which has no bytes of ours."""
+    from harness.analysis.records import RunRecord
 
-    meta = {"config": {"kv_budget": "16MiB", "kv_budgets": ["16MiB", "0.5GiB"]}}
-    assert {label: b.bytes for label, b in budgets_of(meta).items()} == {"16MiB": 2**24, "0.5GiB": 2**29}
-    assert own_budget(meta).bytes == 2**24 and str(own_budget(meta)) == "16MiB"
-    assert own_budget({"config": {"kv_budget": "own"}}) is None and own_budget({}) is None
+    cfg = RunRecord.of({"config": {"kv_budget": "16MiB", "kv_budgets": ["16MiB", "0.5GiB"]}}).config
+    assert {b.label: b.bytes for b in cfg.budgets} == {"16MiB": 2**24, "0.5GiB": 2**29}
+    assert cfg.budget.bytes == 2**24 and str(cfg.budget) == "16MiB"
+    assert RunRecord.of({"config": {"kv_budget": "own"}}).config.budget is None
+    assert RunRecord.of({"config": {}}).config.budget is None
 
 
 def test_bench_runs_each_budget_once_by_bytes_and_records_the_labels(tmp_path):

@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.operating import block_indices, point_intervals, shared_point
+from harness.analysis import operating
+from harness.analysis.operating import block_indices, point_intervals
+from harness.analysis.summary_records import CapacityBlock
 from tests.conftest import run_cli
 
 
@@ -53,11 +55,16 @@ def block(*points: dict) -> dict:
     return {"sustained_rps": 3.0, "sustained_rps_ci": [2.5, 3.5], "slo": {"attainment": 0.9}, "points": list(points)}
 
 
+def shared_point(base: dict, new: dict):
+    """The operating point of two capacity blocks as summary.json has them, read as compare reads them."""
+    return operating.shared_point(CapacityBlock.model_validate(base), CapacityBlock.model_validate(new))
+
+
 def test_the_shared_point_is_the_highest_stream_both_runs_sustained():
     base = block(point("g1", 1.0, 1.0), point("g3", 2.0, 0.95), point("g4", 2.6, 0.97), point("g6", 4.0, 0.3))
     new = block(point("g1", 1.0, 1.0), point("g3", 2.0, 0.99), point("g4", 2.6, 0.8), point("g5", 3.1, 0.95))
     b, n = shared_point(base, new)  # g4 missed the SLO in the new run, g5 and g6 were measured once
-    assert b["key"] == n["key"] == "g3"
+    assert b.key == n.key == "g3"
     unsteady = block(point("g3", 2.0, 0.95, steady=False))
     assert shared_point(base, unsteady) is None
 
@@ -70,7 +77,7 @@ def test_the_shared_point_lies_below_both_runs_sustained_rate_intervals():
     new = block(point("g3r1", 2.0, 1.0), point("g3", 2.0, 1.0), point("g5", 3.1, 0.93))
     new["sustained_rps_ci"] = [3.0, 3.6]  # g5 (3.1) met the SLO in both, but lies inside base's [2.5, 3.5]
     b, n = shared_point(base, new)
-    assert b["key"] == n["key"] == "g3"
+    assert b.key == n.key == "g3"
     base["sustained_rps_ci"] = None
     base["sustained_rps"] = 1.5  # without an interval the estimate is the ceiling: no stream below it
     assert shared_point(base, new) is None
@@ -106,6 +113,7 @@ def test_an_engines_pooled_rates_are_over_its_judged_spans_not_the_time_to_its_l
     others' turns), each with 40 judged requests of 10 output tokens and 10 sent in its warm-up: by hand, 80
     judged requests over 40 s are 2.0 req/s and 20 output tokens/s; the time to the last request (525 s) would
     give 0.18 req/s. The requests column still counts every request sent."""
+    from harness.analysis.records import RunRecord
     from harness.analysis.summary import engine_summary
     from harness.results import COLUMNS
 
@@ -121,7 +129,7 @@ def test_an_engines_pooled_rates_are_over_its_judged_spans_not_the_time_to_its_l
     req["status"], req["error"] = "ok", None
     meta = {"config": {"kv_budget": "16MiB"}, "sweep": {"points": {"paged": points}}}
     out = engine_summary("paged", req, pd.DataFrame(columns=COLUMNS["samples"]),
-                         pd.DataFrame(columns=COLUMNS["events"]), meta)
+                         pd.DataFrame(columns=COLUMNS["events"]), RunRecord.of(meta))
     assert out["requests_per_s"] == 2.0 and out["output_tokens_per_s"] == 20.0 and out["window_s"] == 40.0
     assert out["requests"] == out["requests_ok"] == 100
 
@@ -151,5 +159,6 @@ def test_the_fixed_operating_point_is_gated_where_both_runs_measured_it(tmp_path
     base = {**block(point("g3", 2.0, 0.95), fixed), "operating_point": {"offered_rps": 1.681793, "keys": [key]}}
     new = {**block(point("g3", 2.0, 0.95), {**fixed, "ttft_p50_s": 0.06}),
            "operating_point": {"offered_rps": 1.681793, "keys": [key]}}
-    assert fixed_point(base, new)[0]["key"] == key and shared_point(base, new)[1]["ttft_p50_s"] == 0.06
-    assert shared_point({**base, "operating_point": None}, new)[0]["key"] == "g3"  # one run without it: the rule
+    assert fixed_point(*(CapacityBlock.model_validate(b) for b in (base, new)))[0].key == key
+    assert shared_point(base, new)[1].ttft_p50_s == 0.06
+    assert shared_point({**base, "operating_point": None}, new)[0].key == "g3"  # one run without it: the rule

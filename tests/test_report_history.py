@@ -6,7 +6,9 @@ import subprocess
 import pandas as pd
 import pytest
 
+from harness.analysis.records import RunRecord
 from harness.analysis.summary import finalize
+from harness.analysis.summary_records import Summary
 from harness.run.synthetic import write_run
 from harness.views.report import render
 from harness.views.verdict import verdict_sentences
@@ -20,9 +22,9 @@ SLOW = {"token_states": 0.2, "running": 3, "ttft_s": 4.0}
 def test_the_verdict_names_this_runs_engines_and_numbers_and_turns_with_the_outcome(tmp_path):
     first = finalize(write_run(tmp_path / "a", {"paged": FAST, "static-max": SLOW}, duration_s=30, ooms=10))
     second = finalize(write_run(tmp_path / "b", {"paged": SLOW, "static-max": FAST}, duration_s=30, ooms=10))
-    meta = {"config": {"kv_budget": "32MiB"}}
+    meta = RunRecord.of({"config": {"kv_budget": "32MiB"}})
     events = pd.read_parquet(tmp_path / "a" / "events.parquet")
-    a, b = verdict_sentences(first, events, meta), verdict_sentences(second, events, meta)
+    a, b = (verdict_sentences(Summary.model_validate(s), events, meta) for s in (first, second))
     assert "paged served the most" in a[0] and "x the best contiguous engine (static-max)" in a[0]
     assert "static-max served the most" in b[0]
     held_a = a[1].split("mean over the churn: ")[1]

@@ -15,6 +15,7 @@ from harness.analysis.headline import bracket_ends, headline
 from harness.analysis.knee import Judged, knee_points, rests_on_unsteady
 from harness.analysis.kneefit import fit
 from harness.analysis.steady import halves, knee_use
+from harness.analysis.summary_records import Summary
 from harness.results import request_row
 from harness.run.verdicts import decision_line, verdict_now
 from harness.views.verdict import lateness_sentence
@@ -153,11 +154,14 @@ def test_latency_counts_from_the_due_time_so_a_late_send_hides_nothing():
 
 
 def test_the_report_warns_when_the_load_generator_is_late_by_more_than_a_twentieth_of_the_ttft_limit():
-    calm = lateness_sentence({"paged": {"late_p99_s": 0.02}}, 2.0)
+    def engines(figures: dict) -> Summary:
+        return Summary.model_validate({"engines": figures})
+
+    calm = lateness_sentence(engines({"paged": {"late_p99_s": 0.02}}), 2.0)
     assert calm.startswith("Latency is timed from each request's due time") and "WARNING" not in calm
-    late = lateness_sentence({"paged": {"late_p99_s": 0.02}, "hf": {"late_p99_s": 0.4}}, 2.0)
+    late = lateness_sentence(engines({"paged": {"late_p99_s": 0.02}, "hf": {"late_p99_s": 0.4}}), 2.0)
     assert late.startswith("WARNING") and "hf" in late and "400 ms" in late
-    assert lateness_sentence({"paged": {}}, 2.0) is None
+    assert lateness_sentence(engines({"paged": {}}), 2.0) is None
 
 
 # -- points sized to the workload's bursts

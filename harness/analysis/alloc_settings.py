@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engines.registry import entry
+from harness.analysis.records import RunConfig
+from harness.analysis.summary_records import Summary
 
 SETTINGS_DIR = "alloc_confs"  # under the run's folder: one run directory per compared setting
 
@@ -31,49 +33,54 @@ def setting_id(number: int, conf: str) -> str:
     return f"{number}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", conf.strip()) or "default")
 
 
-def settings_block(run_dir: Path, summary: dict, cfg: dict,
+def settings_block(run_dir: Path, summary: dict, cfg: RunConfig,
                    finalize: Callable[[Path], dict]) -> list[dict] | None:
-    """One record per setting, the run's own first; None where the run compared none. `finalize` summarizes a
-    setting's run that never wrote its summary (summary.finalize, handed in: that module imports this one)."""
-    confs = cfg.get("compare_alloc_confs") or []
+    """One record per setting, the run's own first; None where the run compared none. `summary`: the run's own,
+    as summarize is writing it. `finalize` summarizes a setting's run that never wrote its summary
+    (summary.finalize, handed in: that module imports this one)."""
+    confs = cfg.compare_alloc_confs or []
     if not confs:
         return None
-    engines = compared_engines(cfg.get("engines") or [])
-    out = [setting_record(cfg.get("alloc_conf") or "default", None, summary, engines)]
+    engines = compared_engines(cfg.engines or [])
+    out = [setting_record(cfg.alloc_conf or "default", None, Summary.model_validate(summary), engines)]
     for number, conf in enumerate(confs, start=1):
         rel = f"{SETTINGS_DIR}/{setting_id(number, conf)}"
         out.append(setting_record(conf, rel, setting_summary(run_dir / rel, finalize), engines))
     return out
 
 
-def setting_summary(sub: Path, finalize: Callable[[Path], dict]) -> dict | None:
+def setting_summary(sub: Path, finalize: Callable[[Path], dict]) -> Summary | None:
     """A setting's summary.json; one its run never wrote (the run was killed in it) is computed from the rows it
     left, as any partial run's is; None where the setting's run never began."""
     if (sub / "summary.json").is_file():
-        return json.loads((sub / "summary.json").read_text())
+        return Summary.model_validate(json.loads((sub / "summary.json").read_text()))
     if not (sub / "run.json").is_file():
         return None
-    return finalize(sub)
+    return Summary.model_validate(finalize(sub))
 
 
-def setting_record(conf: str, run: str | None, summary: dict | None, engines: list[str]) -> dict:
+def setting_record(conf: str, run: str | None, summary: Summary | None, engines: list[str]) -> dict:
     """A setting's figures per engine; `status` says whether its run finished (a killed one: partial, or absent)."""
-    status = "absent" if summary is None else summary.get("status", "partial")
-    rows = {e: engine_figures(e, summary or {}) for e in engines}
+    status = "absent" if summary is None else summary.status if summary.has("status") else "partial"
+    rows = {e: engine_figures(e, summary or Summary()) for e in engines}
     return {"alloc_conf": conf, "run": run, "status": status, "engines": rows}
 
 
-def engine_figures(engine: str, summary: dict) -> dict:
-    """One engine under one setting; `served` false where its server never served a request under it (it
-    refused the setting: an expandable segment maps 20 MiB pages, which a smaller cap cannot hold)."""
-    cap = (summary.get("capacity") or {}).get(engine) or {}
-    mine = (summary.get("engines") or {}).get(engine) or {}
-    alloc = mine.get("allocator") or {}
-    return {"served": bool(mine), "sustained_rps": cap.get("sustained_rps"),
-            "sustained_rps_ci": cap.get("sustained_rps_ci"),
-            "sustained_where": cap.get("sustained_where"), "bound": cap.get("bound"),
-            "reserved_unallocated_share": alloc.get("reserved_unallocated_share"),
-            "peak_reserved_bytes": alloc.get("peak_reserved_bytes"),
-            "peak_allocated_bytes": alloc.get("peak_allocated_bytes"), "alloc_retries": alloc.get("alloc_retries"),
-            "oom_policy": alloc.get("oom_policy"), "oom_allocator": alloc.get("oom_allocator"),
-            "size_classes": alloc.get("size_classes")}
+def engine_figures(engine: str, summary: Summary) -> dict:
+    """One engine under one setting (summary.json's `alloc_settings[i].engines.<engine>`, as its run's summary has
+    each figure); `served` false where its server never served a request under it (it refused the setting: an
+    expandable segment maps 20 MiB pages, which a smaller cap cannot hold)."""
+    cap, mine = summary.capacity.get(engine), summary.engines.get(engine)
+    alloc = mine.allocator if mine is not None else None
+
+    def of(record, name: str):  # a figure as its summary.json has it, None where that lacks it
+        return record.figure(name) if record is not None else None
+
+    return {"served": mine is not None and bool(mine.written()), "sustained_rps": of(cap, "sustained_rps"),
+            "sustained_rps_ci": of(cap, "sustained_rps_ci"),
+            "sustained_where": of(cap, "sustained_where"), "bound": of(cap, "bound"),
+            "reserved_unallocated_share": of(alloc, "reserved_unallocated_share"),
+            "peak_reserved_bytes": of(alloc, "peak_reserved_bytes"),
+            "peak_allocated_bytes": of(alloc, "peak_allocated_bytes"), "alloc_retries": of(alloc, "alloc_retries"),
+            "oom_policy": of(alloc, "oom_policy"), "oom_allocator": of(alloc, "oom_allocator"),
+            "size_classes": alloc.size_classes.written() if alloc is not None and alloc.size_classes else None}

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.knee import CONFIDENCE, central, named_rng
+from harness.analysis.summary_records import CapacityBlock, CapacityPoint
 from workloads.streams import grid_index, grid_rate, key_of
 
 # figure -> whether higher is better, each gated at the operating point with its interval
@@ -113,12 +114,12 @@ def kv_usage_series(samples: pd.DataFrame) -> np.ndarray:
     return np.array([], dtype=float)
 
 
-def below_knee(point: dict, attainment: float) -> bool:
+def below_knee(point: CapacityPoint, attainment: float) -> bool:
     """The point met the SLO at steady state: a load its engine sustains."""
-    return bool(point.get("steady")) and (point.get("slo_attainment") or 0.0) >= attainment
+    return bool(point.steady) and (point.slo_attainment or 0.0) >= attainment
 
 
-def shared_point(base: dict, new: dict) -> tuple[dict, dict] | None:
+def shared_point(base: CapacityBlock, new: CapacityBlock) -> tuple[CapacityPoint, CapacityPoint] | None:
     """Two capacity blocks' operating point, as (base point, new point); None where they share none.
 
     The fixed operating point where both runs measured it (`operating_point.keys`), else:
@@ -133,28 +134,27 @@ def shared_point(base: dict, new: dict) -> tuple[dict, dict] | None:
         return fixed
     ceiling = min(lower_end(base), lower_end(new))
 
-    def sustained(block: dict) -> dict[str, dict]:
-        target = (block.get("slo") or {}).get("attainment", 0.9)
-        return {p["key"]: p for p in block.get("points", [])
-                if p.get("key") and below_knee(p, target) and p["offered_rps"] <= ceiling}
+    def sustained(block: CapacityBlock) -> dict[str, CapacityPoint]:
+        target = block.slo.attainment
+        return {p.key: p for p in block.points if p.key and below_knee(p, target) and p.offered_rps <= ceiling}
 
     b, n = sustained(base), sustained(new)
-    keys = sorted(set(b) & set(n), key=lambda k: (-b[k]["offered_rps"], k))
+    keys = sorted(set(b) & set(n), key=lambda k: (-b[k].offered_rps, k))
     return (b[keys[0]], n[keys[0]]) if keys else None
 
 
-def lower_end(block: dict) -> float:
+def lower_end(block: CapacityBlock) -> float:
     """The lower end of a block's sustained-rate interval (its estimate where it has no interval)."""
-    ci = block.get("sustained_rps_ci")
-    low = ci[0] if ci else block.get("sustained_rps")
+    ci = block.sustained_rps_ci
+    low = ci[0] if ci else block.sustained_rps
     return float("inf") if low is None else float(low)
 
 
-def fixed_point(base: dict, new: dict) -> tuple[dict, dict] | None:
+def fixed_point(base: CapacityBlock, new: CapacityBlock) -> tuple[CapacityPoint, CapacityPoint] | None:
     """The fixed operating point both blocks measured: the same key, judged in both."""
-    keys = [set((b.get("operating_point") or {}).get("keys") or []) for b in (base, new)]
+    keys = [set(b.operating_point.keys if b.operating_point else []) for b in (base, new)]
     for key in sorted(keys[0] & keys[1]):
-        b, n = (next((p for p in blk.get("points", []) if p.get("key") == key), None) for blk in (base, new))
+        b, n = (next((p for p in blk.points if p.key == key), None) for blk in (base, new))
         if b is not None and n is not None:
             return b, n
     return None

@@ -11,47 +11,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.capacity import SLO
+from harness.analysis.records import RunRecord, Segment, SweepPoint
 from harness.results import read_journals
-from harness.units import KvBudget
-
-
-def warmup_s(cfg: dict) -> float:
-    """Seconds of churn before memory is sampled into the shares: the given warm-up, else a tenth."""
-    if cfg.get("warmup_s") is not None:
-        return float(cfg["warmup_s"])
-    return 0.1 * float(cfg.get("duration_s") or 0.0)
 
 
 def load_meta(run_dir: Path) -> dict:
+    """run.json as a dict, for its writers (bench adds to it as it runs); readers take `RunRecord.read`."""
     path = run_dir / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
     return json.loads(path.read_text())
 
 
-def budgets_of(meta: dict) -> dict[str, KvBudget]:
-    """The run's KV budgets by the label its records carry (config's kv_budget, then kv_budgets'), each label
-    read into its bytes here once; a label that is no size (`own`: a bench of targets alone, which serve from
-    their own memory) has none."""
-    cfg, out = meta.get("config", {}), {}
-    for label in [cfg.get("kv_budget"), *(cfg.get("kv_budgets") or [])]:
-        try:
-            out.setdefault(label, KvBudget.parse(label))
-        except ValueError:
-            continue
-    return out
-
-
-def own_budget(meta: dict) -> KvBudget | None:
-    """The run's own KV budget (its first); None where it is no size (budgets_of)."""
-    return budgets_of(meta).get(meta.get("config", {}).get("kv_budget"))
-
-
-def rebase(df: pd.DataFrame, engine_t0: dict) -> pd.DataFrame:
+def rebase(df: pd.DataFrame, run: RunRecord) -> pd.DataFrame:
     """Times relative to each engine's churn start (rows written before it come out negative)."""
     if "t_wall" in df and len(df):
-        t0 = df.engine.map(engine_t0)
+        t0 = df.engine.map(run.engine_t0)
         df["t_s"] = np.where(t0.notna(), df.t_wall - t0, df.t_s)
     return df
 
@@ -70,18 +45,17 @@ def label_crashed(requests: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
-    meta = load_meta(run_dir)
-    t0 = meta.get("engine_t0", {})
+    run = RunRecord.read(run_dir)
     requests = read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
-    samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), t0)
-    events = rebase(read_journals([run_dir / "events.jsonl"], "events"), t0)
+    samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), run)
+    events = rebase(read_journals([run_dir / "events.jsonl"], "events"), run)
     debug = pd.DataFrame([json.loads(x) for x in (run_dir / "debug.jsonl").read_text().splitlines() if x.strip()]
                          ) if (run_dir / "debug.jsonl").exists() else pd.DataFrame()
     requests = label_crashed(requests, events)
     return {"requests": requests, "samples": samples, "events": events, "debug": debug}
 
 
-def load_steps(run_dir: Path, meta: dict) -> pd.DataFrame:
+def load_steps(run_dir: Path, meta: RunRecord) -> pd.DataFrame:
     """Every scheduled engine's step rows (engines/ENGINE/steps-BUDGET.csv, written by the server), each with
     its engine, budget, engine time, and the sweep point whose window (and grace) it fell in: `point` indexes
     run.json's sweep points of that engine, -1 outside every window (debugging pass, calibration, drain)."""
@@ -93,67 +67,60 @@ def load_steps(run_dir: Path, meta: dict) -> pd.DataFrame:
         engine, budget = path.parent.name, path.stem.removeprefix("steps-")
         df.insert(0, "engine", engine)
         df.insert(1, "kv_budget", budget)
-        df["t_s"] = df.t_wall - meta.get("engine_t0", {}).get(engine, df.t_wall.iloc[0])
+        df["t_s"] = df.t_wall - meta.engine_t0.get(engine, df.t_wall.iloc[0])
         df["point"] = -1
         df["offered_rps"] = np.nan
-        grace = meta.get("config", {}).get("grace_s", 0.0)
-        for i, w in enumerate((meta.get("sweep") or {}).get("points", {}).get(engine, [])):
-            if w.get("kv_budget", budget) != budget:
+        grace = meta.config.grace_s
+        for i, w in enumerate(meta.points_of(engine)):
+            if (w.kv_budget if w.has("kv_budget") else budget) != budget:
                 continue
             for lo, hi in spans(w, grace):
                 inside = (df.t_s >= lo) & (df.t_s <= hi)
-                df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w["offered_rps"]
+                df.loc[inside, "point"], df.loc[inside, "offered_rps"] = i, w.offered_rps
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def slo_of(cfg: dict) -> SLO:
-    """The run's SLO; the defaults for a run.json written before it recorded one."""
-    default = SLO()
-    return SLO(cfg.get("slo_ttft_s", default.ttft_s), cfg.get("slo_tpot_s", default.tpot_s),
-               cfg.get("slo_attainment", default.attainment))
-
-
-def point_warmup_s(meta: dict) -> float:
+def point_warmup_s(meta: RunRecord) -> float:
     """A point's warm-up where run.json does not record one per point (runs made before it did)."""
-    cfg = meta.get("config", {})
-    return float(cfg["warmup_s"]) if cfg.get("warmup_s") is not None else 0.1 * (meta["sweep"].get("point_s") or 0)
+    cfg = meta.config
+    return float(cfg.warmup_s) if cfg.warmup_s is not None else 0.1 * (meta.sweep.point_s or 0)
 
 
-def segments(point: dict, meta: dict | None = None) -> list[dict]:
+def segments(point: SweepPoint, meta: RunRecord | None = None) -> list[Segment]:
     """A point's segments (workloads/streams.Segment, with its warm-up and judged end); a run that recorded
     windows alone gives one, judged from its warm-up to its end."""
-    if point.get("segments"):
-        return point["segments"]
+    if point.segments:
+        return point.segments
     warm = point_warmup_s(meta) if meta else 0.0
-    return [{"start_s": point["start_s"], "end_s": point["end_s"], "warmup_s": warm, "judged_end_s": point["end_s"]}]
+    return [Segment(start_s=point.start_s, end_s=point.end_s, warmup_s=warm, judged_end_s=point.end_s)]
 
 
-def judged_spans(point: dict, meta: dict | None = None) -> list[tuple[float, float]]:
+def judged_spans(point: SweepPoint, meta: RunRecord | None = None) -> list[tuple[float, float]]:
     """Where a point's judged requests arrived: each segment past its warm-up, up to its judged end."""
-    return [(s["start_s"] + s["warmup_s"], s["judged_end_s"]) for s in segments(point, meta)]
+    return [(s.start_s + s.warmup_s, s.judged_end_s) for s in segments(point, meta)]
 
 
-def spans(point: dict, grace: float = 0.0) -> list[tuple[float, float]]:
+def spans(point: SweepPoint, grace: float = 0.0) -> list[tuple[float, float]]:
     """Where a point's load ran: each segment from its start to its end (plus `grace` after the last, for a
     run whose points were separate windows)."""
     segs = segments(point)
-    return [(s["start_s"], s["end_s"] + (0.0 if point.get("segments") else grace)) for s in segs]
+    return [(s.start_s, s.end_s + (0.0 if point.segments else grace)) for s in segs]
 
 
-def arrived_in(req: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.DataFrame:
+def arrived_in(req: pd.DataFrame, window: SweepPoint, meta: RunRecord | None = None) -> pd.DataFrame:
     """The requests one sweep point judged: its own (tagged with it, where the rows say) arriving in its judged
     spans."""
     arrival = pd.to_numeric(req.arrival_s, errors="coerce")
-    mine = (pd.to_numeric(req["point"], errors="coerce") == window["point"]) \
-        if "point" in req and "point" in window and window.get("segments") else pd.Series(True, index=req.index)
+    mine = (pd.to_numeric(req["point"], errors="coerce") == window.point) \
+        if "point" in req and window.has("point") and window.segments else pd.Series(True, index=req.index)
     inside = pd.Series(False, index=req.index)
     for lo, hi in judged_spans(window, meta):
-        inside |= (arrival >= lo - 1e-6) & (arrival < hi + (1e-6 if not window.get("segments") else 0))
+        inside |= (arrival >= lo - 1e-6) & (arrival < hi + (1e-6 if not window.segments else 0))
     return req[mine & inside]
 
 
-def in_point(smp: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.Series:
+def in_point(smp: pd.DataFrame, window: SweepPoint, meta: RunRecord | None = None) -> pd.Series:
     """Samples of one sweep point's judged spans."""
     inside = pd.Series(False, index=smp.index)
     for lo, hi in judged_spans(window, meta):
@@ -161,20 +128,19 @@ def in_point(smp: pd.DataFrame, window: dict, meta: dict | None = None) -> pd.Se
     return inside
 
 
-def time_spent(meta: dict) -> dict:
+def time_spent(meta: RunRecord) -> dict:
     """How the run's time went, per engine: its set-up (server, debugging pass, calibration), its operating
     point, its search (its first visit's other points) and the decision (points measured on later visits), in
-    seconds of load; the run's whole time beside them."""
-    op = meta.get("operating_point") or {}
+    seconds of load; the run's whole time beside them (summary.json's `time_spent`, as written)."""
+    op = meta.operating_point or {}
     out = {}
-    for engine, points in ((meta.get("sweep") or {}).get("points") or {}).items():
+    for engine, points in meta.swept.items():
         keys = set((op.get(engine) or {}).get("keys") or [])
-        spent = {"setup_s": float((meta.get("setup_s") or {}).get(engine, 0.0)), "operating_point_s": 0.0,
+        spent = {"setup_s": float((meta.setup_s or {}).get(engine, 0.0)), "operating_point_s": 0.0,
                  "search_s": 0.0, "decision_s": 0.0}
         for p in points:
-            for s in p.get("segments") or []:
-                phase = "operating_point_s" if p.get("key") in keys else "decision_s" if s.get("visit") else \
-                    "search_s"
-                spent[phase] += s["end_s"] - s["start_s"]
+            for s in p.segments or []:
+                phase = "operating_point_s" if p.key in keys else "decision_s" if s.visit else "search_s"
+                spent[phase] += s.end_s - s.start_s
         out[engine] = {k: round(v, 1) for k, v in spent.items()}
-    return {"bench_s": meta.get("bench_s"), "engines": out}
+    return {"bench_s": meta.bench_s, "engines": out}

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.blocks import SIZE_CLASSES, round_size, size_class
 from engines.shapes import ModelShape, load_shape, preset_names
+from harness.analysis.records import RunConfig
 
 REFERENCE = ("llama-3-8b", "bfloat16")  # the real model whose classes the CPU's should fall in
 TOLERANCE = 0.05  # each class's share of an engine's allocations, at most this far from the reference's
@@ -72,17 +73,17 @@ def rule_pick(lengths: Sequence[int], max_len: int, ref: dict[str, dict[str, flo
     return None
 
 
-def run_rule(requests, cfg: dict) -> dict | None:
+def run_rule(requests, cfg: RunConfig) -> dict | None:
     """The comparison for a `--memory caching` run, on the requests it sent (prompt + target output tokens, each
     once); None for another memory, or where the model can no longer be read."""
     from engines.shapes import ModelNotFound
 
-    if cfg.get("memory") != "caching" or requests is None or not len(requests):
+    if cfg.memory != "caching" or requests is None or not len(requests):
         return None
-    max_len = int(cfg.get("max_seq_len") or 2048)
+    max_len = int(cfg.max_seq_len or 2048)
     first = requests.drop_duplicates("request_id")
     lengths = (first.prompt_tokens.fillna(0) + first.output_tokens_target.fillna(0)).clip(upper=max_len)
     try:
-        return comparison(str(cfg.get("model")), [int(t) for t in lengths], max_len)
+        return comparison(str(cfg.model), [int(t) for t in lengths], max_len)
     except ModelNotFound:
         return None

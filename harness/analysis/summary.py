@@ -28,22 +28,20 @@ from harness.analysis.integrity import integrity
 from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
+from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
 from harness.analysis.rundir import (
     arrived_in,
-    budgets_of,
     in_point,
     judged_spans,
     load_frames,
-    load_meta,
     load_steps,
     segments,
-    slo_of,
     spans,
     time_spent,
-    warmup_s,
 )
 from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
+from harness.analysis.summary_records import Summary
 from harness.results import read_rows
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of
@@ -55,13 +53,13 @@ def pct(series: pd.Series, q: float) -> float | None:
     return percentile(pd.to_numeric(series, errors="coerce"), q)
 
 
-def steady(smp: pd.DataFrame, meta: dict, engine: str) -> pd.DataFrame:
+def steady(smp: pd.DataFrame, meta: RunRecord, engine: str) -> pd.DataFrame:
     """Samples of the steady part of the time requests arrive: not the warm-up ramp from empty memory, not
     the drain after the last arrival (in a sweep: of every point's judged windows)."""
-    cfg = meta.get("config", {})
-    windows = (meta.get("sweep") or {}).get("points", {}).get(engine)
+    cfg = meta.config
+    windows = meta.points_of(engine)
     if not windows:
-        return smp[(smp.t_s >= warmup_s(cfg)) & (smp.t_s <= cfg.get("duration_s", np.inf))]
+        return smp[(smp.t_s >= cfg.warmup) & (smp.t_s <= (cfg.duration_s if cfg.has("duration_s") else np.inf))]
     inside = np.zeros(len(smp), dtype=bool)
     for w in windows:
         inside |= in_point(smp, w, meta).to_numpy()
@@ -91,11 +89,11 @@ def memory_figures(churn: pd.DataFrame) -> dict:
     return out
 
 
-def judged_of(engine: str, req: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, float] | None:
+def judged_of(engine: str, req: pd.DataFrame, meta: RunRecord) -> tuple[pd.DataFrame, float] | None:
     """A sweep's judged requests of one engine and the seconds they arrived in (its points' judged spans), or
     None for a run without points. The engine's clock runs on while other engines are measured (the decision
     revisits it minutes later), so the time to its last request is no denominator."""
-    points = (meta.get("sweep") or {}).get("points", {}).get(engine) or []
+    points = meta.points_of(engine)
     if not points:
         return None
     judged = pd.concat([arrived_in(req, w, meta) for w in points]) if len(req) else req
@@ -103,15 +101,15 @@ def judged_of(engine: str, req: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame,
     return judged[~judged.index.duplicated()], max(seconds, 1e-9)
 
 
-def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict) -> dict:
-    cfg = meta.get("config", {})
+def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: RunRecord) -> dict:
+    cfg = meta.config
     churn = steady(smp, meta, engine)
     window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
     sent = req
     if (judged := judged_of(engine, req, meta)) is not None:  # rates and latency over what the sweep judged
         req, window = judged
     ok = req[req.status == "ok"]
-    out: dict = {"source": "target" if engine in cfg.get("targets", {}) else "fragbench", **memory_figures(churn)}
+    out: dict = {"source": "target" if engine in cfg.targets else "fragbench", **memory_figures(churn)}
     ooms = ev[ev.kind == "oom"]
     out["oom_total"] = int(len(ooms))
     out["oom_fragmentation"] = int((ooms.cause == "fragmentation").sum())
@@ -123,7 +121,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
         out["oom_total"] = out["oom_fragmentation"] = out["oom_capacity"] = None
     out["output_tokens_per_s"] = float(req.output_tokens.fillna(0).sum() / window)
     out["requests_per_s"] = float(len(ok) / window)
-    out["goodput_requests_per_s"] = float(meets_slo(ok, slo_of(cfg)).sum() / window)
+    out["goodput_requests_per_s"] = float(meets_slo(ok, cfg.slo).sum() / window)
     out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
     out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
     out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
@@ -150,8 +148,8 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     return out
 
 
-def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: dict, slo: SLO,
-                  meta: dict | None = None) -> tuple[dict, Judged]:
+def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: SweepPoint, slo: SLO,
+                  meta: RunRecord | None = None) -> tuple[dict, Judged]:
     """One sweep point: the client's figures over its judged requests, the engine's state over its judged
     spans (what bound it), whether its two halves agree (steady), and its verdicts for the intervals."""
     in_window = smp[in_point(smp, window, meta)]
@@ -176,9 +174,9 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
     split_halves = halves(met, first.to_numpy(), second.to_numpy())
     halves_of, use = split_halves.to_json(), knee_use(split_halves, slo.attainment)
     segs = segments(window, meta)
-    point = {"offered_rps": window["offered_rps"], "key": window.get("key"), **metrics, "judged": metrics["requests"],
-             "warmup_s": segs[0]["warmup_s"], **halves_of, "knee_use": use, "steady": use == "steady",
-             "replication": replication_of(window.get("key")),
+    point = {"offered_rps": window.offered_rps, "key": window.key, **metrics, "judged": metrics["requests"],
+             "warmup_s": segs[0].warmup_s, **halves_of, "knee_use": use, "steady": use == "steady",
+             "replication": replication_of(window.key),
              "mean_running": mem["mean_running"], **{share: mem[share] for share in SHARE_COLUMNS},
              "kv_usage": mem["allocated_share"], "waiting_for_memory_share": waiting_for_memory(in_window),
              "step_s": step_seconds(in_window), "preemptions": counter_rise(in_window, "preempted_total"),
@@ -187,8 +185,8 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
              "failed": int((rows.status.isin(["error", "crashed"]) & ~unfinished).sum()),
              "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0))),
              # the operating-point gate's figures with their intervals (compare: where two runs judged this key)
-             **point_intervals(rows, in_window, judged_s, window.get("key") or f"{window['offered_rps']:g}")}
-    return point, Judged(window["offered_rps"], window.get("key") or f"{window['offered_rps']:g}", met, index, use)
+             **point_intervals(rows, in_window, judged_s, window.key or f"{window.offered_rps:g}")}
+    return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use)
 
 
 def waiting_for_memory(smp: pd.DataFrame) -> float | None:
@@ -212,17 +210,22 @@ def counter_rise(smp: pd.DataFrame, column: str) -> int:
     return int(values.diff().clip(lower=0).sum()) if len(values) else 0
 
 
-def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: dict,
+def budget_of(point: SweepPoint, default: str | None) -> str | None:
+    """The KV budget a point ran at (run.json's label); a run before budgets were recorded per point ran at one."""
+    return point.kv_budget if point.has("kv_budget") else default
+
+
+def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: RunRecord,
              budget: str | None = None) -> tuple[dict, list[Judged]] | None:
     """The sweep's points for one engine at one KV budget (the run's own by default), each over its judged
     requests, and what the intervals resample; the sustained rate's interval comes from `intervals`."""
-    cfg = meta.get("config", {})
-    budget = budget or cfg.get("kv_budget")
-    windows = [w for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])
-               if w.get("kv_budget", budget) == budget and (w.get("segments") or "segments" not in w)]
+    cfg = meta.config
+    budget = budget or cfg.kv_budget
+    windows = [w for w in meta.points_of(engine)
+               if budget_of(w, budget) == budget and (w.segments or w.segments is None)]
     if not windows or "offered_rps" not in req:
         return None
-    slo, grace = slo_of(cfg), cfg.get("grace_s", 0.0)
+    slo, grace = cfg.slo, cfg.grace_s
     points, judged, ids = [], [], []
     for w in windows:
         rows = arrived_in(req, w, meta)
@@ -243,19 +246,19 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     return block, judged
 
 
-def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> tuple[KneeFit | None, KneeFit | None]:
+def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> tuple[KneeFit | None, KneeFit | None]:
     """The run's joint knee fit over every engine of one budget (kneefit.py), and the same fit with the
     stream-to-stream spread held at 0 (these streams' sampling alone: what the run-to-run share is read against)."""
-    target = slo_of(meta.get("config", {})).attainment
+    target = meta.config.slo.attainment
     pts = {e: j for e, (_, j) in blocks.items()}
     return fit(pts, target), fit(pts, target, spreads=np.zeros(1))
 
 
-def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
+def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
               fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict, dict]:
     """Every engine's capacity block with its knee (the joint fit's estimate, interval and what it rests on),
     its role and the constraint that bound it; and every pair's ratio with its interval."""
-    slo = slo_of(meta.get("config", {}))
+    slo = meta.config.slo
     knees, within = fits or fits_of(blocks, meta)
     role = roles(knees) if knees is not None else {}
     out = {}
@@ -271,7 +274,7 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
         out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
         # measured first, on fixed keys (none where the repository's table has no rate for this engine)
-        out[e]["operating_point"] = (meta.get("operating_point") or {}).get(e) or {"offered_rps": None, "keys": []}
+        out[e]["operating_point"] = (meta.operating_point or {}).get(e) or {"offered_rps": None, "keys": []}
     ratios = {}
     for a in (knees.estimates if knees is not None else {}):
         for b in knees.estimates:
@@ -288,18 +291,18 @@ def share_of_width(ci: tuple[float, float], within_ci: tuple[float, float]) -> f
     return max(0.0, 1.0 - math.log(within_ci[1] / within_ci[0]) / math.log(ci[1] / ci[0]))
 
 
-def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict) -> dict | None:
+def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> dict | None:
     """summary.json's headline: the paged engine against the best contiguous one, decided or not, what it
     rests on and (when undecided) how much longer a run would need."""
     return headline_with(blocks, meta)[0]
 
 
-def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
+def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
                   fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict | None, Headline | None]:
     """`headline_of`'s block and the Headline it was read from."""
-    cfg, search = meta.get("config", {}), (meta.get("sweep") or {}).get("search") or {}
-    precision = float(search.get("precision") or cfg.get("precision") or 1.5)
-    slo, pts = slo_of(cfg), {e: j for e, (_, j) in blocks.items()}
+    cfg, search = meta.config, (meta.sweep.search if meta.sweep else None) or SearchSettings()
+    precision = float(search.precision or cfg.precision or 1.5)
+    slo, pts = cfg.slo, {e: j for e, (_, j) in blocks.items()}
     h = headline(*(fits or fits_of(blocks, meta)), precision)
     if h is None:
         return None, None
@@ -308,10 +311,10 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: dict,
                  "use": p.use} for p in bracket_ends(pts[e], slo)] for e in (h.engine, h.against)}
     # what the knees do not rest on (their halves disagree): the report says so, and whether time ran out first
     left_out = {e: [p.offered_rps for p in pts[e] if p.use == "unsteady"] for e in (h.engine, h.against)}
-    spent = float(meta.get("bench_s") or cfg.get("time_s") or 0.0)
+    spent = float(meta.bench_s or cfg.time_s or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
     return {**h.to_json(), "bracket_ends": ends, "unsteady_rates": left_out,
-            "time_s": search.get("time_s"),
+            "time_s": search.time_s,
             "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
             "resolvable_ratio": round(resolvable(h, 1.0), 3),
             "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}, h
@@ -331,22 +334,21 @@ def integrity_of(engine_dir: Path) -> dict | None:
     return integrity(json.loads(idle.read_text()), rows)
 
 
-def engines_of(req: pd.DataFrame, meta: dict) -> list[str]:
-    return list(dict.fromkeys([*meta.get("config", {}).get("engines", []), *req.engine.dropna().unique()]))
+def engines_of(req: pd.DataFrame, meta: RunRecord) -> list[str]:
+    return list(dict.fromkeys([*meta.config.engines, *req.engine.dropna().unique()]))
 
 
-def blocks_of(frames: dict[str, pd.DataFrame], meta: dict,
+def blocks_of(frames: dict[str, pd.DataFrame], meta: RunRecord,
               engines: list[str] | None = None) -> dict[str, dict[str, tuple[dict, list[Judged]]]]:
     """Every engine's capacity block and judged points, by KV budget: what the intervals, the ratios and the
     headline are computed from (the bench's decision phase computes them from the same, while it runs)."""
     req, smp, ev = frames["requests"], frames["samples"], frames["events"]
-    cfg, by_budget = meta.get("config", {}), {}
+    cfg, by_budget = meta.config, {}
     for engine in engines or engines_of(req, meta):
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if not (len(r) or len(s)):
             continue
-        for budget in dict.fromkeys(w.get("kv_budget", cfg.get("kv_budget"))
-                                    for w in (meta.get("sweep") or {}).get("points", {}).get(engine, [])):
+        for budget in dict.fromkeys(budget_of(w, cfg.kv_budget) for w in meta.points_of(engine)):
             block = capacity(engine, r, s, e, meta, budget)
             if block is not None:
                 by_budget.setdefault(budget, {})[engine] = block
@@ -354,26 +356,27 @@ def blocks_of(frames: dict[str, pd.DataFrame], meta: dict,
 
 
 def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
-    meta = load_meta(run_dir)
+    meta = RunRecord.read(run_dir)
     frames = frames or load_frames(run_dir)
     req, smp, ev = frames["requests"], frames["samples"], frames["events"]
-    cfg = meta.get("config", {})
-    summary = {"run_id": meta.get("run_id", run_dir.name), "status": meta.get("status", "partial"),
-               "max_seq_len": cfg.get("max_seq_len"), "engines": {}}
+    cfg = meta.config
+    summary = {"run_id": meta.run_id if meta.has("run_id") else run_dir.name,
+               "status": meta.status if meta.has("status") else "partial",
+               "max_seq_len": cfg.max_seq_len, "engines": {}}
     for engine in engines_of(req, meta):
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
             summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
             summary["engines"][engine]["integrity"] = integrity_of(run_dir / "engines" / engine)
     by_budget = blocks_of(frames, meta)
-    own = cfg.get("kv_budget")
+    own = cfg.kv_budget
     if own in by_budget:
         fits = fits_of(by_budget[own], meta)
         summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta, fits)
         summary["headline"] = headline_with(by_budget[own], meta, fits)[0]
         summary["time_spent"] = time_spent(meta)
-    if len(cfg.get("kv_budgets") or []) > 1:
-        budgets = budgets_of(meta)
+    if len(cfg.budgets) > 1:
+        budgets = {b.label: b for b in cfg.budgets}  # each label parsed once, in the run's config record
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(budgets[budget].bytes)] = intervals(blocks, meta)[0]
     if settings := settings_block(run_dir, summary, cfg, finalize):  # --compare-alloc-conf: each setting's own run
@@ -390,7 +393,7 @@ def finalize(run_dir: Path, twin: Callable[[dict], dict | None] | None = None) -
     frames = load_frames(run_dir)
     for kind in ("requests", "samples", "events"):
         frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
-    steps = load_steps(run_dir, load_meta(run_dir))
+    steps = load_steps(run_dir, RunRecord.read(run_dir))
     if len(steps):
         steps.to_parquet(run_dir / "steps.parquet", index=False)
     summary = summarize(run_dir, frames)
@@ -410,3 +413,8 @@ def read_summary(run_dir: Path) -> dict:
     """summary.json as finalize wrote it (a run never finalized is finalized first)."""
     path = run_dir / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else finalize(run_dir)
+
+
+def read_summary_record(run_dir: Path) -> Summary:
+    """summary.json read once into the record every page takes."""
+    return Summary.model_validate(read_summary(run_dir))

@@ -12,6 +12,7 @@ import numpy as np
 
 from harness.check.measures import (
     CheckConfig,
+    ChurnLoad,
     Found,
     Metrics,
     Unreachable,
@@ -61,13 +62,13 @@ class Session:
     plan: object | None  # harness.plan.Plan, with --gpu or --gpu-mem
     probes: Integrity
     found: dict[int, Found] = field(default_factory=dict)
-    churned: dict | None = None
+    churned: ChurnLoad | None = None
 
     @property
     def kvb(self) -> int:
         return self.shape.kv_bytes_per_token(self.cfg.dtype)
 
-    def load(self) -> dict:
+    def load(self) -> ChurnLoad:
         if self.churned is None:
             self.probes.idle()
             with self.probes:
@@ -158,5 +159,5 @@ def run_check(cfg: CheckConfig) -> dict:
     load = session.load()
     return {"target": cfg.target, "metrics_url": cfg.metrics_url,
             "metrics_found": family or "none (no fragbench:, vllm:, sglang: or tgi_ metrics)",
-            "window_s": [0.0, load["end_s"]], "envelope": envelope(metrics.family, metrics.samples),
+            "window_s": [0.0, load.end_s], "envelope": envelope(metrics.family, metrics.samples),
             "questions": [asdict(a) for a in answers]}

@@ -38,6 +38,27 @@ class Found:
     evidence: str
 
 
+@dataclass(frozen=True)
+class LayoutProbe:
+    """One long answer streamed alone, and the KV usage the metrics showed around it."""
+
+    baseline: float | None  # the usage before it
+    rows: list[dict]  # metric samples: t_s, usage
+    token_times: list[float]  # when each token arrived, on the samples' clock
+    error: str | None  # why the probe ended early, if it did
+
+
+@dataclass(frozen=True)
+class ChurnLoad:
+    """The workload's churn against the target: its requests and the server's metrics before and after."""
+
+    requests: pd.DataFrame
+    end_s: float
+    t0: float
+    metrics_before: list[tuple[str, dict, float]]
+    metrics_after: list[tuple[str, dict, float]]
+
+
 @dataclass
 class Metrics:
     url: str
@@ -77,7 +98,8 @@ def sampling(metrics: Metrics, t0: float, stop: threading.Event, interval_s: flo
     return thread
 
 
-def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int, api: str = "completions") -> dict:
+def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int,
+          api: str = "completions") -> LayoutProbe:
     """One streaming request alone: how usage moves at admission and as tokens are produced."""
     t0 = time.time()
     stop = threading.Event()
@@ -103,15 +125,15 @@ def probe(target: str, metrics: Metrics, model_name: str | None, max_tokens: int
     stop.set()
     thread.join()
     rows = [r for r in metrics.samples if r["usage"] is not None]
-    return {"baseline": base["usage"] if base else None, "rows": rows, "token_times": token_times, "error": error}
+    return LayoutProbe(base["usage"] if base else None, rows, token_times, error)
 
 
-def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, str]:
+def classify_layout(p: LayoutProbe, capacity_tokens: int | None) -> tuple[str | None, str]:
     """Contiguous (a jump at admission then flat, or growth by any number of tokens) vs blocks (growth in
     whole blocks: every change a multiple of the same number of tokens)."""
-    rows, times = p["rows"], p["token_times"]
+    rows, times = p.rows, p.token_times
     if len(times) < 8 or not rows:
-        failed = f" (probe: {p['error']})" if p["error"] else ""
+        failed = f" (probe: {p.error})" if p.error else ""
         return None, "too few tokens or samples to see how usage moves" + failed
     first, last = times[0], times[-1]
     during = [r for r in rows if first <= r["t_s"] <= last]
@@ -122,9 +144,9 @@ def classify_layout(p: dict, capacity_tokens: int | None) -> tuple[str | None, s
     # later (longer on a loaded machine), so the release can fall inside the decode window; it is not growth
     changes = [r["t_s"] for a, r in zip(during, during[1:], strict=False) if r["usage"] > a["usage"]]
     tokens_per_change = len(times) / max(1, len(changes))
-    jump = levels[0] - (p["baseline"] or 0.0)
+    jump = levels[0] - (p.baseline or 0.0)
     growth = levels[-1] - levels[0]
-    evidence = (f"{len(times)} tokens streamed in {last - first:.2f} s; KV usage {p['baseline'] or 0:.4f} before, "
+    evidence = (f"{len(times)} tokens streamed in {last - first:.2f} s; KV usage {p.baseline or 0:.4f} before, "
                 f"{levels[0]:.4f} at the first token (jump {jump:+.4f}), {levels[-1]:.4f} at the last (growth "
                 f"{growth:+.4f}); usage changed {len(changes)} times while decoding (~{tokens_per_change:.0f} tokens "
                 "per change)")
@@ -200,7 +222,7 @@ def scrape_samples(url: str) -> list[tuple[str, dict, float]]:
         return []
 
 
-def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
+def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> ChurnLoad:
     out = Path(tempfile.mkdtemp(prefix="fragbench-check-"))
     t0 = time.time()
     metrics.samples.clear()
@@ -220,11 +242,10 @@ def churn(cfg: CheckConfig, metrics: Metrics, model_name: str | None) -> dict:
     stop.set()
     thread.join()
     rows = pd.read_parquet(out / "requests.parquet") if (out / "requests.parquet").exists() else pd.DataFrame()
-    return {"requests": rows, "end_s": end_s, "t0": t0, "metrics_before": before,
-            "metrics_after": scrape_samples(cfg.metrics_url)}
+    return ChurnLoad(rows, end_s, t0, before, scrape_samples(cfg.metrics_url))
 
 
-def headroom(cfg: CheckConfig, load: dict) -> Found:
+def headroom(cfg: CheckConfig, load: ChurnLoad) -> Found:
     host = urlparse(cfg.target).hostname or ""
     if host not in ("127.0.0.1", "localhost", "::1"):
         return Found("UNKNOWN", None, f"the target {host} is not local: NVML cannot see its GPU")
@@ -239,13 +260,13 @@ def headroom(cfg: CheckConfig, load: dict) -> Found:
                   f"{mem.total:,} B; {free:,} B free for temporaries")
 
 
-def release(load: dict, metrics: Metrics) -> Found:
-    rows = load["requests"]
+def release(load: ChurnLoad, metrics: Metrics) -> Found:
+    rows = load.requests
     cancelled = int((rows.status == "cancelled").sum()) if len(rows) else 0
     samples = [s for s in metrics.samples if s["usage"] is not None]
     if not samples:
         return Found("UNKNOWN", None, "no KV usage metric to watch")
-    last_end = float(rows.end_s.max()) if len(rows) and rows.end_s.notna().any() else load["end_s"]
+    last_end = float(rows.end_s.max()) if len(rows) and rows.end_s.notna().any() else load.end_s
     after = [s for s in samples if s["t_s"] >= last_end]
     back = next((s["t_s"] for s in after if s["usage"] <= 1e-9), None)
     peak = max(s["usage"] for s in samples)
@@ -262,16 +283,16 @@ def release(load: dict, metrics: Metrics) -> Found:
                   f"0-{back:.1f} s")
 
 
-def oom_by_cause(load: dict) -> dict[str, float]:
+def oom_by_cause(load: ChurnLoad) -> dict[str, float]:
     def counts(samples):
         return {lab.get("cause"): v for name, lab, v in samples if name == "fragbench:oom_total"}
 
-    before, after = counts(load["metrics_before"]), counts(load["metrics_after"])
+    before, after = counts(load.metrics_before), counts(load.metrics_after)
     return {cause: after[cause] - before.get(cause, 0) for cause in after}
 
 
-def failures(load: dict, family: str | None) -> Found:
-    rows = load["requests"]
+def failures(load: ChurnLoad, family: str | None) -> Found:
+    rows = load.requests
     by_status = rows.status.value_counts().to_dict() if len(rows) else {}
     http = rows[rows.http_status.fillna(200) >= 400].http_status.value_counts().to_dict() if len(rows) else {}
     evidence = f"requests by status {by_status}; HTTP errors {http or 'none'}"
@@ -288,7 +309,7 @@ def failures(load: dict, family: str | None) -> Found:
     return Found("PASS", "none", evidence)
 
 
-def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Found:
+def queueing(load: ChurnLoad, metrics: Metrics, family: str | None, plan) -> Found:
     samples = [s for s in metrics.samples if s["running"] is not None]
     if not samples:
         return Found("UNKNOWN", None, "no running/waiting metrics")
@@ -297,10 +318,10 @@ def queueing(load: dict, metrics: Metrics, family: str | None, plan) -> Found:
     max_running = max(s["running"] for s in samples)
     max_waiting = max((s["waiting"] or 0) for s in samples)
     waited = float(np.mean([(s["waiting"] or 0) > 0 for s in samples]))
-    rows = load["requests"]
+    rows = load.requests
     answer = {"preemptions": preemptions, "max_running": max_running, "max_waiting": max_waiting,
               "share_of_time_queueing": round(waited, 3), "requests": int(len(rows))}
-    evidence = (f"over 0-{load['end_s']:.0f} s: up to {max_running:.0f} running and {max_waiting:.0f} waiting; "
+    evidence = (f"over 0-{load.end_s:.0f} s: up to {max_running:.0f} running and {max_waiting:.0f} waiting; "
                 f"requests queued {waited:.0%} of the time; {preemptions if preemptions is not None else 'n/a'} "
                 f"preemptions; {len(rows)} requests sent")
     if plan:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit
+from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames, load_meta
 from harness.analysis.summary import blocks_of, fits_of, headline_with, intervals
 
@@ -50,11 +51,11 @@ def decision_line(h: dict | None, status: str | None = None) -> str:
 
 def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] | None = None) -> Verdict:
     """The capacity, ratios and headline of the run's own budget, from its frames."""
-    own = meta.get("config", {}).get("kv_budget")
-    blocks = blocks_of(frames, meta, engines).get(own, {})
-    fits = fits_of(blocks, meta)
-    capacity, ratios = intervals(blocks, meta, fits) if blocks else ({}, {})
-    head = headline_with(blocks, meta, fits)[0] if blocks else None
+    run = RunRecord.of(meta)  # bench's run.json as it stands, typed once for the analysis
+    blocks = blocks_of(frames, run, engines).get(run.config.kv_budget, {})
+    fits = fits_of(blocks, run)
+    capacity, ratios = intervals(blocks, run, fits) if blocks else ({}, {})
+    head = headline_with(blocks, run, fits)[0] if blocks else None
     return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, fits[0])
 
 

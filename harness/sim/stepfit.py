@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.rundir import load_meta, load_steps
+from harness.analysis.records import RunRecord
+from harness.analysis.rundir import load_steps
 
 # coefficient -> the step row's column it multiplies (None: the constant)
 TERMS = {"fixed_s": None, "per_decode_s": "decodes", "per_prefill_s": "prefills", "per_token_s": "tokens",
@@ -91,7 +92,7 @@ def run_steps(run_dir: Path) -> pd.DataFrame:
     if (run_dir / "steps.parquet").is_file():
         return pd.read_parquet(run_dir / "steps.parquet")
     try:
-        return load_steps(run_dir, load_meta(run_dir))
+        return load_steps(run_dir, RunRecord.read(run_dir))
     except FileNotFoundError:  # not a run directory: no rows
         return pd.DataFrame()
 

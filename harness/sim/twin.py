@@ -33,9 +33,12 @@ import pandas as pd
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
-from harness.analysis.rundir import judged_spans, load_meta, own_budget, segments, slo_of
+from harness.analysis.records import RunRecord, SweepPoint
+from harness.analysis.records import Segment as RunSegment
+from harness.analysis.rundir import judged_spans, segments
 from harness.analysis.steady import warmup_s
 from harness.analysis.summary import SHARE_COLUMNS, finalize
+from harness.analysis.summary_records import CapacityPoint, Summary
 from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
 from harness.units import KvBudget
@@ -214,8 +217,8 @@ def curve_point(job: CurveJob) -> dict:
             "sustained_where": block["sustained_where"], "points": len(points)}
 
 
-def errors(twin_points: list[dict], measured_points: list[dict], twin_rps: float, measured_rps: float) -> dict:
-    pairs = list(zip(twin_points, sorted(measured_points, key=lambda p: p["offered_rps"]), strict=True))
+def errors(twin_points: list[dict], measured_points: list[CapacityPoint], twin_rps: float, measured_rps: float) -> dict:
+    pairs = list(zip(twin_points, sorted(measured_points, key=lambda p: p.offered_rps), strict=True))
 
     def median(values: list[float]) -> float | None:
         values = [v for v in values if v is not None and math.isfinite(v)]
@@ -223,9 +226,10 @@ def errors(twin_points: list[dict], measured_points: list[dict], twin_rps: float
 
     out = {"sustained_rps": twin_rps / measured_rps - 1 if measured_rps else None}
     for key in RELATIVE:
-        out[key] = median([t[key] / m[key] - 1 for t, m in pairs if t.get(key) is not None and m.get(key)])
+        out[key] = median([t[key] / m.figure(key) - 1 for t, m in pairs if t.get(key) is not None and m.figure(key)])
     for key in SHARES:
-        out[key] = median([t[key] - m[key] for t, m in pairs if t.get(key) is not None and m.get(key) is not None])
+        out[key] = median([t[key] - m.figure(key) for t, m in pairs
+                           if t.get(key) is not None and m.figure(key) is not None])
     return out
 
 
@@ -243,12 +247,11 @@ def needed_budget(curve: list[dict], rate: float) -> float | None:
     return None
 
 
-def twins_of(meta: dict, steps: pd.DataFrame, shared: bool) -> dict[str, TwinEngine]:
+def twins_of(meta: RunRecord, steps: pd.DataFrame, shared: bool) -> dict[str, TwinEngine]:
     """A twin for every engine that recorded steps and its configuration at the run's KV budget."""
-    cfg = meta.get("config", {})
     out = {}
-    for engine, by_budget in meta.get("engine_config", {}).items():
-        config = by_budget.get(cfg.get("kv_budget"))
+    for engine, by_budget in (meta.engine_config or {}).items():
+        config = by_budget.get(meta.config.kv_budget)
         rows = steps[steps.engine == engine] if "engine" in steps else steps.iloc[:0]
         if config is None or not len(rows):
             continue
@@ -264,41 +267,39 @@ def twins_of(meta: dict, steps: pd.DataFrame, shared: bool) -> dict[str, TwinEng
     return out
 
 
-def visit_jobs(twin: TwinEngine, meta: dict, streams: Streams, slo: SLO, budget: KvBudget) -> list[VisitJob]:
+def visit_jobs(twin: TwinEngine, meta: RunRecord, streams: Streams, slo: SLO, budget: KvBudget) -> list[VisitJob]:
     """Every visit of the bench to one engine at one budget, with the requests each of its segments sent."""
-    cfg = meta.get("config", {})
-    points = [p for p in (meta.get("sweep") or {}).get("points", {}).get(twin.engine, [])
-              if p.get("kv_budget") == str(budget) and p.get("segments")]
-    visits: dict[int, list[tuple[dict, dict]]] = {}
+    points = [p for p in meta.points_of(twin.engine) if p.kv_budget == budget.label and p.segments]
+    visits: dict[int, list[tuple[SweepPoint, RunSegment]]] = {}
     for p in points:
         for seg in segments(p):
-            visits.setdefault(seg.get("visit", 0), []).append((p, seg))
+            visits.setdefault(seg.visit if seg.has("visit") else 0, []).append((p, seg))
     jobs = []
     for _, parts in sorted(visits.items()):
-        parts.sort(key=lambda ps: ps[1]["start_s"])
+        parts.sort(key=lambda ps: ps[1].start_s)
         reqs, owner, judged = [], [], {}
         for p, seg in parts:
-            sent = streams.sent(Segment(p["point"], p["key"], p["offered_rps"], seg["start_s"], seg["first"],
-                                        seg["end_s"]))
+            sent = streams.sent(Segment(p.point, p.key, p.offered_rps, seg.start_s, seg.first, seg.end_s))
             reqs += sent
-            owner += [p["point"]] * len(sent)
-            judged.setdefault(p["point"], []).extend(judged_spans({"segments": [seg]}))
-        cut = max(seg["end_s"] for _, seg in parts) + float(cfg.get("grace_s", 0.0))
+            owner += [p.point] * len(sent)
+            judged.setdefault(p.point, []).extend(judged_spans(p.model_copy(update={"segments": [seg]})))
+        cut = max(seg.end_s for _, seg in parts) + float(meta.config.grace_s)
         jobs.append(VisitJob(twin, tuple(reqs), tuple(owner), tuple((k, tuple(v)) for k, v in judged.items()), slo,
                              budget.bytes, cut))
     return jobs
 
 
-def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None = None) -> dict:
+def run_twin(meta: RunRecord, steps: pd.DataFrame, summary: Summary, n_jobs: int | None = None) -> dict:
     """summary.json's `twin`: per engine its step model, the measured points' twins, the sustained rate with
     its error against the measured one, and the KV-budget curve. `steps` are the rows each engine's model
     is fitted on: this run's, or another run's (a twin checked on a workload its fit never saw)."""
-    cfg = meta.get("config", {})
-    slo, budget = slo_of(cfg), own_budget(meta)
-    spec = load_spec(cfg["workload"])
+    cfg = meta.config
+    slo, budget = cfg.slo, cfg.budget
+    spec = load_spec(cfg.workload)
     twins = twins_of(meta, steps, has_shared_prefixes(spec))
-    streams = Streams(spec, cfg.get("seed", 0), cfg.get("max_seq_len", 2048))
-    measured = summary.get("capacity", {})
+    max_seq_len = cfg.max_seq_len if cfg.has("max_seq_len") else 2048
+    streams = Streams(spec, cfg.seed, max_seq_len)
+    measured = summary.capacity
     jobs, curve_jobs = {}, {}
     for engine, twin in twins.items():
         if engine not in measured:
@@ -307,9 +308,9 @@ def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None 
         if not jobs[engine]:
             del jobs[engine]
             continue
-        start = max(measured[engine]["sustained_rps"], 0.05)
-        curve_jobs[engine] = [CurveJob(twin, start, slo, int(budget.bytes * m), cfg["workload"],
-                                       cfg.get("seed", 0), cfg.get("max_seq_len", 2048)) for m in BUDGET_MULTIPLES]
+        start = max(measured[engine].sustained_rps, 0.05)
+        curve_jobs[engine] = [CurveJob(twin, start, slo, int(budget.bytes * m), cfg.workload, cfg.seed,
+                                       max_seq_len) for m in BUDGET_MULTIPLES]
     n = n_jobs or os.cpu_count() or 1
     visit_results = iter(pool_map(simulate_visit, [j for js in jobs.values() for j in js], n))
     curve_results = iter(pool_map(curve_point, [j for js in curve_jobs.values() for j in js], n))
@@ -319,16 +320,16 @@ def run_twin(meta: dict, steps: pd.DataFrame, summary: dict, n_jobs: int | None 
         for _ in js:
             for point, part in next(visit_results).items():
                 parts.setdefault(point, []).append(part)
-        rates = {p["point"]: p["offered_rps"] for p in meta["sweep"]["points"][engine]}
+        rates = {p.point: p.offered_rps for p in meta.sweep.points[engine]}
         block = capacity_block([point_of_parts(rates[k], v, slo) for k, v in parts.items()], slo)
         curve = [next(curve_results) for _ in curve_jobs[engine]]
         out[engine] = {"sustained_rps": block["sustained_rps"], "sustained_where": block["sustained_where"],
                        "points": block["points"],
-                       "error": errors(block["points"], measured[engine]["points"], block["sustained_rps"],
-                                       measured[engine]["sustained_rps"]),
+                       "error": errors(block["points"], measured[engine].points, block["sustained_rps"],
+                                       measured[engine].sustained_rps),
                        "step_model": twins[engine].model.to_json(), "config": twins[engine].config,
                        "budget_curve": curve}
-    best = max((m["sustained_rps"] for m in measured.values()), default=None)
+    best = max((m.sustained_rps for m in measured.values()), default=None)
     for t in out.values():
         t["budget_for_best_rps"] = {"rate_rps": best,
                                     "kv_budget_bytes": needed_budget(t["budget_curve"], best) if best else None}
@@ -340,11 +341,11 @@ def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[dict], dict |
     sweep, or no engine fragbench schedules, targets alone)."""
     run_dir = Path(run_dir)
 
-    def block(summary: dict) -> dict | None:
-        meta = load_meta(run_dir)
-        if not (meta.get("sweep") or {}).get("points") or not meta.get("engine_config"):
+    def block(summary: dict) -> dict | None:  # finalize's summary, before it is written: typed here once
+        meta = RunRecord.read(run_dir)
+        if not meta.swept or not meta.engine_config:
             return None
-        return run_twin(meta, run_steps(run_dir), summary, n_jobs)
+        return run_twin(meta, run_steps(run_dir), Summary.model_validate(summary), n_jobs)
 
     return block
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from harness.analysis.summary_records import SimulationOut, SizeClasses, Summary
 from harness.views.html import fmt, mib, table
 
 LAYER_WORDS = {"policy": "policy (the live KV and this request pass the cap)",
@@ -13,13 +14,13 @@ LAYER_WORDS = {"policy": "policy (the live KV and this request pass the cap)",
                             "it asks for does not fit)"}
 
 
-def reserved_unallocated(summary: dict) -> str:
+def reserved_unallocated(summary: Summary) -> str:
     """The Figure-2 breakdown's extra line, per engine with an allocator: bytes PyTorch would hold from the device
     that no tensor uses (inside the breakdown's external fragmentation + free, which count from the budget)."""
-    rows = [[name, fmt(a["reserved_unallocated_share"], "%"), mib(a["peak_reserved_unallocated_bytes"]),
-             mib(a["allocated_bytes"]), mib(a["reserved_bytes"]), mib(a["inactive_split_bytes"]), a["segments"],
-             a["alloc_retries"], classes(a.get("size_classes"))]
-            for name, s in summary.get("engines", {}).items() if (a := s.get("allocator"))]
+    rows = [[name, fmt(a.reserved_unallocated_share, "%"), mib(a.peak_reserved_unallocated_bytes),
+             mib(a.allocated_bytes), mib(a.reserved_bytes), mib(a.inactive_split_bytes), a.segments,
+             a.alloc_retries, classes(a.size_classes)]
+            for name, s in summary.engines.items() if (a := s.allocator)]
     if not rows:
         return ""
     return ("<h3>Reserved by the allocator, unallocated</h3><p class='how'>The caching allocator's figures "
@@ -35,9 +36,9 @@ def reserved_unallocated(summary: dict) -> str:
                      "requests small / large / huge"], rows))
 
 
-def classes(counts: dict | None) -> str:
+def classes(counts: SizeClasses | None) -> str:
     """Requests by PyTorch's size class: small <= 1 MiB, large under 10 MiB (a 20 MiB segment each), huge."""
-    return "n/a" if not counts else " / ".join(str(counts[c]) for c in ("small", "large", "huge"))
+    return "n/a" if not counts else f"{counts.small} / {counts.large} / {counts.huge}"
 
 
 def has_layer(ooms: pd.DataFrame) -> bool:
@@ -65,21 +66,21 @@ def oom_layers(ooms: pd.DataFrame) -> str:
             + table(["engine", "layer", "count", "most cached free", "most free under the cap"], rows))
 
 
-def sim_allocator_lines(policies: dict) -> list[str]:
+def sim_allocator_lines(out: SimulationOut) -> list[str]:
     """`fragbench simulate --memory caching`'s text: per policy, what PyTorch's allocator reserved for what it
     allocated, and its OOMs by layer."""
     lines = []
-    for name, r in policies.items():
-        a = r.get("allocator")
+    for name, r in out.policies.items():
+        a = r.allocator
         if not a:
             continue
         gib = 2**30
-        lines.append(f"  {name}: caching allocator ({a['alloc_conf']}): peak reserved "
-                     f"{a['peak_reserved_bytes'] / gib:.2f} GiB for peak allocated "
-                     f"{a['peak_allocated_bytes'] / gib:.2f} GiB; reserved, unallocated "
-                     f"{fmt(a['reserved_unallocated_share'], '%')} of the budget (time-weighted); after the run "
-                     f"{a['reserved_bytes'] / gib:.2f} GiB reserved, {a['allocated_bytes'] / gib:.2f} GiB allocated; "
-                     f"{a['peak_segments']} segments at most, {a['alloc_retries']} retries; OOMs "
-                     f"{a['oom_policy']} policy, {a['oom_allocator']} allocator; requests small / large / huge "
-                     f"{classes(a.get('size_classes'))}")
+        lines.append(f"  {name}: caching allocator ({a.alloc_conf}): peak reserved "
+                     f"{a.peak_reserved_bytes / gib:.2f} GiB for peak allocated "
+                     f"{a.peak_allocated_bytes / gib:.2f} GiB; reserved, unallocated "
+                     f"{fmt(a.reserved_unallocated_share, '%')} of the budget (time-weighted); after the run "
+                     f"{a.reserved_bytes / gib:.2f} GiB reserved, {a.allocated_bytes / gib:.2f} GiB allocated; "
+                     f"{a.peak_segments} segments at most, {a.alloc_retries} retries; OOMs "
+                     f"{a.oom_policy} policy, {a.oom_allocator} allocator; requests small / large / huge "
+                     f"{classes(a.size_classes)}")
     return lines

@@ -9,184 +9,188 @@ from plotly.subplots import make_subplots
 
 from harness.analysis.headline import PAGED
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
+from harness.analysis.records import Design
+from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
 from harness.views.html import ESC, PALETTE, fig_html, fmt, section, table
 
 MiB = 2**20
 
 
-def where_words(c: dict) -> str:
+def where_words(c: CapacityBlock) -> str:
     return {"beyond": " or more (every rate met the SLO)", "below": " (under the lowest rate swept)"}.get(
-        c["sustained_where"], "")
+        c.sustained_where, "")
 
 
-def rate_words(c: dict) -> str:
-    ci = c.get("sustained_rps_ci")
-    unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.get("rests_on_unsteady") \
+def rate_words(c: CapacityBlock) -> str:
+    ci = c.sustained_rps_ci
+    unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.rests_on_unsteady \
         else ""
-    return f"{c['sustained_rps']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
+    return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
-def best_contiguous(capacity: dict, summary: dict | None = None) -> str | None:
+def best_contiguous(summary: Summary) -> str | None:
     """What the paged ones are measured against: the headline's contiguous engine where the run has a headline
     (analysis/headline.best_contiguous: an open bracket that may reach above a bracketed knee is bracketed
     first), else the contiguous engine that sustains the highest rate (a simulation's sweep)."""
-    against = ((summary or {}).get("headline") or {}).get("against")
+    capacity = summary.capacity
+    against = summary.headline.against if summary.headline else None
     if against in capacity:
         return against
-    return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e]["sustained_rps"], default=None)
+    return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e].sustained_rps, default=None)
 
 
-def ratio_words(summary: dict, mine: str, theirs: str) -> str:
+def ratio_words(summary: Summary, mine: str, theirs: str) -> str:
     """A ratio of two sustained rates with its joint interval; one that holds 1.0 is no measurable difference."""
-    r = (summary.get("capacity_ratios") or {}).get(f"{mine}/{theirs}")
+    r = summary.capacity_ratios.get(f"{mine}/{theirs}")
     if r is None:  # a simulation's sweep: one estimate per rate, no replicates
-        cap = summary["capacity"]
-        return f"{cap[mine]['sustained_rps'] / cap[theirs]['sustained_rps']:.2f}x" \
-            if cap[theirs]["sustained_rps"] > 0 else "n/a"
-    lo, hi = r["ratio_ci"]
-    return f"{r['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]" + (": no measurable difference" if lo <= 1.0 <= hi else "")
+        cap = summary.capacity
+        return f"{cap[mine].sustained_rps / cap[theirs].sustained_rps:.2f}x" \
+            if cap[theirs].sustained_rps > 0 else "n/a"
+    lo, hi = r.ratio_ci
+    return f"{r.ratio:.2f}x [{lo:.2f}, {hi:.2f}]" + (": no measurable difference" if lo <= 1.0 <= hi else "")
 
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def best_words(summary: dict, rival: str) -> str:
+def best_words(summary: Summary, rival: str) -> str:
     """"the best contiguous engine", and which contiguous engines it was not measured against (no knee)."""
-    capacity = summary.get("capacity") or {}
-    unmeasured = [e for e in summary.get("engines", {}) if e not in PAGED and e != rival
-                  and (capacity.get(e) or {}).get("sustained_rps") is None]
+    capacity = summary.capacity
+    unmeasured = [e for e in summary.engines if e not in PAGED and e != rival and e not in capacity]
     if not unmeasured:
         return "the best contiguous engine"
     return (f"the best contiguous engine with a knee measured ({', '.join(unmeasured)}: none measured in this run's "
             "time, so not compared)")
 
 
-def verdict_words(h: dict) -> str:
+def verdict_words(h: HeadlineBlock) -> str:
     """decided or not, and why, in a few words: what the headline's interval says (summary.json's `decided` and
     `precise`, computed once in analysis/headline.py)."""
-    lo, hi = h["ratio_ci"]
-    if h["decided"]:
-        return "decided" + ("" if h["precise"] else f", not precise (hi / lo {hi / lo:.2f} > {h['precision']:g})")
+    lo, hi = h.ratio_ci
+    if h.decided:
+        return "decided" + ("" if h.precise else f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})")
     if lo <= 1.0 <= hi:
         return "undecided: no measurable difference (the interval holds 1.0)"
-    open_ = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
+    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
     return f"undecided: {' and '.join(open_)} not bracketed (a knee past the rates measured is a bound)"
 
 
-def headline_sentence(summary: dict) -> str | None:
+def headline_sentence(summary: Summary) -> str | None:
     """The answer in one line: the ratio, its interval, decided or not and why."""
-    h = summary.get("headline")
+    h = summary.headline
     if not h:
         return None
-    lo, hi = h["ratio_ci"]
-    return (f"{h['engine']} sustains {h['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] the request rate of {h['against']} "
-            f"({best_words(summary, h['against'])}) with the same memory: {verdict_words(h)}.")
+    lo, hi = h.ratio_ci
+    return (f"{h.engine} sustains {h.ratio:.2f}x [{lo:.2f}, {hi:.2f}] the request rate of {h.against} "
+            f"({best_words(summary, h.against)}) with the same memory: {verdict_words(h)}.")
 
 
-def evidence_sentence(summary: dict) -> str | None:
+def knee_words(c: CapacityBlock | None, field: str) -> object:
+    """What a knee rests on (its points or streams), '?' where the engine has no knee."""
+    knee = c.knee if c is not None else None
+    return "?" if knee is None or not knee.has(field) else getattr(knee, field)
+
+
+def evidence_sentence(summary: Summary) -> str | None:
     """What the headline rests on, beneath it: points, streams and judged requests per engine, how they were
     placed, why the decision stopped, how much of the width is stream-to-stream, what a longer run buys."""
-    h = summary.get("headline")
+    h = summary.headline
     if not h:
         return None
-    cap = summary.get("capacity") or {}
-    rests = "; ".join(f"{e} on {(cap.get(e) or {}).get('knee', {}).get('points', '?')} points "
-                      f"({(cap.get(e) or {}).get('knee', {}).get('streams', '?')} independent streams, "
-                      f"{h['judged'][e]} judged requests)" for e in (h["engine"], h["against"]))
+    cap = summary.capacity
+    rests = "; ".join(f"{e} on {knee_words(cap.get(e), 'points')} points "
+                      f"({knee_words(cap.get(e), 'streams')} independent streams, "
+                      f"{h.judged[e]} judged requests)" for e in (h.engine, h.against))
     line = (f"Each knee is fitted from every point it may rest on (a dose-response curve of SLO attainment against "
             f"log rate, the 90 % interval from the fit's joint posterior): {rests}. The decision stopped: "
-            + (f"the interval was as narrow as asked ({h['precision']:g}x) on at least {h.get('min_points', '?')} "
-               "points per engine" if h.get("stop") == "precise" else "its time was spent"))
-    spread = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.get("stream_spread") or {}).items())
+            + (f"the interval was as narrow as asked ({h.precision:g}x) on at least "
+               f"{h.min_points if h.has('min_points') else '?'} points per engine" if h.stop == "precise"
+               else "its time was spent"))
+    spread = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.stream_spread or {}).items())
+    share = h.run_to_run_share if h.has("run_to_run_share") else 0.0
     line += (f". Streams differ from one another in the load they put on an engine by about {spread} (each fit's "
-             f"estimate, as the sd of log load); that spread makes up {100 * h.get('run_to_run_share', 0.0):.0f} % "
+             f"estimate, as the sd of log load); that spread makes up {100 * share:.0f} % "
              "of the interval's log-width")
-    within = h.get("ratio_ci_within_runs")
+    within = h.ratio_ci_within_runs
     if within:
         line += f" (these streams' sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"
-    left = {e: rates for e, rates in (h.get("unsteady_rates") or {}).items() if rates}
+    left = {e: rates for e, rates in (h.unsteady_rates or {}).items() if rates}
     if left:
         line += (". Left out of the knees, their halves on two sides of the target (the load was still moving) when "
                  "the time ran out: " + "; ".join(f"{e} at {', '.join(f'{r:g}' for r in rates)} req/s"
                                                   for e, rates in left.items()))
-    if not (h["decided"] and h["precise"]):
-        more, longer = h.get("more_arrival_s_to_precision"), h["resolvable_ratio_with_20_more_minutes"]
-        spent = f" ({h['time_s']:g} s of bench)" if h.get("time_s") else ""
-        line += (f". A low-resolution run{spent}: it can tell a difference of {h['resolvable_ratio']:.2f}x from "
+    if not (h.decided and h.precise):
+        more, longer = h.more_arrival_s_to_precision, h.resolvable_ratio_with_20_more_minutes
+        spent = f" ({h.time_s:g} s of bench)" if h.time_s else ""
+        line += (f". A low-resolution run{spent}: it can tell a difference of {h.resolvable_ratio:.2f}x from "
                  f"none; a run 20 minutes longer would resolve a {longer:.2f}x difference")
         if more is not None and more > 0:
             line += (f", and about {minutes(more)} more of arrivals at points like these would narrow the interval "
-                     f"to {h['precision']:g}x")
+                     f"to {h.precision:g}x")
         elif more is not None:
-            line += (f"; the interval is already as narrow as asked ({h['precision']:g}x) and still holds 1.0: any "
+            line += (f"; the interval is already as narrow as asked ({h.precision:g}x) and still holds 1.0: any "
                      "difference is smaller than this run can tell")
-    roles = {e: c.get("role") for e, c in cap.items()}
+    roles = {e: c.role for e, c in cap.items()}
     screened = [e for e, r in roles.items() if r == "screened"]
     if screened:
         line += (". Screened (searched within a bounded time, not decided on): " + ", ".join(screened))
-    return line + "." + time_words(summary.get("time_spent"))
+    return line + "." + time_words(summary.time_spent)
 
 
-def time_words(spent: dict | None) -> str:
+def time_words(spent: TimeSpent | None) -> str:
     """How the run's time went: per engine, set-up, operating point, search and decision, in seconds."""
-    if not spent or not spent.get("engines"):
+    if not spent or not spent.engines:
         return ""
-    parts = "; ".join(f"{e} {t['setup_s']:.0f} s set-up, {t['operating_point_s']:.0f} s operating point, "
-                      f"{t['search_s']:.0f} s search, {t['decision_s']:.0f} s decision"
-                      for e, t in spent["engines"].items())
-    whole = f" of {spent['bench_s']:.0f} s" if spent.get("bench_s") else ""
+    parts = "; ".join(f"{e} {t.setup_s:.0f} s set-up, {t.operating_point_s:.0f} s operating point, "
+                      f"{t.search_s:.0f} s search, {t.decision_s:.0f} s decision"
+                      for e, t in spent.engines.items())
+    whole = f" of {spent.bench_s:.0f} s" if spent.bench_s else ""
     return f" How the time{whole} went (seconds of load per phase): {parts}."
 
 
-def end_words(p: dict) -> str:
-    if p.get("use") == "over_knee":
-        return ", over its knee: its attainment collapsed while its queue grew, a miss"
-    return "" if p.get("steady", True) else ", not steady"
-
-
-def capacity_sentence(summary: dict) -> str:
-    capacity = summary["capacity"]
-    slo = next(iter(capacity.values()))["slo"]
-    order = sorted(capacity, key=lambda e: -capacity[e]["sustained_rps"])
-    has_ci = any(c.get("sustained_rps_ci") for c in capacity.values())
+def capacity_sentence(summary: Summary) -> str:
+    capacity = summary.capacity
+    slo = next(iter(capacity.values())).slo
+    order = sorted(capacity, key=lambda e: -capacity[e].sustained_rps)
+    has_ci = any(c.sustained_rps_ci for c in capacity.values())
     rates = ", ".join(f"{e} {rate_words(capacity[e])} req/s" for e in order)
-    line = (f"Sustained request rate within the SLO (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s']:g} s for "
-            f"{100 * slo['attainment']:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
+    line = (f"Sustained request rate within the SLO (TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s:g} s for "
+            f"{100 * slo.attainment:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
             f"steady state): {rates}")
-    missing = [e for e in summary.get("engines", {}) if e not in capacity]
+    missing = [e for e in summary.engines if e not in capacity]
     if missing:  # an engine the search could not measure is said, not left out in silence
         line += "; no rate measured for " + ", ".join(
-            f"{e} ({summary['engines'][e].get('crashes', 0)} crashes; its calibration found no rate its share of the "
+            f"{e} ({summary.engines[e].crashes} crashes; its calibration found no rate its share of the "
             "time could measure)" for e in missing)
-    rival = best_contiguous(capacity, summary)
-    if rival is not None and not summary.get("headline"):
+    rival = best_contiguous(summary)
+    if rival is not None and not summary.headline:
         for e in (e for e in capacity if e in PAGED):
-            if capacity[rival]["sustained_rps"] <= 0:
-                line += f"; no contiguous engine sustained any rate, {e} {capacity[e]['sustained_rps']:.2f} req/s"
+            if capacity[rival].sustained_rps <= 0:
+                line += f"; no contiguous engine sustained any rate, {e} {capacity[e].sustained_rps:.2f} req/s"
                 continue
             line += f"; {e} sustains {ratio_words(summary, e, rival)} the rate of the best contiguous engine ({rival})"
     return line + "."
 
 
-def bound_sentence(capacity: dict) -> str:
-    parts = [f"{e} by {c['bound']} ({c['bound_evidence']}, at {c['knee_point']['offered_rps']:.2f} req/s)"
-             for e, c in sorted(capacity.items(), key=lambda kv: -kv[1]["sustained_rps"]) if "bound" in c]
+def bound_sentence(summary: Summary) -> str:
+    parts = [f"{e} by {c.bound} ({c.bound_evidence}, at {c.knee_point.offered_rps:.2f} req/s)"
+             for e, c in sorted(summary.capacity.items(), key=lambda kv: -kv[1].sustained_rps) if c.has("bound")]
     return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
 
 
-def steady_sentence(capacity: dict) -> str | None:
+def steady_sentence(summary: Summary) -> str | None:
     """The points a knee does not take as they are: over the knee (attainment collapsing while the queue grew: a
     miss) or unsteady (halves on two sides of the target, disjoint, the queue not growing: left out)."""
-    def words(e: str, p: dict) -> str:
-        return (f"{e} at {p['offered_rps']:g} req/s ({fmt(p['halves'][0], '%')} then {fmt(p['halves'][1], '%')} met "
-                f"the SLO; mean queue {fmt(p['running_halves'][0])} then {fmt(p['running_halves'][1])})")
+    def words(e: str, p: CapacityPoint) -> str:
+        return (f"{e} at {p.offered_rps:g} req/s ({fmt(p.halves[0], '%')} then {fmt(p.halves[1], '%')} met "
+                f"the SLO; mean queue {fmt(p.running_halves[0])} then {fmt(p.running_halves[1])})")
 
-    points = [(e, p) for e, c in capacity.items() for p in c["points"]]
-    if not any("steady" in p for _, p in points):
+    points = [(e, p) for e, c in summary.capacity.items() for p in c.points]
+    if not any(p.has("steady") for _, p in points):
         return None
-    over = [words(e, p) for e, p in points if p.get("knee_use") == "over_knee"]
-    left = [words(e, p) for e, p in points if p.get("steady") is False and p.get("knee_use") != "over_knee"]
+    over = [words(e, p) for e, p in points if p.knee_use == "over_knee"]
+    left = [words(e, p) for e, p in points if p.steady is False and p.knee_use != "over_knee"]
     rule = ("a point counts as measured when its two halves' SLO attainments fall on one side of the target or their "
             "intervals overlap, whatever its queue did")
     if not over and not left:
@@ -203,83 +207,88 @@ def steady_sentence(capacity: dict) -> str | None:
     return line + "."
 
 
-def knee_cells(c: dict) -> list[str]:
-    k = c.get("knee_point")
+def knee_cells(c: CapacityBlock) -> list[str]:
+    k = c.knee_point
     if not k:
         return ["n/a"] * 7
-    return [f"{c['bound']}", fmt(k["kv_usage"], "%"), fmt(k["waiting_for_memory_share"], "%"), fmt(k["running"]),
-            fmt(k["step_s"], "ms"), str(k["oom_total"]), str(k["preemptions"])]
+    return [f"{c.bound}", fmt(k.kv_usage, "%"), fmt(k.waiting_for_memory_share, "%"), fmt(k.running),
+            fmt(k.step_s, "ms"), str(k.oom_total), str(k.preemptions)]
 
 
-def point_words(p: dict) -> str:
-    mark = " (over its knee: a miss)" if p.get("knee_use") == "over_knee" else \
-        "" if p.get("steady", True) else " (unsteady: left out)"
-    return f"{p['offered_rps']:g}: {fmt(p['slo_attainment'], '%')} of {p.get('judged', p.get('requests', '?'))}{mark}"
+def point_words(p: CapacityPoint) -> str:
+    mark = " (over its knee: a miss)" if p.knee_use == "over_knee" else \
+        "" if p.steady is not False else " (unsteady: left out)"
+    judged = p.judged if p.has("judged") else p.requests if p.has("requests") else "?"
+    return f"{p.offered_rps:g}: {fmt(p.slo_attainment, '%')} of {judged}{mark}"
 
 
-def capacity_table(summary: dict) -> str:
-    cap = summary["capacity"]
-    rival = best_contiguous(cap, summary)
+def capacity_table(summary: Summary) -> str:
+    cap = summary.capacity
+    rival = best_contiguous(summary)
     rows = []
-    for e, c in sorted(cap.items(), key=lambda kv: -kv[1]["sustained_rps"]):
+    for e, c in sorted(cap.items(), key=lambda kv: -kv[1].sustained_rps):
         vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \
-            if rival is not None and cap[rival]["sustained_rps"] > 0 else "n/a"
-        rests = f"{c.get('judged_total', '?')} ({c.get('distinct_requests', '?')} distinct)"
-        rows.append([e, rate_words(c), vs, rests, *knee_cells(c), " / ".join(point_words(p) for p in c["points"])])
+            if rival is not None and cap[rival].sustained_rps > 0 else "n/a"
+        rests = (f"{c.judged_total if c.has('judged_total') else '?'} "
+                 f"({c.distinct_requests if c.has('distinct_requests') else '?'} distinct)")
+        rows.append([e, rate_words(c), vs, rests, *knee_cells(c), " / ".join(point_words(p) for p in c.points)])
     return table(["engine", "sustained req/s [90 % interval]", "vs best contiguous [90 %]", "judged requests",
                   "bound at the knee", "KV usage", "waiting for memory", "running", "step", "OOMs", "preemptions",
                   "SLO attainment per rate (of requests judged)"], rows)
 
 
-def curves(cap: dict) -> go.Figure:
+def curves(summary: Summary) -> go.Figure:
+    cap = summary.capacity
     fig = make_subplots(rows=1, cols=3, subplot_titles=("SLO attainment", "normalized latency (s/token)",
                                                          "mean running requests"), horizontal_spacing=0.07)
     for i, (engine, c) in enumerate(cap.items()):
-        pts = sorted(c["points"], key=lambda p: p["offered_rps"])
-        x = [p["offered_rps"] for p in pts]
+        pts = sorted(c.points, key=lambda p: p.offered_rps)
+        x = [p.offered_rps for p in pts]
         color = PALETTE[i % len(PALETTE)]
         for col, key in enumerate(("slo_attainment", "normalized_latency_s_per_token", "mean_running"), start=1):
-            fig.add_trace(go.Scatter(x=x, y=[p[key] for p in pts], mode="lines+markers", name=engine,
+            fig.add_trace(go.Scatter(x=x, y=[p.figure(key) for p in pts], mode="lines+markers", name=engine,
                                      legendgroup=engine, showlegend=col == 1, line_color=color), row=1, col=col)
-    target = next(iter(cap.values()))["slo"]["attainment"]
+    target = next(iter(cap.values())).slo.attainment
     fig.add_hline(y=target, line_dash="dot", line_color="#888", row=1, col=1)
     fig.update_xaxes(title_text="offered req/s", type="log")
     fig.update_layout(height=380)
     return fig
 
 
-def measured_budgets(pts: list[tuple[int, dict]], **style) -> go.Scatter:
+def measured_budgets(pts: list[tuple[int, CapacityBlock]], **style) -> go.Scatter:
     """(KV budget, capacity block) pairs as one trace: each sustained rate with its 90 % interval as error bars."""
-    y = [c["sustained_rps"] for _, c in pts]
-    lo = [y_ - (c.get("sustained_rps_ci") or [y_])[0] for y_, (_, c) in zip(y, pts, strict=True)]
-    hi = [(c.get("sustained_rps_ci") or [y_, y_])[1] - y_ for y_, (_, c) in zip(y, pts, strict=True)]
+    y = [c.sustained_rps for _, c in pts]
+    lo = [y_ - (c.sustained_rps_ci or [y_])[0] for y_, (_, c) in zip(y, pts, strict=True)]
+    hi = [(c.sustained_rps_ci or [y_, y_])[1] - y_ for y_, (_, c) in zip(y, pts, strict=True)]
     return go.Scatter(x=[b / MiB for b, _ in pts], y=y, error_y=dict(type="data", symmetric=False, array=hi,
                                                                      arrayminus=lo), **style)
 
 
-def budget_curve(by_budget: dict) -> str:
+def budget_curve(summary: Summary) -> str:
     """Sustained rate against KV budget per engine: what memory each needs for a given rate."""
+    by_budget = summary.capacity_by_budget
     fig = go.Figure()
     engines = list(dict.fromkeys(e for blocks in by_budget.values() for e in blocks))
     for i, engine in enumerate(engines):
-        pts = sorted((int(b), blocks[engine]) for b, blocks in by_budget.items() if engine in blocks)
+        pts = sorted(((int(b), blocks[engine]) for b, blocks in by_budget.items() if engine in blocks),
+                     key=lambda bc: bc[0])
         fig.add_trace(measured_budgets(pts, mode="lines+markers", name=engine, line_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(height=380, xaxis_title="KV budget (MiB)", yaxis_title="sustained req/s at the SLO")
     return "<h3>Sustained rate against KV budget</h3>" + fig_html(fig)
 
 
-def method_words(summary: dict, design: dict | None) -> str:
-    slo = next(iter(summary["capacity"].values()))["slo"]
-    if "policies" in summary:  # fragbench simulate's sweep
+def method_words(summary: Summary, design: Design | None) -> str:
+    slo = next(iter(summary.capacity.values())).slo
+    if summary.simulated:  # fragbench simulate's sweep
         return (f"Simulated: the workload's request mix offered at each rate (its arrival shape kept, its clock "
-                f"rescaled). A request meets the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= "
-                f"{slo['tpot_s']:g} s; sustained: the highest rate at which {100 * slo['attainment']:.0f} % meet "
+                f"rescaled). A request meets the SLO with TTFT <= {slo.ttft_s:g} s and TPOT <= "
+                f"{slo.tpot_s:g} s; sustained: the highest rate at which {100 * slo.attainment:.0f} % meet "
                 "it, interpolated between the rates simulated.")
-    how = (f"A request meets the SLO with TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s']:g} s; rejected, "
+    how = (f"A request meets the SLO with TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; rejected, "
            "OOM'd, crashed or failed requests miss it; client cancellations are left out; a request still in flight "
            "when the run ended is judged on what it showed (within both limits so far: met; already past one: "
            "missed; too young to tell: left out). Sustained: the highest rate at which "
-           f"{100 * slo['attainment']:.0f} % meet it, interpolated between the rates measured. Each point draws "
+           f"{100 * slo.attainment:.0f} % meet it, interpolated between the rates measured. Each point draws "
            "fresh requests from the whole workload: every offered rate has its own stream of the workload's "
            "requests (a generator seeded per rate, or a trace read on from its own place), and engines offered "
            "one rate judge the same requests in the same order. One load generator per engine sends the points "
@@ -293,9 +302,9 @@ def method_words(summary: dict, design: dict | None) -> str:
         how += ("Each engine's rates come from its own knee search (from 0.75x its calibrated saturation rate, "
                 "steps of x1.6, x1.6^2, ... until one rate meets the SLO and a higher one misses it, on a grid of "
                 "2^(1/16)); the headline's two engines then get points placed around their fitted knees, under these "
-                "rules: " + "; ".join(design["rules"]) + ". ")
-    if summary.get("headline"):
-        how += f"Intervals: {summary['headline']['method']}. "
+                "rules: " + "; ".join(design.rules) + ". ")
+    if summary.headline:
+        how += f"Intervals: {summary.headline.method}. "
     how += ("Bound at the knee, from the lowest rate that missed the SLO: failures (crashes, or failed"
             " requests half of the misses), else memory (OOMs, preemptions, KV usage >= "
             f"{100 * KV_USAGE_NEAR_FULL:.0f} %, or requests waiting for memory alone in >= "
@@ -303,18 +312,18 @@ def method_words(summary: dict, design: dict | None) -> str:
     return how
 
 
-def capacity_section(summary: dict, regime: str = "", design: dict | None = None) -> str:
+def capacity_section(summary: Summary, regime: str = "", design: Design | None = None) -> str:
     """`regime`: the KV budget's regime in words (harness/views/regime.py)."""
-    cap = summary.get("capacity")
+    cap = summary.capacity
     if not cap:
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
-    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(cap)) if x]
+    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(summary)) if x]
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
-    body = words + fig_html(curves(cap)) + capacity_table(summary)
-    if summary.get("capacity_by_budget"):
-        body += budget_curve(summary["capacity_by_budget"])
+    body = words + fig_html(curves(summary)) + capacity_table(summary)
+    if summary.capacity_by_budget:
+        body += budget_curve(summary)
     # the method's long paragraph after the figures: what it shows first, how it was measured below
     body += f"<h3>How this was measured</h3><p class='how'>{ESC(how)}</p>"
     return section("capacity", "Capacity at the SLO: what the memory buys",

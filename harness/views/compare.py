@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.analysis.operating import OPERATING_FIGURES, shared_point
+from harness.analysis.summary_records import CapacityBlock, Summary
 
 # figure -> whether higher is better (the ungated figures pooled over a run's points)
 HEADLINE = {
@@ -61,18 +62,21 @@ class Row:
         return self.metric if self.at_rps is None else f"{self.metric} at {self.at_rps:.3g}/s"
 
 
-def load_summary(run_dir: Path) -> dict:
+def load_summary(run_dir: Path) -> Summary:
+    """A run's summary.json (a run never summarized: summarized now, not written)."""
     from harness.analysis.summary import summarize
 
     path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else summarize(run_dir)
+    return Summary.model_validate(json.loads(path.read_text()) if path.is_file() else summarize(run_dir))
 
 
-def figures(summary: dict, engine: str) -> dict:
-    """An engine's headline numbers, with its sustained rate when the run swept rates."""
-    out = dict(summary["engines"].get(engine, {}))
-    if engine in summary.get("capacity", {}):
-        out["sustained_rps"] = summary["capacity"][engine]["sustained_rps"]
+def figures(summary: Summary, engine: str, names: tuple[str, ...] | dict) -> dict[str, object]:
+    """An engine's figures by name (those of `names` it has; the rest None), with its sustained rate when the run
+    swept rates."""
+    mine = summary.engines.get(engine)
+    out = {m: mine.figure(m) if mine is not None else None for m in names}
+    if engine in summary.capacity:
+        out["sustained_rps"] = summary.capacity[engine].sustained_rps
     return out
 
 
@@ -110,59 +114,58 @@ def gated_row(engine: str, metric: str, base: tuple, new: tuple, threshold_pct: 
 WHERE = {"below": "below the lowest rate measured", "beyond": "beyond the highest rate measured"}
 
 
-def unbracketed(caps: list[dict | None]) -> str | None:
+def unbracketed(caps: list[CapacityBlock | None]) -> str | None:
     """Why an engine's sustained rate is not gated: its knee lay outside the rates one run measured, so that run's
     figure is a bound (its interval reaches only one search step past the rates measured), not an estimate."""
-    where = [(run, (c or {}).get("sustained_where")) for run, c in zip(("base", "new"), caps, strict=True)]
+    where = [(run, c.sustained_where if c else None) for run, c in zip(("base", "new"), caps, strict=True)]
     open_ = [f"{WHERE[w]} in {run}" for run, w in where if w in WHERE]
     return f"knee not bracketed ({', '.join(open_)}): a bound, not gated" if open_ else None
 
 
-def sustained_row(engine: str, caps: list[dict | None], threshold_pct: float) -> Row:
+def sustained_row(engine: str, caps: list[CapacityBlock | None], threshold_pct: float) -> Row:
     """An engine's sustained rate: gated on its intervals, or shown where a knee was not bracketed."""
-    (b, b_ci), (n, n_ci) = [((c or {}).get("sustained_rps"), (c or {}).get("sustained_rps_ci")) for c in caps]
+    (b, b_ci), (n, n_ci) = [(c.sustained_rps, c.sustained_rps_ci) if c else (None, None) for c in caps]
     if open_ := unbracketed(caps):
         return Row(engine, "sustained_rps", b, n, None if b is None or n is None else change_pct(b, n),
                    False, True, b_ci, n_ci, open_)
     return gated_row(engine, "sustained_rps", (b, b_ci), (n, n_ci), threshold_pct=threshold_pct)
 
 
-def operating_rows(engine: str, base: dict, new: dict, threshold_pct: float) -> list[Row]:
+def operating_rows(engine: str, base: CapacityBlock, new: CapacityBlock, threshold_pct: float) -> list[Row]:
     """An engine's latency, throughput and memory at the stream both runs measured below its knee."""
     shared = shared_point(base, new)
     if shared is None:
         return [Row(engine, "operating point", None, None, None, False, True,
                     why="no stream both runs sustained below both knee intervals: not gated")]
     b, n = shared
-    return [gated_row(engine, fig, (b.get(fig), b.get(f"{fig}_ci")), (n.get(fig), n.get(f"{fig}_ci")),
-                      threshold_pct, b["offered_rps"]) for fig in OPERATING_FIGURES]
+    return [gated_row(engine, fig, (b.figure(fig), b.figure(f"{fig}_ci")), (n.figure(fig), n.figure(f"{fig}_ci")),
+                      threshold_pct, b.offered_rps) for fig in OPERATING_FIGURES]
 
 
-def compare(base: dict, new: dict, threshold_pct: float) -> list[Row]:
+def compare(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
     rows = []
-    for engine in base["engines"]:
-        if engine not in new["engines"]:
+    for engine in base.engines:
+        if engine not in new.engines:
             continue
-        caps = [s.get("capacity", {}).get(engine) for s in (base, new)]
+        caps = [s.capacity.get(engine) for s in (base, new)]
         if any(caps):
             rows.append(sustained_row(engine, caps, threshold_pct))
         if all(caps):
             rows += operating_rows(engine, caps[0], caps[1], threshold_pct)
-    hb, hn = base.get("headline") or {}, new.get("headline") or {}
-    same = hb and hn and (hb.get("engine"), hb.get("against")) == (hn.get("engine"), hn.get("against"))
-    if same and not all(all((h.get("bracketed") or {}).values()) for h in (hb, hn)):
-        rows.append(Row(f"{hb['engine']}/{hb['against']}", "headline_ratio", hb.get("ratio"), hn.get("ratio"), None,
-                        False, True, hb.get("ratio_ci"), hn.get("ratio_ci"),
+    hb, hn = base.headline, new.headline
+    same = hb and hn and (hb.engine, hb.against) == (hn.engine, hn.against)
+    if same and not all(all((h.bracketed or {}).values()) for h in (hb, hn)):
+        rows.append(Row(f"{hb.engine}/{hb.against}", "headline_ratio", hb.ratio, hn.ratio, None,
+                        False, True, hb.ratio_ci, hn.ratio_ci,
                         "a knee not bracketed in one run: a ratio of bounds, not gated"))
     elif same:
-        rows.append(gated_row(f"{hb['engine']}/{hb['against']}", "headline_ratio",
-                              (hb.get("ratio"), hb.get("ratio_ci")), (hn.get("ratio"), hn.get("ratio_ci")),
-                              threshold_pct))
-    for engine in base["engines"]:
-        if engine not in new["engines"]:
+        rows.append(gated_row(f"{hb.engine}/{hb.against}", "headline_ratio",
+                              (hb.ratio, hb.ratio_ci), (hn.ratio, hn.ratio_ci), threshold_pct))
+    for engine in base.engines:
+        if engine not in new.engines:
             continue
         for metric in HEADLINE:
-            b, n = figures(base, engine).get(metric), figures(new, engine).get(metric)
+            b, n = figures(base, engine, HEADLINE).get(metric), figures(new, engine, HEADLINE).get(metric)
             rows.append(Row(engine, metric, b, n, None if b is None or n is None else change_pct(b, n), False,
                             why="pooled over the rates the sweep visited: not gated"))
     return rows

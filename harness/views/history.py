@@ -20,6 +20,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from harness.analysis.records import RunRecord
+from harness.analysis.summary_records import Summary
 from harness.views.compare import GATED, HEADLINE, figures
 from harness.views.html import ESC, PALETTE, STYLE, fig_html, fmt, table
 
@@ -76,24 +78,26 @@ def read_runs(results: Path) -> tuple[list[Run], list[tuple[str, str]]]:
     runs, skipped = [], []
     for folder in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
         try:
-            meta = json.loads((folder / "run.json").read_text())
-            summary = json.loads((folder / "summary.json").read_text())
-            cfg = meta.get("config", {})
-            run = Run(meta.get("run_id", folder.name), meta["started"], meta.get("git_sha"),
-                      f"{cfg.get('workload')} at {cfg.get('kv_budget')}")
-            targets = meta.get("targets") or {}
-            for engine in summary["engines"]:
+            meta = RunRecord.of(json.loads((folder / "run.json").read_text()))
+            summary = Summary.model_validate(json.loads((folder / "summary.json").read_text()))
+            cfg = meta.config
+            if meta.started is None:
+                raise KeyError("started")
+            run = Run(meta.run_id if meta.has("run_id") else folder.name, meta.started, meta.git_sha,
+                      f"{cfg.workload} at {cfg.kv_budget}")
+            targets = meta.targets or {}
+            for engine in summary.engines:
                 # a target is its own series per model: a server it did not start changes outside fragbench
-                label = f"{engine} (target, {targets[engine]['model']})" if engine in targets else engine
-                run.engines[label] = {m: figures(summary, engine).get(m) for m in METRICS}
-                ci = (summary.get("capacity", {}).get(engine) or {}).get("sustained_rps_ci")
-                if ci:
-                    run.intervals[(label, "sustained_rps")] = ci
-            h = summary.get("headline") or {}
-            if h.get("ratio") is not None:
-                run.headline = (f"{h['engine']}/{h['against']}", float(h["ratio"]))
-                if h.get("ratio_ci"):
-                    run.intervals[(run.headline[0], HEADLINE_SERIES)] = h["ratio_ci"]
+                label = f"{engine} (target, {targets[engine].model})" if engine in targets else engine
+                run.engines[label] = figures(summary, engine, METRICS)
+                cap = summary.capacity.get(engine)
+                if cap is not None and cap.sustained_rps_ci:
+                    run.intervals[(label, "sustained_rps")] = cap.sustained_rps_ci
+            h = summary.headline
+            if h is not None:
+                run.headline = (f"{h.engine}/{h.against}", float(h.ratio))
+                if h.ratio_ci:
+                    run.intervals[(run.headline[0], HEADLINE_SERIES)] = h.ratio_ci
         except FileNotFoundError as e:
             skipped.append((folder.name, f"no {Path(e.filename).name}"))
             continue

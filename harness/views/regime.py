@@ -4,6 +4,8 @@ kind (harness/plan.py's BENCH_REGIMES), and on a GPU the roofline's evidence tha
 from __future__ import annotations
 
 from engines.shapes import load_shape
+from harness.analysis.records import RunRecord
+from harness.analysis.summary_records import Summary
 from harness.gpus import GPU, GPUS
 from harness.plan import BENCH_REGIMES, GPU_TARGET_CONCURRENCY, live_tokens_per_request, workload_mix
 from harness.sim.roofline import StepModel
@@ -49,11 +51,11 @@ def roofline_words(shape, kvb: int, live: float, gpu: GPU, tpot_s: float) -> str
             "many requests run (each engine's bound at its knee is in the table, measured).")
 
 
-def gpu_rule(meta: dict, budget_bytes: int, kvb: int, max_seq_len: int, tpot_s: float) -> str:
+def gpu_rule(meta: RunRecord, budget_bytes: int, kvb: int, max_seq_len: int, tpot_s: float) -> str:
     """The cuda rule in words, with its figures for this run's model and workload."""
-    config = meta.get("config") or {}
+    config = meta.config
     regime = BENCH_REGIMES["cuda"]
-    model, workload = config.get("model"), config.get("workload")
+    model, workload = config.model, config.workload
     words = (f"make bench's default on a GPU is {regime.sequences} ({regime.preset}'s shape in {regime.dtype}, "
              f"random weights built locally): the fewest max-length sequences at which the paged engine's expected "
              f"concurrency on mixed-churn reaches {GPU_TARGET_CONCURRENCY} requests (each holding its prompt, half "
@@ -61,25 +63,24 @@ def gpu_rule(meta: dict, budget_bytes: int, kvb: int, max_seq_len: int, tpot_s: 
     if not (model and workload):
         return words
     shape = load_shape(model)
-    live = mean_live_tokens(workload, int(config.get("seed", 0)), max_seq_len, shape.vocab_size)
+    live = mean_live_tokens(workload, int(config.seed), max_seq_len, shape.vocab_size)
     words += (f" Here, on {workload}, requests hold {live:.0f} live tokens on average: the budget's "
               f"{budget_bytes // kvb:,} tokens hold about {budget_bytes / kvb / live:.0f} of them.")
-    gpu = gpu_of_name((meta.get("hardware") or {}).get("device_name"))
+    gpu = gpu_of_name(meta.hardware.device_name if meta.hardware else None)
     return words + (roofline_words(shape, kvb, live, gpu, tpot_s) if gpu else "")
 
 
-def regime_words(summary: dict, meta: dict, budget_bytes: int | None) -> str:
+def regime_words(summary: Summary, meta: RunRecord, budget_bytes: int | None) -> str:
     """The budget in max-length sequences and the rule for the device the run measured."""
-    kvb = next((s.get("kv_bytes_per_token") for s in summary["engines"].values() if s.get("kv_bytes_per_token")),
-               None)
-    max_seq_len = summary.get("max_seq_len")
+    kvb = next((s.kv_bytes_per_token for s in summary.engines.values() if s.kv_bytes_per_token), None)
+    max_seq_len = summary.max_seq_len
     if not (kvb and budget_bytes and max_seq_len):
         return ""
     sequences = budget_bytes / (kvb * max_seq_len)
     words = (f" The KV budget, {budget_bytes / MiB:g} MiB, is {sequences:.1f} max-length sequences "
              f"({max_seq_len} tokens x {kvb} B); ")
-    on_gpu = str((meta.get("hardware") or {}).get("device_device") or "cpu").startswith("cuda")
+    on_gpu = str((meta.hardware.device_device if meta.hardware else None) or "cpu").startswith("cuda")
     if not on_gpu:
         return words + cpu_rule()
-    slo = next(iter(summary["capacity"].values()))["slo"]
-    return words + gpu_rule(meta, budget_bytes, kvb, max_seq_len, slo["tpot_s"])
+    slo = next(iter(summary.capacity.values())).slo
+    return words + gpu_rule(meta, budget_bytes, kvb, max_seq_len, slo.tpot_s)

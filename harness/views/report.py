@@ -15,8 +15,10 @@ from plotly.subplots import make_subplots
 from engines.memory.snapshot import read_snapshot
 from engines.percentile import percentile
 from harness.analysis.integrity import sentence
-from harness.analysis.rundir import load_frames, load_meta, own_budget
-from harness.analysis.summary import SHARE_COLUMNS, read_summary
+from harness.analysis.records import RunRecord
+from harness.analysis.rundir import load_frames
+from harness.analysis.summary import SHARE_COLUMNS, read_summary_record
+from harness.analysis.summary_records import Summary
 from harness.results import token_times
 from harness.views.alloc_settings import settings_section, size_rule
 from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
@@ -78,16 +80,16 @@ def memory_breakdown(samples: pd.DataFrame) -> str:
                    "vLLM exports usage only, so only its allocated share is known.", fig_html(fig))
 
 
-def figure2(summary: dict) -> str:
+def figure2(summary: Summary) -> str:
     fig = go.Figure()
-    names = list(summary["engines"]) + list(PAPER_FIGURE2)
-    values = [[100 * (s[c] or 0) for c in SHARE_COLUMNS] for s in summary["engines"].values()]
+    names = list(summary.engines) + list(PAPER_FIGURE2)
+    values = [[100 * (s.figure(c) or 0) for c in SHARE_COLUMNS] for s in summary.engines.values()]
     # the paper folds free memory into its last bar: so do we for the paper's bars
     values += [[t, r, i, e, 0.0] for t, r, i, e in PAPER_FIGURE2.values()]
     for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
         fig.add_trace(go.Bar(x=names, y=[v[k] for v in values], name=label, marker_color=color))
-    unknown = [100 * s["allocated_share"] if s["token_states_share"] is None and s["allocated_share"] else 0
-               for s in summary["engines"].values()]
+    unknown = [100 * s.allocated_share if s.token_states_share is None and s.allocated_share else 0
+               for s in summary.engines.values()]
     if any(unknown):
         fig.add_trace(go.Bar(x=names, y=unknown + [0] * len(PAPER_FIGURE2), name="allocated (split not exported)",
                              marker_color="#8d99ae"))
@@ -102,16 +104,16 @@ def figure2(summary: dict) -> str:
                    "here.", fig_html(fig) + reserved_unallocated(summary) + size_rule(summary))
 
 
-def integrity_section(summary: dict) -> str:
+def integrity_section(summary: Summary) -> str:
     """A line per engine: did the KV cache give back what was put in it, under this run's churn?"""
     rows = []
-    for name, s in summary["engines"].items():
-        r = s.get("integrity")
+    for name, s in summary.engines.items():
+        r = s.integrity
         rows.append([name, *(["n/a"] * 5 if not r else [
-            r["probes"], r["diverged"],
-            "n/a" if r["max_abs_logprob_diff"] is None else f"{r['max_abs_logprob_diff']:.2g}", f"{r['tolerance']:g}",
-            f"{r.get('preempted_probes', 0)} / {r.get('prefix_hit_probes', 0)} / {r.get('failed', 0)}"]),
-            sentence(r)])
+            r.probes, r.diverged,
+            "n/a" if r.max_abs_logprob_diff is None else f"{r.max_abs_logprob_diff:.2g}", f"{r.tolerance:g}",
+            f"{r.preempted_probes} / {r.prefix_hit_probes} / {r.failed}"]),
+            sentence(r.written() if r else None)])
     return section("integrity", "KV integrity under churn",
                    "Six fixed probe prompts (short, two sharing a long head, a long prompt, a long answer), greedy "
                    "with logprobs, served alone on the idle engine before any load (twice: the second answer says "
@@ -340,7 +342,7 @@ def throughput(requests: pd.DataFrame) -> str:
                    fig_html(fig))
 
 
-def workload(requests: pd.DataFrame, meta: dict) -> str:
+def workload(requests: pd.DataFrame, meta: RunRecord) -> str:
     from workloads.spec import SpecError, load_spec
 
     first = requests[requests.engine == requests.engine.iloc[0]] if len(requests) else requests
@@ -349,7 +351,7 @@ def workload(requests: pd.DataFrame, meta: dict) -> str:
     fig.add_trace(go.Histogram(x=first.output_tokens_target, showlegend=False), row=1, col=2)
     fig.add_trace(go.Histogram(x=first.arrival_s, xbins=dict(size=1), showlegend=False), row=1, col=3)
     fig.update_layout(height=320)
-    name = meta.get("config", {}).get("workload", "")
+    name = meta.config.workload if meta.config.has("workload") else ""
     try:
         spec = load_spec(name)
         text = f"{spec.name}: {spec.description}"
@@ -363,53 +365,52 @@ def workload(requests: pd.DataFrame, meta: dict) -> str:
                    body)
 
 
-def config(meta: dict) -> str:
+def config(meta: RunRecord) -> str:
     return section("config", "Configuration, versions, hardware", "run.json of this run.",
-                   f"<pre>{ESC(json.dumps(meta, indent=2, default=str))}</pre>")
+                   f"<pre>{ESC(json.dumps(meta.raw, indent=2, default=str))}</pre>")
 
 
-def budget_bytes(meta: dict) -> int | None:
-    budget = own_budget(meta)
-    return budget.bytes if budget else None
+def budget_bytes(meta: RunRecord) -> int | None:
+    budget = meta.config.budget
+    return budget.bytes if budget is not None else None
 
 
-def targets_note(meta: dict) -> str:
+def targets_note(meta: RunRecord) -> str:
     """One line per target: a server fragbench did not start, and what its metrics could and could not show."""
     lines = []
-    for name, t in (meta.get("targets") or {}).items():
-        read = (f"read from its {t['family']} metrics ({t['metrics_url']}): {', '.join(t['sees']) or 'nothing'}"
-                if t.get("family") else "no metrics read")
-        lines.append(f"<li><b>{ESC(name)}</b> is a server fragbench did not start ({ESC(t['url'])}, model "
-                     f"{ESC(t['model'])}); {ESC(read)}; it cannot show {ESC(', '.join(t['cannot_see']))}, which "
+    for name, t in (meta.targets or {}).items():
+        read = (f"read from its {t.family} metrics ({t.metrics_url}): {', '.join(t.sees) or 'nothing'}"
+                if t.family else "no metrics read")
+        lines.append(f"<li><b>{ESC(name)}</b> is a server fragbench did not start ({ESC(t.url)}, model "
+                     f"{ESC(t.model)}); {ESC(read)}; it cannot show {ESC(', '.join(t.cannot_see))}, which "
                      "its rows leave unknown (n/a), never 0.</li>")
     return f"<ul class='verdict'>{''.join(lines)}</ul>" if lines else ""
 
 
 def render(run_dir: Path, out: Path) -> Path:
-    meta = load_meta(run_dir)
+    meta = RunRecord.read(run_dir)
     frames = load_frames(run_dir)
-    summary = read_summary(run_dir)  # computed once, by finalize: the report only reads it
-    summary.setdefault("twin", None)
-    partial = meta.get("status") != "complete"
+    summary = read_summary_record(run_dir)  # computed once, by finalize: the report only reads it
+    partial = meta.status != "complete"
     banner = (f"<p class='partial' id='partial'>PARTIAL RUN: this run did not finish (engines done: "
-              f"{ESC(', '.join(meta.get('engines_done', [])) or 'none')}). Every number below comes from the rows "
+              f"{ESC(', '.join(meta.engines_done) or 'none')}). Every number below comes from the rows "
               "it wrote before it stopped.</p>") if partial else ""
     body = "".join([
         verdict(summary, meta, frames["events"]), targets_note(meta),
         capacity_section(summary, regime_words(summary, meta, budget_bytes(meta)),
-                         (meta.get("sweep") or {}).get("design")),
+                         meta.sweep.design if meta.sweep else None),
         twin_section(summary, budget_bytes(meta)), integrity_section(summary),
         memory_breakdown(frames["samples"]), figure2(summary), settings_section(summary),
         scheduler(frames["samples"]), oom_events(frames["events"], run_dir), memory_map(run_dir),
         debug_pass(frames["debug"], frames["events"]), latency(frames["requests"]),
         throughput(frames["requests"]), workload(frames["requests"], meta), config(meta),
     ])
-    title = f"fragbench {meta.get('run_id', run_dir.name)}"
+    title = f"fragbench {meta.run_id if meta.has('run_id') else run_dir.name}"
     doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{ESC(title)}</title><style>{STYLE}</style>"
            f"<script>{get_plotlyjs()}</script></head><body><h1>{ESC(title)}</h1>{banner}"
-           f"<p class='how'>Workload {ESC(str(meta.get('config', {}).get('workload')))}, model "
-           f"{ESC(str(meta.get('config', {}).get('model')))}, KV budget "
-           f"{ESC(str(meta.get('config', {}).get('kv_budget')))} per engine.</p>{body}</body></html>")
+           f"<p class='how'>Workload {ESC(str(meta.config.workload))}, model "
+           f"{ESC(str(meta.config.model))}, KV budget "
+           f"{ESC(str(meta.config.kv_budget))} per engine.</p>{body}</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc)
     return out

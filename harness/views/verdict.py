@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.analysis.headline import PAGED
-from harness.analysis.rundir import warmup_s
+from harness.analysis.records import RunRecord
 from harness.analysis.summary import SHARE_COLUMNS
+from harness.analysis.summary_records import EngineFigures, Summary
 from harness.views.capacity import bound_sentence, capacity_sentence, evidence_sentence, headline_sentence
 from harness.views.glance import glance
 from harness.views.html import ESC, fmt, link, mib, section, table
@@ -25,27 +26,28 @@ WASTE = {"reservation_share": "reservation", "internal_fragmentation_share": "in
          "external_fragmentation_share": "external fragmentation", "free_share": "free"}
 
 
-def diagnosis(s: dict, ooms: pd.DataFrame) -> str | None:
+def diagnosis(s: EngineFigures, ooms: pd.DataFrame) -> str | None:
     """The OOM runbook's line for one engine, from its own failures and where its memory went."""
-    if not len(ooms) and not s["crashes"]:
+    if not len(ooms) and not s.crashes:
         return None
-    if s["oom_fragmentation"] > s["oom_capacity"]:
+    if s.oom_fragmentation > s.oom_capacity:
         return RUNBOOK["fragmentation"]
-    if (s["reservation_share"] or 0) + (s["internal_fragmentation_share"] or 0) > (s["token_states_share"] or 0):
+    if (s.reservation_share or 0) + (s.internal_fragmentation_share or 0) > (s.token_states_share or 0):
         return RUNBOOK["reservation"]
     return RUNBOOK["capacity"]
 
 
-def goodput_sentence(engines: dict) -> str:
-    ranked = sorted(engines, key=lambda e: -(engines[e]["goodput_requests_per_s"] or 0))
+def goodput_sentence(summary: Summary) -> str:
+    engines = summary.engines
+    ranked = sorted(engines, key=lambda e: -(engines[e].goodput_requests_per_s or 0))
     best = ranked[0]
     contiguous = [e for e in engines if e not in PAGED]
-    rates = ", ".join(f"{e} {engines[e]['goodput_requests_per_s']:.2f}" for e in ranked)
+    rates = ", ".join(f"{e} {engines[e].goodput_requests_per_s:.2f}" for e in ranked)
     line = f"Goodput at the workload's own rate (requests per second within the SLO): {rates}; {best} served the most"
     if best in PAGED and contiguous:
-        rival = max(contiguous, key=lambda e: engines[e]["goodput_requests_per_s"] or 0)
-        theirs = engines[rival]["goodput_requests_per_s"] or 0
-        line += (f", {engines[best]['goodput_requests_per_s'] / theirs:.1f}x the best contiguous engine ({rival})"
+        rival = max(contiguous, key=lambda e: engines[e].goodput_requests_per_s or 0)
+        theirs = engines[rival].goodput_requests_per_s or 0
+        line += (f", {engines[best].goodput_requests_per_s / theirs:.1f}x the best contiguous engine ({rival})"
                  if theirs else ", and no contiguous engine served any request within the SLO")
     return line + "."
 
@@ -53,10 +55,10 @@ def goodput_sentence(engines: dict) -> str:
 LATE_SHARE = 0.05  # the load generator's lateness worth a warning, as a share of the TTFT limit
 
 
-def lateness_sentence(engines: dict, ttft_limit_s: float) -> str | None:
+def lateness_sentence(summary: Summary, ttft_limit_s: float) -> str | None:
     """Latency counts from each request's due time, so a late send is charged to the engine it waited for; the
     load generator's own lateness still says whether the client kept the schedule it was given."""
-    late = {e: s["late_p99_s"] for e, s in engines.items() if s.get("late_p99_s") is not None}
+    late = {e: s.late_p99_s for e, s in summary.engines.items() if s.late_p99_s is not None}
     if not late:
         return None
     worst = max(late, key=late.get)
@@ -71,61 +73,62 @@ def lateness_sentence(engines: dict, ttft_limit_s: float) -> str | None:
     return line + f", under {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit."
 
 
-def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[str]:
-    engines = summary["engines"]
+def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -> list[str]:
+    engines = summary.engines
     if not engines:
         return ["No engine produced a result in this run."]
-    budget = meta.get("config", {}).get("kv_budget", "the same budget")
+    cfg = meta.config
+    budget = cfg.kv_budget if cfg.has("kv_budget") else "the same budget"
     out = []
-    if summary.get("capacity"):
-        if summary.get("headline"):
+    if summary.capacity:
+        if summary.headline:
             out.append(link("capacity", headline_sentence(summary)))
         out.append(link("capacity", capacity_sentence(summary)))
-        if summary.get("headline"):
+        if summary.headline:
             out.append(link("capacity", evidence_sentence(summary)))
-        if any("bound" in c for c in summary["capacity"].values()):
-            out.append(link("capacity", bound_sentence(summary["capacity"])))
+        if any(c.has("bound") for c in summary.capacity.values()):
+            out.append(link("capacity", bound_sentence(summary)))
     else:  # one offered rate: goodput at it is the measure of what memory bought
-        out.append(link("verdict-table", goodput_sentence(engines)))
-    late = lateness_sentence(engines, float(meta.get("config", {}).get("slo_ttft_s", 2.0)))
+        out.append(link("verdict-table", goodput_sentence(summary)))
+    late = lateness_sentence(summary, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
     if late:
         out.append(link("latency", late))
-    held = ", ".join(f"{e} {fmt(engines[e]['mean_running'])} (max {fmt(engines[e]['max_running'])})"
-                     for e in sorted(engines, key=lambda e: -(engines[e]["mean_running"] or 0)))
+    held = ", ".join(f"{e} {fmt(engines[e].mean_running)} (max {fmt(engines[e].max_running)})"
+                     for e in sorted(engines, key=lambda e: -(engines[e].mean_running or 0)))
     out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
     where = []
     for e, s in engines.items():
-        if s["token_states_share"] is None:
-            where.append(f"{e} exports usage only ({fmt(s['allocated_share'], '%')} allocated)")
+        if s.token_states_share is None:
+            where.append(f"{e} exports usage only ({fmt(s.allocated_share, '%')} allocated)")
             continue
-        worst = max(WASTE, key=lambda k: s[k] or 0)
-        where.append(f"{e} {fmt(s['token_states_share'], '%')} token states, largest other share {WASTE[worst]} "
-                     f"{fmt(s[worst], '%')}")
+        worst = max(WASTE, key=lambda k: s.figure(k) or 0)
+        where.append(f"{e} {fmt(s.token_states_share, '%')} token states, largest other share {WASTE[worst]} "
+                     f"{fmt(s.figure(worst), '%')}")
     out.append(link("figure2", "Where the memory went: " + "; ".join(where) + "."))
     oom = events[events.kind == "oom"] if len(events) else events
     failures = []
     for e, s in engines.items():
         mine = oom[oom.engine == e] if len(oom) else oom
-        if not s["oom_total"] and not s["crashes"]:
+        if not s.oom_total and not s.crashes:
             continue
-        part = f"{e}: {s['oom_capacity']} capacity and {s['oom_fragmentation']} fragmentation OOMs"
+        part = f"{e}: {s.oom_capacity} capacity and {s.oom_fragmentation} fragmentation OOMs"
         frag = mine[mine.cause == "fragmentation"] if len(mine) else mine
         if len(frag):
             part += (f" (the fragmentation ones failed with {mib(frag.free_bytes.median())} free, median, for "
                      f"{mib(frag.requested_bytes.median())} requested, the largest free extent "
                      f"{mib(frag.largest_free_bytes.median())})")
-        part += f", {s['crashes']} crashes"
+        part += f", {s.crashes} crashes"
         failures.append(part)
     out.append(link("oom-events", ("Failures: " + "; ".join(failures) + ".") if failures
                     else "No engine failed an allocation or crashed."))
-    checked = {e: s["integrity"] for e, s in engines.items() if s.get("integrity")}
+    checked = {e: s.integrity for e, s in engines.items() if s.integrity}
     if checked:
-        wrong = {e: r for e, r in checked.items() if r["diverged"]}
-        line = ("KV integrity FAILED: " + "; ".join(f"{e} {r['diverged']} of {r['probes']} probes diverged"
+        wrong = {e: r for e, r in checked.items() if r.diverged}
+        line = ("KV integrity FAILED: " + "; ".join(f"{e} {r.diverged} of {r.probes} probes diverged"
                                                     for e, r in wrong.items()) + " (numbers wrong under churn)."
                 if wrong else "KV integrity: no probe diverged from its idle answer (" + ", ".join(
-                    f"{e} {r['probes']} probes" + (f" ({r['ended_early']} ended early by an OOM)"
-                                                   if r.get("ended_early") else "")
+                    f"{e} {r.probes} probes" + (f" ({r.ended_early} ended early by an OOM)"
+                                                if r.ended_early else "")
                     for e, r in checked.items()) + ").")
         out.append(link("integrity", line))
     for e, s in engines.items():
@@ -137,29 +140,30 @@ def verdict_sentences(summary: dict, events: pd.DataFrame, meta: dict) -> list[s
 
 
 # -- sections
-def verdict(summary: dict, meta: dict, events: pd.DataFrame | None = None) -> str:
-    cfg = meta.get("config", {})
+def verdict(summary: Summary, meta: RunRecord, events: pd.DataFrame | None = None) -> str:
+    cfg = meta.config
     rows = []
-    for engine, s in summary["engines"].items():
+    for engine, s in summary.engines.items():
         rows.append([
-            engine, fmt(s["output_tokens_per_s"]), fmt(s["requests_per_s"]), fmt(s["goodput_requests_per_s"]),
-            f"{fmt(s['ttft_p50_s'], 'ms')} / {fmt(s['ttft_p99_s'], 'ms')}",
-            f"{fmt(s['tpot_p50_s'], 'ms')} / {fmt(s['tpot_p99_s'], 'ms')}",
-            fmt(s["max_running"]), f"{s['oom_capacity']} / {s['oom_fragmentation']}", s["crashes"],
-            f"{s['cancelled']} ({fmt(s['cancel_release_p99_s'], 'ms')})", s["preemptions"],
-            " / ".join(fmt(s[c], "%") for c in SHARE_COLUMNS),
-            f"{s['requests_ok']} ok, {s['requests_oom']} oom, {s['requests_crashed']} crashed, "
-            f"{s['requests_error']} failed, {s['requests_unfinished']} unfinished at the end",
+            engine, fmt(s.output_tokens_per_s), fmt(s.requests_per_s), fmt(s.goodput_requests_per_s),
+            f"{fmt(s.ttft_p50_s, 'ms')} / {fmt(s.ttft_p99_s, 'ms')}",
+            f"{fmt(s.tpot_p50_s, 'ms')} / {fmt(s.tpot_p99_s, 'ms')}",
+            fmt(s.max_running), f"{s.oom_capacity} / {s.oom_fragmentation}", s.crashes,
+            f"{s.cancelled} ({fmt(s.cancel_release_p99_s, 'ms')})", s.preemptions,
+            " / ".join(fmt(s.figure(c), "%") for c in SHARE_COLUMNS),
+            f"{s.requests_ok} ok, {s.requests_oom} oom, {s.requests_crashed} crashed, "
+            f"{s.requests_error} failed, {s.requests_unfinished} unfinished at the end",
         ])
     header = ["engine", "output tok/s", "req/s", "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99",
               "max running", "OOMs capacity / fragm.", "crashes", "cancelled (release p99)", "preemptions",
               "token / reserv. / internal / external / free", "requests"]
     window = ("every sweep point's judged requests, the rates over the seconds its judged spans lasted (past each "
               "point's own warm-up; the time between an engine's visits is not its)"
-              if meta.get("sweep") else f"its churn window, after a warm-up of {warmup_s(cfg):.1f} s")
+              if meta.sweep else f"its churn window, after a warm-up of {cfg.warmup:.1f} s")
     how = (f"Per engine over {window}; crashes, cancellations, lateness and the requests column count every "
            f"request sent, calibration included; goodput counts requests with TTFT <= "
-           f"{cfg.get('slo_ttft_s', 2.0)} s and TPOT <= {cfg.get('slo_tpot_s', 0.25)} s. Memory shares are time "
+           f"{cfg.slo_ttft_s if cfg.has('slo_ttft_s') else 2.0} s and TPOT <= "
+           f"{cfg.slo_tpot_s if cfg.has('slo_tpot_s') else 0.25} s. Memory shares are time "
            "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
            "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "
            "run's grace period ended.")

@@ -1,0 +1,197 @@
+"""run.json as a typed record (and the base of summary.json's, summary_records.py): read once, at the boundary,
+then passed whole. What the views and the analysis read is a field here; what they do not read rides along
+(`extra="allow"`), so a record holds its file's every key and adding a figure needs no change here until something
+reads it.
+
+The files are still written from dicts (bench writes run.json, `summary.finalize` writes summary.json): these
+records are the reading side alone, so the files keep their fields, values and bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+
+from harness.analysis.capacity import SLO
+from harness.units import KvBudget
+
+Num = int | float  # a figure as its file wrote it: an int stays an int (the pages format the two apart)
+
+
+class Record(BaseModel):
+    """A JSON object with the fields its readers use typed, the rest kept as they were."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def has(self, name: str) -> bool:
+        """Whether the file wrote this key (a field read as None may be absent or null; a few readers tell)."""
+        return name in self.model_fields_set or name in (self.__pydantic_extra__ or {})
+
+    def written(self) -> dict:
+        """The object as its file had it (no defaults added): for a function bench also calls on its own dicts."""
+        return self.model_dump(exclude_unset=True)
+
+    def figure(self, name: str) -> Any:
+        """A figure by its file's key, None where the file lacks it (no default): for the tables that list figures
+        by name (compare's and history's columns, the Figure-2 shares, the twin's errors)."""
+        return getattr(self, name) if self.has(name) else None
+
+
+# -- run.json
+def label_of(budget: object) -> str | None:
+    """A budget as run.json labels it: the text the user wrote (a KvBudget in a run.json still in memory)."""
+    return None if budget is None else str(budget)
+
+
+class Segment(Record):
+    """A sweep point's stretch of load (workloads/streams.Segment as run.json records it)."""
+
+    start_s: Num
+    end_s: Num
+    warmup_s: Num = 0.0
+    judged_end_s: Num
+    first: Num | None = None  # the stream's index of its first request
+    visit: Num | None = None
+
+
+class SweepPoint(Record):
+    """One offered rate of one engine, where its load ran (a run before segments recorded start_s/end_s)."""
+
+    offered_rps: Num
+    point: Num | None = None  # its index, which the request rows carry
+    key: str | None = None
+    kv_budget: str | None = None
+    start_s: Num | None = None
+    end_s: Num | None = None
+    segments: list[Segment] | None = None  # [] before it is measured; None in a run that recorded windows
+
+    _label = field_validator("kv_budget", mode="before")(lambda v: label_of(v))
+
+
+class Design(Record):
+    rules: list[str] = []
+
+
+class SearchSettings(Record):
+    precision: Num | None = None
+    time_s: Num | None = None
+
+
+class Sweep(Record):
+    points: dict[str, list[SweepPoint]] = {}
+    point_s: Num | None = None
+    search: SearchSettings | None = None
+    design: Design | None = None
+
+
+class Target(Record):
+    """A server fragbench did not start (run.json's `targets`)."""
+
+    url: str = ""
+    model: str = ""
+    family: str | None = None
+    metrics_url: str | None = None
+    sees: list[str] = []
+    cannot_see: list[str] = []
+
+
+class Hardware(Record):
+    device_name: str | None = None
+    device_device: str | None = None
+
+
+class RunConfig(Record):
+    """run.json's `config`: the flags as bench resolved them."""
+
+    engines: list[str] = []
+    workload: str | None = None
+    model: str | None = None
+    seed: Num = 0
+    max_seq_len: Num | None = None
+    kv_budget: str | None = None
+    kv_budgets: list[str] | None = None
+    duration_s: Num | None = None
+    warmup_s: Num | None = None
+    grace_s: Num = 0.0
+    slo_ttft_s: Num | None = None
+    slo_tpot_s: Num | None = None
+    slo_attainment: Num | None = None
+    precision: Num | None = None
+    time_s: Num | None = None
+    memory: str | None = None
+    alloc_conf: str | None = None
+    compare_alloc_confs: list[str] = []
+    targets: dict[str, Any] = {}  # name -> URL as given; run.json's top-level `targets` says what each showed
+
+    @property
+    def slo(self) -> SLO:
+        """The run's SLO; the defaults for a run.json written before it recorded one."""
+        default = SLO()
+        return SLO(default.ttft_s if self.slo_ttft_s is None else self.slo_ttft_s,
+                   default.tpot_s if self.slo_tpot_s is None else self.slo_tpot_s,
+                   default.attainment if self.slo_attainment is None else self.slo_attainment)
+
+    @property
+    def budget(self) -> KvBudget | None:
+        """The run's own KV budget, parsed once; None where it is absent or no size."""
+        try:
+            return KvBudget.parse(self.kv_budget) if self.kv_budget is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def budgets(self) -> list[KvBudget]:
+        """--kv-budgets, parsed (the first is the run's own)."""
+        return [KvBudget.parse(b) for b in self.kv_budgets or []]
+
+    @property
+    def warmup(self) -> float:
+        """Seconds of churn before memory is sampled into the shares: the given warm-up, else a tenth."""
+        return float(self.warmup_s) if self.warmup_s is not None else 0.1 * float(self.duration_s or 0.0)
+
+
+class RunRecord(Record):
+    """run.json: the run's configuration, state and where its load ran."""
+
+    run_id: str | None = None
+    status: str | None = None
+    started: str | None = None
+    git_sha: str | None = None
+    config: RunConfig = RunConfig()
+    engine_t0: dict[str, Num] = {}
+    engines_done: list[str] = []
+    sweep: Sweep | None = None
+    operating_point: dict[str, Any] | None = None  # copied into summary.json as written: kept as it was
+    setup_s: dict[str, Num] | None = None
+    bench_s: Num | None = None
+    targets: dict[str, Target] | None = None
+    hardware: Hardware | None = None
+    engine_config: dict[str, dict[str, dict]] | None = None  # engine -> budget -> its server's settings, free-form
+    _raw: dict = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def of(cls, meta: dict) -> RunRecord:
+        record = cls.model_validate(meta)
+        record._raw = meta
+        return record
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunRecord:
+        path = Path(run_dir) / "run.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+        return cls.of(json.loads(path.read_text()))
+
+    @property
+    def raw(self) -> dict:
+        """run.json as written, for the report's configuration section, which prints it whole."""
+        return self._raw
+
+    def points_of(self, engine: str) -> list[SweepPoint]:
+        return self.sweep.points.get(engine, []) if self.sweep else []
+
+    @property
+    def swept(self) -> dict[str, list[SweepPoint]]:
+        return self.sweep.points if self.sweep else {}

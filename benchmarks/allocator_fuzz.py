@@ -2,8 +2,9 @@
 a few hundred traces; this runs --events of them, 100,000 by default): random traces under random settings
 (expandable segments, max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold), caps and
 devices, each run twice: on the allocator with every invariant audited after every event
-(engines/memory/audit.exercise), and through `allocator replay`'s own path (engines/memory/replay.replay), whose
-peaks must equal the first run's. Goal: no exception, no broken invariant, no disagreement.
+(engines/memory/audit.exercise), and through `allocator replay`'s own path
+(engines/memory/snapshot_replay.replay), whose peaks must equal the first run's. Goal: no exception, no broken
+invariant, no disagreement.
 
 Run by hand:  .venv/bin/python benchmarks/allocator_fuzz.py [--events 100000] [--seed 0]
 Prints one line per finding (at most 20) and a summary; exits 1 on any finding.
@@ -20,7 +21,7 @@ import traceback
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.audit import exercise
 from engines.memory.caching import CachingAllocator
-from engines.memory.replay import Event, Trace, replay
+from engines.memory.snapshot_replay import Event, Trace, replay
 
 MiB = 2**20
 GiB = 2**30

@@ -6,8 +6,8 @@ Run by hand:  .venv/bin/python benchmarks/allocator_replay.py [--events 1000000]
 
 The events: a serving-shaped mix of sizes (activations of a few KiB to a few MiB, KV buffers of 8-200 MiB that
 live long), at most 2,000 live blocks, frees in random order; the same seed gives the same events. The emulator
-replays them through engines/memory/replay.replay (the CLI's own path, its segment-matching bookkeeping included)
-without a cap; the arena serves them from a heap large enough never to fail.
+replays them through engines/memory/snapshot_replay.replay (the CLI's own path, its segment-matching bookkeeping
+included) without a cap; the arena serves them from a heap large enough never to fail.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.arena import Arena
-from engines.memory.replay import Event, Trace, replay
+from engines.memory.snapshot_replay import Event, Trace, replay
 
 MiB = 2**20
 SMALL = [512, 2048, 8192, 65_536, 300_000, MiB]

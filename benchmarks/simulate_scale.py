@@ -21,7 +21,7 @@ import time
 from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan
-from harness.sim.simulate import run_simulation
+from harness.sim.simulator import run_simulation
 from workloads.spec import load_spec
 
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 from engines.kv import Breakdown, KVStats
 from engines.memory.arena import DeviceMemory, OOMEvent
-from engines.sampler import Logprob
 from engines.sequence import FinishReason, SamplingParams, Sequence
+from engines.token_sampling import Logprob
 
 
 @dataclass

@@ -26,7 +26,7 @@ class FinishReason(str, enum.Enum):
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples, as vLLM takes it: penalties and the logit bias first, then temperature, min-p,
-    top-k and top-p (engines/sampler.py). Logprobs are the raw model's (log-softmax of the fp32 logits, before
+    top-k and top-p (engines/token_sampling.py). Logprobs are the raw model's (log-softmax of the fp32 logits, before
     any of these), as vLLM's default `raw_logprobs`."""
 
     max_tokens: int

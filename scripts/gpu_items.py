@@ -18,8 +18,8 @@ import torch
 from engines.factory import EngineSpec, make_engine
 from engines.memory.arena import Arena, OOMEvent, OutOfMemory
 from engines.memory.cuda import CudaMemory, device_info, device_snapshot
-from engines.memory.replay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
 from engines.memory.snapshot import load_data, write_state
+from engines.memory.snapshot_replay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
 from engines.offline import generate
 from engines.sequence import SamplingParams
 from harness.fetch import request

@@ -4,10 +4,10 @@ caching run (one run for both files, to keep the suite short)."""
 
 import re
 
-from harness.analysis.alloc_settings import compared_engines, setting_id
+from harness.analysis.alloc_settings_summary import compared_engines, setting_id
 from harness.analysis.size_classes import REFERENCE, TOLERANCE, cpu_presets, distance, rule_pick, shares
 from harness.analysis.summary_records import AllocSetting, Summary
-from harness.views.alloc_settings import engine_sentence, settings_section
+from harness.views.alloc_settings_section import engine_sentence, settings_section
 from tests.conftest import ROOT, run_cli
 
 

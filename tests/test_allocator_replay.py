@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-import engines.memory.replay as ar
+import engines.memory.snapshot_replay as ar
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.caching import AllocatorOOM, CachingAllocator
-from engines.memory.replay import dump_paths, load_trace, replay
 from engines.memory.snapshot import snapshot
+from engines.memory.snapshot_replay import dump_paths, load_trace, replay
 from harness.cli import main
 from tests.conftest import ROOT
 

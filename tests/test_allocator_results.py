@@ -1,5 +1,5 @@
 """The caching allocator's figures in a run's results: samples columns, summary.json's engines.<e>.allocator,
-OOM events by layer (harness/analysis/allocator.py, harness/run/sampler.py)."""
+OOM events by layer (harness/analysis/allocator_summary.py, harness/run/stats_poller.py)."""
 
 import json
 import subprocess
@@ -12,11 +12,11 @@ import pytest
 from engines.memory.arena import OutOfMemory
 from engines.memory.caching_memory import CachingMemory, size_class
 from engines.memory.snapshot import read_snapshot
-from harness.analysis.allocator import COLUMNS, allocator_block, counter_total
+from harness.analysis.allocator_summary import COLUMNS, allocator_block, counter_total
 from harness.analysis.summary_records import Summary
 from harness.results import SAMPLE_COLUMNS
-from harness.run.sampler import allocator_fields
-from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
+from harness.run.stats_poller import allocator_fields
+from harness.views.allocator_section import layer_cell, oom_layers, reserved_unallocated
 from tests.conftest import run_cli
 
 MiB = 2**20
@@ -202,7 +202,7 @@ def llama3_8b_on_h100(memory: str, policies: list[str], alloc_conf: str | None =
     from engines.shapes import load_shape
     from harness.gpus import gpu_preset
     from harness.plan import make_plan
-    from harness.sim.simulate import run_simulation
+    from harness.sim.simulator import run_simulation
     from workloads.spec import load_spec
 
     shape, gpu = load_shape("llama-3-8b"), gpu_preset("h100-80gb")

@@ -31,7 +31,7 @@ ROOMS = {
 }
 FOUNDATION = {
     "engines": {"engines", "engines.procs", "engines.percentile", "engines.shapes", "engines.sequence",
-                "engines.sampler", "engines.modelbuild", "engines.registry", "engines.kv_categories"},
+                "engines.token_sampling", "engines.modelbuild", "engines.registry", "engines.kv_categories"},
     "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}
@@ -191,7 +191,7 @@ VIEW_DICTS = {
                                                               "JSON `check --json` prints, not analysis/'s",
     ("harness.views.sim_report", "render_text", "raw"): "Simulation.out as the simulator (sim/) hands it over; "
                                                         "typed into SimulationOut on its first line",
-    ("harness.views.sim_alloc_settings", "row_cells", "row"): "a row of sim/alloc_settings.side_by_side, the "
+    ("harness.views.alloc_settings_sim_page", "row_cells", "row"): "a row of sim/alloc_settings_sim.side_by_side, the "
                                                               "simulator's table, not analysis/'s",
 }
 DICT_READERS = {"harness.analysis.rundir": {"load_meta"}, "harness.analysis.summary": {"read_summary"}}

@@ -10,7 +10,7 @@ import pytest
 
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.caching import CachingAllocator
-from engines.memory.replay import Event, Trace, replay
+from engines.memory.snapshot_replay import Event, Trace, replay
 from harness.cli import main
 
 MiB = 2**20

@@ -428,7 +428,7 @@ def test_41_the_churn_varies_its_requests_within_the_servers_context():
 
 def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
     from engines.memory.allocconf import parse_alloc_conf
-    from engines.memory.replay import Event, Trace, replay
+    from engines.memory.snapshot_replay import Event, Trace, replay
 
     events = [Event(a, addr, size, 0, i) for i, (a, addr, size) in enumerate(rows)]
     return replay(Trace(events, 0, 0), capacity_bytes, parse_alloc_conf(""))
@@ -436,7 +436,7 @@ def hand_replay(rows: list[tuple], capacity_bytes: int | None = None):
 
 def test_41_the_churn_verdict_passes_a_trace_reproduced_and_lists_each_mismatch_with_its_rule(tmp_path):
     import scripts.gpu_items as gpu_check
-    from engines.memory.replay import RELEASE_RULE
+    from engines.memory.snapshot_replay import RELEASE_RULE
 
     same = hand_replay([("segment_alloc", 1, 20 * MiB), ("alloc", 1, 5 * MiB), ("free", 1, 5 * MiB)])
     assert "all 1 segment events reproduced one for one" in gpu_check.churn_verdict(same, tmp_path / "m.txt")
@@ -472,7 +472,7 @@ def test_41_the_fixture_kept_of_a_recording_replays_as_the_recording_does(tmp_pa
     import pickle
 
     import scripts.gpu_items as gpu_check
-    from engines.memory.replay import RECORDING_KEY, load_trace, replay_recorded
+    from engines.memory.snapshot_replay import RECORDING_KEY, load_trace, replay_recorded
     from tests.test_allocator_replay import synthetic_snapshot
 
     recorded, fixture = tmp_path / "recorded.pickle", tmp_path / "fixture.pickle"

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from harness.analysis.integrity import Served, compare, integrity, sentence, tolerance_of
-from harness.run.integrity import Integrity
+from harness.run.integrity_probes import Integrity
 from harness.run.loadargs import LoadArgs, run_loadgen
-from harness.run.sampler import fetch_stats
 from harness.run.servers import start_server
+from harness.run.stats_poller import fetch_stats
 
 IDLE = Served(["a", "b", "c"], [-0.5, -1.0, -2.0], [{"a": -0.5, "x": -3.0}, {"b": -1.0, "y": -1.004},
                                                   {"c": -2.0, "z": -4.0}])

@@ -8,8 +8,8 @@ import torch
 
 from engines.engine import Request
 from engines.factory import EngineSpec, make_engine
-from engines.sampler import Logprob, process
 from engines.sequence import SamplingParams, Sequence
+from engines.token_sampling import Logprob, process
 
 PROMPTS = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (9, 33, 70)]
 

@@ -155,7 +155,7 @@ def test_the_memory_rule_and_the_budget_rule_are_one_each():
 
 
 def test_an_entry_added_to_the_table_is_in_every_list(double):
-    from harness.sim.simulate import paper_placement
+    from harness.sim.simulator import paper_placement
 
     assert "double" in engines.SERVED and "double" in engines.SCHEDULED and "double" in policies()
     assert "double" not in in_blocks() and paper_placement("double") == "best-fit"
@@ -166,7 +166,7 @@ def test_a_throwaway_policy_added_through_the_table_alone_is_simulated(double):
     from engines.shapes import load_shape
     from harness.gpus import gpu_preset
     from harness.plan import make_plan
-    from harness.sim.simulate import run_simulation
+    from harness.sim.simulator import run_simulation
     from workloads.spec import load_spec
 
     shape, gpu = load_shape("llama-2-13b"), gpu_preset("a100-40gb")

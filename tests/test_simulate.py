@@ -9,7 +9,7 @@ from engines.shapes import load_shape
 from harness.gpus import gpu_preset
 from harness.plan import make_plan
 from harness.sim.roofline import StepModel
-from harness.sim.simulate import make_sim_policy, run_simulation, sim_config, simulate_policy
+from harness.sim.simulator import make_sim_policy, run_simulation, sim_config, simulate_policy
 from tests.conftest import run_cli
 from workloads.generate import iter_requests
 from workloads.spec import load_spec

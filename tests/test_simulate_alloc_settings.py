@@ -1,5 +1,5 @@
 """`fragbench simulate --memory caching` with several --alloc-conf: the same simulation once per allocator setting,
-put side by side (harness/sim/alloc_settings.py, harness/views/sim_alloc_settings.py)."""
+put side by side (harness/sim/alloc_settings_sim.py, harness/views/alloc_settings_sim_page.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from harness.sim.alloc_settings import SettingsRefused, check_settings, sentences, side_by_side, sustained_rate
-from harness.views.sim_alloc_settings import settings_text, slug
+from harness.sim.alloc_settings_sim import SettingsRefused, check_settings, sentences, side_by_side, sustained_rate
+from harness.views.alloc_settings_sim_page import settings_text, slug
 from tests.conftest import run_cli
 
 SETTINGS = ("default", "expandable_segments:True")

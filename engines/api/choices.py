@@ -20,7 +20,7 @@ class Choice:
     prefix: str = ""  # echo: the prompt's text, sent before the first token
     score_only: bool = False  # max_tokens 0: the prompt scored; the one token the engine makes is dropped
     tokens: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)  # each kept token's engines.sampler.Logprob (None: not asked)
+    logprobs: list = field(default_factory=list)  # each kept token's engines.token_sampling.Logprob (None: not asked)
     prompt_logprobs: list | None = None  # the prompt's, from the sample's first event
     text: str = ""
     sent: int = 0  # characters of prefix + text already sent

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.api.validation import MAX_N, SEED_RANGE, InvalidRequest
-from engines.sampler import MAX_LOGPROBS
+from engines.token_sampling import MAX_LOGPROBS
 
 Stop = str | list[str] | None
 
@@ -90,7 +90,7 @@ class SamplingBody(BaseModel):
     store: bool | None = None
     service_tier: str | None = None
     priority: int = 0
-    # sampling, as vLLM applies it (engines/sampler.py)
+    # sampling, as vLLM applies it (engines/token_sampling.py)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)

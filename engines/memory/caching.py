@@ -1,6 +1,6 @@
 """PyTorch's CUDA caching allocator, rule for rule, on any machine: the state machine alone (blocks, pools,
 segments, stats), with no bytes behind it. `engines/memory/caching_memory.py` backs it with tensors for the engines;
-`engines/memory/replay.py` drives it from a real trace.
+`engines/memory/snapshot_replay.py` drives it from a real trace.
 
 Reimplemented from the rules of c10/cuda/CUDACachingAllocator.cpp (torch 2.13), one stream per block pool key:
 - a request is rounded to 512 B (or to a power-of-two division, `roundup_power2_divisions`);

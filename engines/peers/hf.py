@@ -21,8 +21,8 @@ from engines.kv import Breakdown, KVStats
 from engines.memory.arena import Allocation, DeviceMemory, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context, tried_to_allocate
 from engines.peers.transformers_api import generate_cache_argument
-from engines.sampler import StepLogits, process, prompt_logprobs
 from engines.sequence import FinishReason, SeqStatus, Sequence
+from engines.token_sampling import StepLogits, process, prompt_logprobs
 
 CACHE_ARGUMENT = generate_cache_argument()  # `cache` from transformers 5.24, `past_key_values` before
 
@@ -66,7 +66,7 @@ class ArenaLayer(DynamicLayer):
 
 
 class RowSampling(LogitsProcessor):
-    """fragbench's own sampling on transformers' batch (engines/sampler.py, the scheduled engines' too): each
+    """fragbench's own sampling on transformers' batch (engines/token_sampling.py, the scheduled engines' too): each
     row's bias, penalties, temperature and truncations, and the raw logprobs its stopper reports; generate's
     own warpers are off, so it samples (or takes the argmax) from exactly these logits."""
 

@@ -93,7 +93,7 @@ class HFContinuousBatchingEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from engines.sampler import prompt_logprobs
+        from engines.token_sampling import prompt_logprobs
 
         if self.scorer is None:
             self.scorer = AutoModelForCausalLM.from_pretrained(self.model_dir).to(self.device).eval()

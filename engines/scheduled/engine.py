@@ -12,11 +12,11 @@ from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
 from engines.memory.arena import DeviceMemory, OutOfMemory
 from engines.oom import oom_context, tried_to_allocate
-from engines.sampler import make_generator, process, prompt_logprobs, sample
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
+from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
 
 class ScheduledEngine(Engine):

@@ -1,5 +1,5 @@
 """KV integrity under churn, judged: a probe's answer under load against its answer on the idle server
-(harness/run/integrity.py sends them). A probe diverges where a logprob differs from its idle one by more
+(harness/run/integrity_probes.py sends them). A probe diverges where a logprob differs from its idle one by more
 than the tolerance, or where it chose another token than idle and the idle answer's own margin between the
 two was wider than the tolerance (a flip between near-tied tokens is arithmetic: a batch sums in another
 order; the comparison stops there and counts a tie)."""

@@ -13,8 +13,8 @@ import pandas as pd
 
 from engines.kv_categories import CATEGORY_COLUMNS
 from engines.percentile import percentile
-from harness.analysis.alloc_settings import settings_block
-from harness.analysis.allocator import allocator_block
+from harness.analysis.alloc_settings_summary import settings_block
+from harness.analysis.allocator_summary import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
 from harness.analysis.headline import (
     Headline,
@@ -144,7 +144,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["window_s"] = window
     kvb = pd.to_numeric(smp.get("kv_bytes_per_token", pd.Series(dtype=float)), errors="coerce").dropna()
     out["kv_bytes_per_token"] = int(kvb.iloc[0]) if len(kvb) else None
-    out["allocator"] = allocator_block(smp, churn, ooms)  # harness/analysis/allocator.py: --memory caching's figures
+    out["allocator"] = allocator_block(smp, churn, ooms)  # analysis/allocator_summary.py: --memory caching's figures
     return out
 
 
@@ -326,7 +326,7 @@ def judged_at(points: list[Judged], rate: float) -> int:
 
 
 def integrity_of(engine_dir: Path) -> dict | None:
-    """The KV-integrity probes of one engine (harness/run/integrity.py wrote them), judged; None: not run."""
+    """The KV-integrity probes of one engine (harness/run/integrity_probes.py wrote them), judged; None: not run."""
     idle = engine_dir / "integrity.json"
     if not idle.is_file():
         return None

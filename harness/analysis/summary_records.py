@@ -29,7 +29,7 @@ class SizeClasses(Record):
 
 
 class AllocatorFigures(Record):
-    """The caching allocator's figures under --memory caching (analysis/allocator.py; simulate's per policy)."""
+    """The caching allocator's figures under --memory caching (analysis/allocator_summary.py; simulate's per policy)."""
 
     alloc_conf: str | None = None
     reserved_unallocated_share: Num | None = None
@@ -245,7 +245,7 @@ class TwinBlock(Record):
 
 
 class SettingFigures(Record):
-    """One engine under one allocator setting (analysis/alloc_settings.engine_figures)."""
+    """One engine under one allocator setting (analysis/alloc_settings_summary.engine_figures)."""
 
     served: bool = True
     sustained_rps: Num | None = None
@@ -306,7 +306,7 @@ class Summary(Record):
 
 
 class PolicyFigures(Record):
-    """One policy's figures in `fragbench simulate`'s output (sim/simulate.py)."""
+    """One policy's figures in `fragbench simulate`'s output (sim/simulator.py)."""
 
     placement: str = ""
     token_states_share: Num = 0.0

@@ -30,7 +30,7 @@ from harness.check.measures import (
     sustained,
 )
 from harness.monitoring.envelope import envelope
-from harness.run.integrity import Integrity
+from harness.run.integrity_probes import Integrity
 from harness.run.telemetry import family_named, scrape
 
 __all__ = ["QUESTIONS", "Answer", "CheckConfig", "Found", "Question", "Session", "Unreachable", "classify_layout",
@@ -52,7 +52,7 @@ class Answer:
 class Session:
     """What the questions share: the target, its metrics and model, the plan, what each question found so far,
     and the churn, measured once, the first time a question asks for it (the probes' idle answers first,
-    then the churn with the probes sent into it: harness/run/integrity.py)."""
+    then the churn with the probes sent into it: harness/run/integrity_probes.py)."""
 
     cfg: CheckConfig
     shape: object  # engines.shapes.ModelShape

@@ -1,5 +1,5 @@
 """`fragbench allocator replay`: a real CUDA memory snapshot's trace through the caching allocator emulator
-under one or more PYTORCH_CUDA_ALLOC_CONF settings (engines/memory/replay.py holds the logic)."""
+under one or more PYTORCH_CUDA_ALLOC_CONF settings (engines/memory/snapshot_replay.py holds the logic)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engines.memory.allocconf import parse_alloc_conf
-    from engines.memory.replay import SnapshotError, dump_paths, load_trace, replay
+    from engines.memory.snapshot_replay import SnapshotError, dump_paths, load_trace, replay
     from harness.units import format_bytes
 
     with usage_errors(SnapshotError):

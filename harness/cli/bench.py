@@ -123,7 +123,7 @@ def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
 
 
 def settings_refusal(memory: str, engines: list[str]) -> None:
-    from harness.analysis.alloc_settings import compared_engines
+    from harness.analysis.alloc_settings_summary import compared_engines
 
     if memory != "caching":
         raise UsageError(f"--compare-alloc-conf compares the caching allocator's settings: it needs --memory caching, "

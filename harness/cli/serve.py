@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 def memory_recording(args: argparse.Namespace):
     """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
     (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
-    from engines.memory.replay import MemoryRecording
+    from engines.memory.snapshot_replay import MemoryRecording
     from engines.registry import Kind, entry
 
     if entry(args.engine).kind is Kind.PEER:

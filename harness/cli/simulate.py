@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.analysis.capacity import SLO
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress
-    from harness.sim.simulate import run_simulation
+    from harness.sim.simulator import run_simulation
     from harness.sim.stepfit import StepModelError, load
     from harness.views.sim_report import render_simulation, render_text
     from workloads.traces import TraceError, resolve
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_memory_flags(args: argparse.Namespace) -> None:
     """--alloc-conf and --placement each belong to one --memory; several settings must differ."""
-    from harness.sim.alloc_settings import SettingsRefused, check_settings
+    from harness.sim.alloc_settings_sim import SettingsRefused, check_settings
 
     if args.memory != "caching" and args.alloc_conf:
         raise UsageError("--alloc-conf configures the caching allocator: it needs --memory caching")
@@ -157,8 +157,8 @@ def print_settings(sims: list, args: argparse.Namespace) -> int:
     """Several --alloc-conf: each setting's output and the side-by-side table (or their JSON), a page each."""
     import sys
 
-    from harness.sim.alloc_settings import combined, side_by_side
-    from harness.views.sim_alloc_settings import setting_pages, settings_text
+    from harness.sim.alloc_settings_sim import combined, side_by_side
+    from harness.views.alloc_settings_sim_page import setting_pages, settings_text
 
     outs = [sim.out for sim in sims]
     pages = setting_pages(sims, Path(args.report)) if args.report else []

@@ -37,7 +37,7 @@ def run_grid_verb(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path("results") / "grid" / Path(args.grid).stem
     from harness.sim.gridrun import run_grid
     from harness.sim.progress import SimulationProgress
-    from harness.views.grid import render_grid, render_grid_text
+    from harness.views.grid_page import render_grid, render_grid_text
 
     started = time.perf_counter()
     # Ray's driver prints its cluster's events (a node lost) on stdout: stdout is for the result (--json) alone

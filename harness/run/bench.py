@@ -17,7 +17,7 @@ from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.steady import fewest_to_pass
 from harness.results import Journal
-from harness.run.alloc_settings import run_settings
+from harness.run.alloc_settings_runs import run_settings
 from harness.run.calibration import LOADGEN_STARTUP_S, Calibration
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
@@ -25,9 +25,9 @@ from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
 from harness.run.record import RunRecord
-from harness.run.sampler import Sampler
 from harness.run.search import KneeSearching
 from harness.run.servers import ServerFailed
+from harness.run.stats_poller import Sampler
 from harness.run.supervisor import Supervisor
 from harness.run.targets import Target
 from harness.run.verdicts import decision_line

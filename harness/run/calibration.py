@@ -12,7 +12,7 @@ from harness.run.config import BenchConfig
 from harness.run.console import Show
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
-from harness.run.sampler import Sampler
+from harness.run.stats_poller import Sampler
 from harness.run.supervisor import Supervisor
 
 LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late

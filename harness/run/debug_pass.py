@@ -10,7 +10,7 @@ import urllib.request
 
 import psutil
 
-from harness.run.sampler import fetch_stats
+from harness.run.stats_poller import fetch_stats
 
 
 def debug_row(engine: str, url: str, pid: int, phase: str, stats: dict | None = None) -> dict | None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.analysis.knee import Judged, KneeSearch
-from harness.run.sampler import Sampler
 from harness.run.servers import ServerProcess
+from harness.run.stats_poller import Sampler
 from harness.units import KvBudget
 
 

@@ -1,6 +1,6 @@
 """What the bench asks an engine outside its load: the debugging pass (harness/run/debug_pass.py: its memory
 after model load, a short and a long request alone, after those complete and after the churn mix, rows in
-debug.jsonl), the KV-integrity probes served on the idle engine (harness/run/integrity.py), and the abort
+debug.jsonl), the KV-integrity probes served on the idle engine (harness/run/integrity_probes.py), and the abort
 releases the server measured (events)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from harness.run.config import BenchConfig
 from harness.run.console import Console, Show
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.engine_run import EngineRun
-from harness.run.integrity import Integrity
+from harness.run.integrity_probes import Integrity
 from harness.run.record import RunRecord
-from harness.run.sampler import fetch_json
+from harness.run.stats_poller import fetch_json
 from harness.run.supervisor import Supervisor
 
 
@@ -40,7 +40,7 @@ class Probes:
         self.releases(run)
 
     def integrity_idle(self, run: EngineRun, show: Show) -> Integrity:
-        """The KV-integrity probes served alone on the idle engine (harness/run/integrity.py): the answers the
+        """The KV-integrity probes served alone on the idle engine (harness/run/integrity_probes.py): the answers the
         ones sent into its load are judged against. Rows in engines/<name>/integrity.jsonl as they come."""
         show(f"{run.engine:<6} integrity probes", 0)
         d = self.record.dir / "engines" / run.engine

@@ -18,8 +18,8 @@ from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs
 from harness.run.record import RunRecord
-from harness.run.sampler import Sampler, fetch_stats
 from harness.run.servers import ServerFailed, ServerProcess, start_server
+from harness.run.stats_poller import Sampler, fetch_stats
 from harness.run.targets import Target
 
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)

@@ -25,7 +25,7 @@ import yaml
 
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch, knee_point
-from harness.sim.simulate import SimJob, calibrated_rps, run_job
+from harness.sim.simulator import SimJob, calibrated_rps, run_job
 from harness.units import parse_size
 
 # Axes in the order of the table's columns. None: the axis' default when the file leaves it out (kv_budget

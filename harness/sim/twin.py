@@ -39,7 +39,7 @@ from harness.analysis.rundir import judged_spans, segments
 from harness.analysis.steady import warmup_s
 from harness.analysis.summary import SHARE_COLUMNS, finalize
 from harness.analysis.summary_records import CapacityPoint, Summary
-from harness.sim.simulate import make_sim_policy, pool_map, simulate_policy
+from harness.sim.simulator import make_sim_policy, pool_map, simulate_policy
 from harness.sim.stepfit import MIN_ROWS, FittedStepModel, StepModelError, fit, run_steps
 from harness.units import KvBudget
 from workloads.generate import TraceRequest, has_shared_prefixes

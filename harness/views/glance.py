@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import CapacityBlock, HeadlineBlock, Summary
-from harness.views.capacity import verdict_words
+from harness.views.capacity_section import verdict_words
 from harness.views.html import CATEGORY_COLORS, CATEGORY_LABELS, fig_html
 
 

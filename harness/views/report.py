@@ -20,9 +20,9 @@ from harness.analysis.rundir import load_frames
 from harness.analysis.summary import SHARE_COLUMNS, read_summary_record
 from harness.analysis.summary_records import Summary
 from harness.results import token_times
-from harness.views.alloc_settings import settings_section, size_rule
-from harness.views.allocator import layer_cell, oom_layers, reserved_unallocated
-from harness.views.capacity import capacity_section
+from harness.views.alloc_settings_section import settings_section, size_rule
+from harness.views.allocator_section import layer_cell, oom_layers, reserved_unallocated
+from harness.views.capacity_section import capacity_section
 from harness.views.html import (
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -36,7 +36,7 @@ from harness.views.html import (
     table,
 )
 from harness.views.regime import regime_words
-from harness.views.twin import twin_section
+from harness.views.twin_section import twin_section
 from harness.views.verdict import verdict
 
 SECTIONS = ("verdict", "capacity", "twin", "integrity", "memory-breakdown", "figure2", "scheduler", "oom-events",

@@ -11,8 +11,8 @@ from plotly.subplots import make_subplots
 
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import SimulationOut, StepModelInfo, Summary
-from harness.views.allocator import sim_allocator_lines
-from harness.views.capacity import capacity_section, capacity_sentence
+from harness.views.allocator_section import sim_allocator_lines
+from harness.views.capacity_section import capacity_section, capacity_sentence
 from harness.views.html import (
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -65,7 +65,7 @@ def render_text(raw: dict) -> str:
     for name, r in out.policies.items():
         if r.first_oom_running is not None:
             lines.append(f"  {name}: first OOM with {r.first_oom_running} sequences running")
-    # --memory caching (harness/views/allocator.py)
+    # --memory caching (harness/views/allocator_section.py)
     lines += sim_allocator_lines(out)
     if out.capacity:
         lines.append("  " + capacity_sentence(Summary(capacity=out.capacity)))
@@ -76,7 +76,7 @@ def render_text(raw: dict) -> str:
 
 
 def render_simulation(sim, path: Path) -> Path:
-    """sim: a harness.sim.simulate.Simulation."""
+    """sim: a harness.sim.simulator.Simulation."""
     out = sim.out
     names = list(out["policies"])
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)

@@ -9,7 +9,7 @@ from harness.analysis.headline import PAGED
 from harness.analysis.records import RunRecord
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import EngineFigures, Summary
-from harness.views.capacity import bound_sentence, capacity_sentence, evidence_sentence, headline_sentence
+from harness.views.capacity_section import bound_sentence, capacity_sentence, evidence_sentence, headline_sentence
 from harness.views.glance import glance
 from harness.views.html import ESC, fmt, link, mib, section, table
 

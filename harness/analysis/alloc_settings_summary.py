@@ -1,6 +1,6 @@
 """summary.json's `alloc_settings` (bench --compare-alloc-conf): the caching allocator's settings side by side.
 The run's own setting first (its `--alloc-conf`), then each compared one, whose run lies in the run's folder
-(`alloc_confs/<n>-<setting>/`, written by harness/run/alloc_settings.py). Per engine whose KV the allocator
+(`alloc_confs/<n>-<setting>/`, written by harness/run/alloc_settings_runs.py). Per engine whose KV the allocator
 places piece by piece: the sustained rate with its 90 % interval (a knee search's), the mean share of the KV
 budget reserved but allocated to nothing over the steady churn, the OOMs by layer (the policy's: the live KV
 and the request pass the cap; the allocator's: cached and never-reserved bytes would hold it, no block does),

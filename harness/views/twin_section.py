@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from harness.analysis.summary_records import CapacityPoint, Summary, TwinErrors
 from harness.sim.twin import CURVE_JUDGED
-from harness.views.capacity import MiB, measured_budgets
+from harness.views.capacity_section import MiB, measured_budgets
 from harness.views.html import PALETTE, fig_html, fmt, section, table
 
 WORDS = {"sustained_rps": "sustained rate", "mean_running": "mean running", "ttft_p50_s": "TTFT p50",

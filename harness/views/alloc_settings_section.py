@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness.analysis.steady import overlap
 from harness.analysis.summary_records import AllocSetting, SettingFigures, Summary
-from harness.views.allocator import classes
+from harness.views.allocator_section import classes
 from harness.views.html import ESC, fmt, mib, section, table
 
 HOW = ("The engines whose KV the caching allocator places piece by piece (hf's torch.cat buffers, a static "

@@ -30,7 +30,7 @@ from harness.analysis.capacity import SLO, capacity_block, request_metrics, swee
 from harness.analysis.operating import point_intervals
 from harness.gpus import GPU
 from harness.plan import Plan
-from harness.sim.allocator import AllocatorTrack, placement_of, sim_memory
+from harness.sim.allocator_sim import AllocatorTrack, placement_of, sim_memory
 from harness.sim.roofline import StepModel
 from harness.sim.state import Accumulator, DecodeClock, SimSequence, Tracks, stale
 from harness.sim.stepfit import FittedStepModel
@@ -45,7 +45,7 @@ def make_sim_policy(name: str, budget_bytes: int, kvb: int, max_seq_len: int, bl
                     alloc_conf: str | None = None) -> KVPolicy:
     """The engines' own policy on a bookkeeping-only arena, placed as the paper places it (its registry entry,
     engines/registry.py) unless `placement` says otherwise; or, `memory` "caching", on PyTorch's caching allocator
-    emulated under a cap of the budget (harness/sim/allocator.py)."""
+    emulated under a cap of the budget (harness/sim/allocator_sim.py)."""
     store = sim_memory(memory, budget_bytes, placement or paper_placement(name), alloc_conf)
     return make_policy(name, store, kvb, max_seq_len, block_size, preflight)
 

@@ -1,7 +1,7 @@
 """`bench --compare-alloc-conf CONF` (make bench ALLOC_CONFS=...): the engines whose KV a caching allocator
 places piece by piece (the contiguous ones and hf) run again under each other PYTORCH_CUDA_ALLOC_CONF setting,
 one run each inside the run's folder (`alloc_confs/<n>-<setting>/`, a whole run directory with its own
-summary.json), read back side by side by harness/analysis/alloc_settings.py.
+summary.json), read back side by side by harness/analysis/alloc_settings_summary.py.
 
 Each setting's run gets the time the run's own `--time` gave the same engines: --time x (its engines / the
 run's engines), so that every setting's searches are as long as the first setting's."""
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from harness.analysis.alloc_settings import SETTINGS_DIR, compared_engines, setting_id
+from harness.analysis.alloc_settings_summary import SETTINGS_DIR, compared_engines, setting_id
 from harness.run.config import BenchConfig
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from engines.kv_categories import CATEGORY_COLUMNS
-from harness.analysis.allocator import STATS_COLUMNS as ALLOCATOR_BLOCK_COLUMNS
+from harness.analysis.allocator_summary import STATS_COLUMNS as ALLOCATOR_BLOCK_COLUMNS
 from harness.fetch import json_or_none as fetch_json  # bench and the samplers read /stats through it
 from harness.results import SAMPLE_COLUMNS, Journal
 

@@ -1,12 +1,12 @@
 """`fragbench simulate` with several --alloc-conf, as text and pages: each setting's usual output under a heading,
-then one table with a column group per setting (harness/sim/alloc_settings.py computes its rows and sentences)."""
+then one table with a column group per setting (harness/sim/alloc_settings_sim.py computes its rows and sentences)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from harness.sim.alloc_settings import COMPLETED, SWEEP, sentences
+from harness.sim.alloc_settings_sim import COMPLETED, SWEEP, sentences
 from harness.views.sim_report import render_simulation, render_text
 
 CELL_WIDTHS = (10, 10, 8, 8)  # req/s, reserved-unallocated %, OOMs policy, OOMs allocator
@@ -76,7 +76,7 @@ def slug(label: str) -> str:
 
 
 def setting_pages(sims: list, path: Path) -> list[Path]:
-    """One page per setting (each a harness.sim.simulate.Simulation), the setting's slug before FILE's suffix."""
+    """One page per setting (each a harness.sim.simulator.Simulation), the setting's slug before FILE's suffix."""
     pages: list[Path] = []
     for sim in sims:
         name = f"{path.stem}-{slug(sim.out['alloc_conf'])}"

@@ -151,7 +151,7 @@ stress: setup model
 	$(BIN)/python benchmarks/stress.py
 	FRAGBENCH_FUZZ_EXAMPLES=500 $(BIN)/python -m pytest -q tests/test_bad_input.py -k hostile
 
-# --durations=15: the slowest tests at the end of the log, so that the next slow one is seen. TEST_WORKERS
+# --durations=40: the slowest tests at the end of the log, so that the next slow one is seen. TEST_WORKERS
 # pytest-xdist workers (default 2, the cores CI has): much of the suite waits on servers and time-bounded loads;
 # each test file runs on one worker, so a module's shared bench run or server is built once, and the files that
 # share a session's build (the sweep, the servers) run on one worker together (tests/scheduling.py).
@@ -178,7 +178,7 @@ test: setup $(RAY_STAMP)
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
 	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40
 
 lint: setup
 	$(BIN)/ruff check engines workloads harness tests benchmarks scripts

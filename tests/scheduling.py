@@ -71,6 +71,13 @@ SECONDS: dict[str, float] = {
     "test_prometheus_e2e.py": 97,  # one test: Prometheus scraping two churning servers until the alert fires
     "test_distributed_load.py": 81,  # a Locust master and two workers against a server
     "test_knee_study.py": 38,  # the knee study's runs
+    "test_simulate_grid.py": 217,  # grids serial, in a pool, resumed, on a local Ray and on a two-node cluster
+    "test_targets.py": 170,  # a bench of an engine beside the same server as a --target (161 s)
+    "test_allocator_results.py": 155,  # a bench on the caching allocator (the module's run, 129 s)
+    "test_registry.py": 140,  # a throwaway policy's server, swept at two rates (121 s)
+    "test_engines.py": 110,  # each engine's tokens against transformers' generate, parallel samples
+    "test_integrity.py": 80,  # a churn with a block freed early, and one without
+    "test_operating.py": 16,
     "test_setup.py": 15,  # make -n, a dozen times
 }
 SECONDS_PER_TEST = 0.5

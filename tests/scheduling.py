@@ -1,6 +1,6 @@
 """How `make test` deals the suite out to pytest-xdist's workers: a file at a time (as `--dist loadfile`), except
 that the files sharing one session-scoped build are dealt out together, so that the build is made once, and that
-a long test of such a file that does not use the build is dealt out alone, to run beside it. The units measured
+a long test that needs nothing built for its file (APART) is dealt out alone, to run beside it. The units measured
 long go out first, the longest first.
 
 A session fixture is built once per worker: with loadfile alone, the session's sweep (conftest.swept, two minutes)
@@ -27,14 +27,24 @@ PER_WORKER: dict[str, str] = {
 }
 GROUP_OF = {name: fixture for fixture, names in SHARED_BUILDS.items() for name in names}
 
-# Tests of a shared build's files that use neither a shared build nor a module fixture (tests/test_scheduling.py
-# checks both), each long enough to be a unit of its own: in its file's unit it ran after the build on the same
-# worker, the longest unit of the suite, while the other worker ran out of work.
+# Tests that use neither a shared build nor a module fixture (tests/test_scheduling.py checks both), each long
+# enough to be a unit of its own: in their file's unit they ran after one another on one worker, where now the other
+# worker takes its share of them. Most are of the shared builds' units, the suite's longest two (the sweep's 657 s
+# and the servers' 588 s measured on the loaded machine, 324 s and 179 s of them these tests').
 APART: frozenset[str] = frozenset({
     "test_verdict.py::test_the_consoles_last_decision_line_is_summary_jsons_headline",  # a 110 s bench and more
     "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished",  # a sweep, killed
     "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios",  # Llama-2-13B's sweep simulated
     "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series",  # two simulated sweeps
+    "test_reliability.py::test_sigkilled_engine_is_restarted_and_its_requests_are_crashed",  # a 20 s bench, killed
+    "test_bad_input.py::test_bench_restarts_an_engine_that_failed_and_records_the_crash",  # a bench that fails
+    "test_bad_input.py::test_sigterm_to_bench_mid_run_leaves_no_child",  # a bench, stopped
+    "test_reliability.py::test_api_key_is_required_when_set",  # a server of its own
+    "test_bad_input.py::test_a_budget_off_the_allocator_granule_starts_and_serves",  # a server of its own
+    "test_check.py::test_closed_port_exits_2_with_one_line",  # check's start-up, against nothing
+    "test_bench.py::test_kill_9_mid_run_leaves_a_partial_run_that_reports",  # a bench, killed
+    "test_bench.py::test_compare_gates_the_sustained_rate_on_its_intervals_and_not_the_pooled_figures",  # 4 compares
+    "test_bench.py::test_compare_does_not_gate_a_sustained_rate_that_is_a_bound",  # 2 compares
 })
 
 # The units measured long (seconds, whole unit, `pytest --durations=0` on the shared 2-core machine), dealt out
@@ -43,10 +53,31 @@ APART: frozenset[str] = frozenset({
 # SECONDS_PER_TEST a test. Keys: a shared build's fixture, a file, or an APART test.
 SECONDS: dict[str, float] = {
     "swept": 310,  # the sweep (conftest.swept), the twin's simulation, the rest reads it
+    "servers": 410,  # a server per engine (two sets), check's measurements on them, requests, fuzzed bodies
     "test_verdict.py::test_the_consoles_last_decision_line_is_summary_jsons_headline": 153,
     "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios": 88,
     "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished": 64,
     "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series": 19,
+    "test_reliability.py::test_sigkilled_engine_is_restarted_and_its_requests_are_crashed": 75,
+    "test_bad_input.py::test_bench_restarts_an_engine_that_failed_and_records_the_crash": 35,
+    "test_bad_input.py::test_sigterm_to_bench_mid_run_leaves_no_child": 26,
+    "test_reliability.py::test_api_key_is_required_when_set": 16,
+    "test_bad_input.py::test_a_budget_off_the_allocator_granule_starts_and_serves": 14,
+    "test_check.py::test_closed_port_exits_2_with_one_line": 13,
+    "test_bench.py": 170,  # its bench of three engines (the module's run), read by four tests
+    "test_bench.py::test_kill_9_mid_run_leaves_a_partial_run_that_reports": 51,
+    "test_bench.py::test_compare_gates_the_sustained_rate_on_its_intervals_and_not_the_pooled_figures": 36,
+    "test_bench.py::test_compare_does_not_gate_a_sustained_rate_that_is_a_bound": 34,
+    "test_prometheus_e2e.py": 97,  # one test: Prometheus scraping two churning servers until the alert fires
+    "test_distributed_load.py": 81,  # a Locust master and two workers against a server
+    "test_knee_study.py": 38,  # the knee study's runs
+    "test_simulate_grid.py": 217,  # grids serial, in a pool, resumed, on a local Ray and on a two-node cluster
+    "test_targets.py": 170,  # a bench of an engine beside the same server as a --target (161 s)
+    "test_allocator_results.py": 155,  # a bench on the caching allocator (the module's run, 129 s)
+    "test_registry.py": 140,  # a throwaway policy's server, swept at two rates (121 s)
+    "test_engines.py": 110,  # each engine's tokens against transformers' generate, parallel samples
+    "test_integrity.py": 80,  # a churn with a block freed early, and one without
+    "test_operating.py": 16,
     "test_setup.py": 15,  # make -n, a dozen times
 }
 SECONDS_PER_TEST = 0.5

@@ -29,8 +29,6 @@ from tests.scheduling import (
     longest,
 )
 
-GROUP_OF_FILES = set(GROUP_OF)
-
 # A pytest plugin for the collecting process: each collected test's rows (tests/scheduling.collection_rows),
 # written where FRAGBENCH_FIXTURE_USERS says.
 PLUGIN = '''
@@ -117,14 +115,13 @@ def test_the_files_that_share_a_session_build_are_dealt_out_together(users):
     assert group_of("tests/test_knee.py::t") == "tests/test_knee.py"
 
 
-def test_a_test_dealt_out_apart_from_its_files_build_needs_nothing_built_there(collected):
-    """An APART test is one of a shared build's files, uses no shared build (else the build is made twice) and no
-    fixture of its module (else that is built twice), and is its own unit with its parameters together."""
+def test_a_test_dealt_out_apart_from_its_file_needs_nothing_built_there(collected):
+    """An APART test uses no shared build (else the build is made twice) and no fixture of its module (else that is
+    built twice), and is its own unit with its parameters together."""
     for test in sorted(APART):
         file, name = test.split("::")
         rows = [(fixtures, module) for f, n, fixtures, module in collected if (f, n) == (file, name)]
         assert rows, f"{test}: no such test"
-        assert file in GROUP_OF_FILES, f"{test}: not in a shared build's file, nothing to deal apart from"
         for fixtures, module in rows:
             assert not set(fixtures) & set(SHARED_BUILDS) and not module, (test, fixtures, module)
         assert group_of(f"tests/{test}[a::b]") == group_of(f"tests/{test}") == f"tests/{test}"
@@ -134,7 +131,7 @@ def test_a_test_dealt_out_apart_from_its_files_build_needs_nothing_built_there(c
 def test_every_unit_measured_long_is_one_the_suite_has(collected):
     files = {file for file, *_ in collected}
     for unit in SECONDS:
-        assert unit in SHARED_BUILDS or unit in APART or (unit in files and unit not in GROUP_OF_FILES), unit
+        assert unit in SHARED_BUILDS or unit in APART or (unit in files and unit not in GROUP_OF), unit
 
 
 def test_the_longest_unit_is_dealt_out_first_measured_or_by_its_count_of_tests():

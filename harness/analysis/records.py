@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from harness.analysis.capacity import SLO
 from harness.units import KvBudget
@@ -40,11 +40,6 @@ class Record(BaseModel):
 
 
 # -- run.json
-def label_of(budget: object) -> str | None:
-    """A budget as run.json labels it: the text the user wrote (a KvBudget in a run.json still in memory)."""
-    return None if budget is None else str(budget)
-
-
 class Segment(Record):
     """A sweep point's stretch of load (workloads/streams.Segment as run.json records it)."""
 
@@ -66,8 +61,6 @@ class SweepPoint(Record):
     start_s: Num | None = None
     end_s: Num | None = None
     segments: list[Segment] | None = None  # [] before it is measured; None in a run that recorded windows
-
-    _label = field_validator("kv_budget", mode="before")(lambda v: label_of(v))
 
 
 class Design(Record):

@@ -22,7 +22,7 @@ SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
 # the build folder (torch's extensions cache, shared by every checkout on the machine) is named by the source's
 # hash: two checkouts with different kernels would otherwise rebuild over each other's module, and one could load
 # the other's
-NAME = f"fragbench_decode_attention_{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
+NAME = f"fragbench_decode_attn_{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
 
 
 @functools.cache
@@ -32,8 +32,9 @@ def decode_attention_kernel():
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        with no_stale_baton(Path(_get_build_directory(NAME, False))):
-            return load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        build_dir = Path(_get_build_directory(NAME, False))
+        with no_stale_baton(build_dir):
+            return load(NAME, [str(source_in(build_dir))], extra_cflags=["-O3", "-march=native", "-fopenmp"],
                         extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a read-only cache: the torch path serves
         build_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
@@ -54,6 +55,19 @@ def no_stale_baton(build_dir: Path):
         fcntl.flock(held, fcntl.LOCK_EX)
         (build_dir / "lock").unlink(missing_ok=True)
         yield
+
+
+def source_in(build_dir: Path) -> Path:
+    """The source, copied once into its build folder: torch's build file names the source by its path, so every
+    checkout compiling from its own copy rebuilt the module over the others' (a server start waited a minute on
+    it); from one path (the folder is named by the source's hash, so the copy is this source) one build serves
+    them all."""
+    copy = build_dir / SOURCE.name
+    if not copy.exists():  # written once: a new mtime would make ninja rebuild
+        tmp = copy.with_suffix(".tmp")
+        tmp.write_bytes(SOURCE.read_bytes())
+        tmp.replace(copy)
+    return copy
 
 
 def usable(store: torch.Tensor) -> bool:

@@ -175,7 +175,7 @@ class RunRecord(Record):
     _raw: dict = PrivateAttr(default_factory=dict)
 
     @classmethod
-    def of(cls, meta: dict) -> RunRecord:
+    def of(cls, meta: dict) -> RunRecord:  # the parse edge: run.json's object, as json.loads gave it, typed once
         record = cls.model_validate(meta)
         record._raw = meta
         return record

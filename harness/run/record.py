@@ -55,6 +55,7 @@ class RunRecord:
         t = t_s if t_s is not None else time.time() - run.t0
         self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
 
+    # `ev`: an OOM event of the engine's /stats (or its crash line), as supervisor.py hands it over
     def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
         """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
         state = {k: ev.get(k) for k in OOM_STATE}
@@ -74,6 +75,7 @@ class RunRecord:
                               "search": None if search is None else search.written()}
         self.write()
 
+    # `config`: the server's own settings from its /stats, free-form (run.json keeps them as the server said)
     def engine_config(self, engine: str, budget: KvBudget, config: dict) -> None:
         """The configuration the engine's server reported at a budget (the twin configures itself from it)."""
         self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config

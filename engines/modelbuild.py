@@ -59,6 +59,7 @@ def check_fits_in_ram(shape: ModelShape, dtype: str) -> None:
         )
 
 
+# `overrides`: Hugging Face config.json keys, free-form as transformers takes them (the config is the edge)
 def build_model(preset: str, out: Path, dtype: str = "float32", seed: int = 0, overrides: dict | None = None) -> Path:
     """`overrides` changes the preset's config (gpu-check's real-shape model: Llama-3-8B's layer, fewer layers)."""
     import torch

@@ -34,7 +34,7 @@ class ModelShape:
     config: dict
 
     @classmethod
-    def from_config(cls, name: str, cfg: dict) -> ModelShape:
+    def from_config(cls, name: str, cfg: dict) -> ModelShape:  # the parse edge: a Hugging Face config.json
         heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         return cls(

@@ -18,6 +18,7 @@ from http.client import HTTPResponse
 HTTPError = urllib.error.HTTPError  # an answer with a 4xx or 5xx status
 
 
+# `body`: the JSON posted as the caller built it (the wire's edge: serialized here, nothing reads it back)
 def _request(url: str, body: dict | None, headers: dict[str, str] | None) -> urllib.request.Request:
     data = json.dumps(body).encode() if body is not None else None
     sent = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
@@ -29,14 +30,13 @@ def bearer(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def request(url: str, body: dict | None = None, headers: dict[str, str] | None = None,
-            timeout_s: float = 10.0) -> bytes:
-    """The body of a GET (a POST of `body` as JSON, when given). Raises HTTPError on an error status and
-    OSError when nothing answers."""
-    with urllib.request.urlopen(_request(url, body, headers), timeout=timeout_s) as r:
+def request(url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> bytes:
+    """The body of a GET. Raises HTTPError on an error status and OSError when nothing answers."""
+    with urllib.request.urlopen(_request(url, None, headers), timeout=timeout_s) as r:
         return r.read()
 
 
+# `body`: a completion request as check's probe builds it (harness/check), posted as JSON: the wire's edge
 @contextmanager
 def stream(url: str, body: dict, headers: dict[str, str] | None = None,
            timeout_s: float = 300.0) -> Iterator[HTTPResponse]:

@@ -36,7 +36,7 @@ class Journal:
         self._f = open(path, "a", buffering=1)
         self._lock = threading.Lock()
 
-    def write(self, row: dict) -> None:
+    def write(self, row: dict) -> None:  # the write edge: a row of COLUMNS' kind, as its maker built it
         line = json.dumps(row, default=str)
         with self._lock:
             self._f.write(line + "\n")

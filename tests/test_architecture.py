@@ -189,10 +189,6 @@ def test_modules_that_find_the_checkout_find_it_from_their_room():
 VIEW_DICTS = {
     ("harness.views.check_report", "render_check", "result"): "the check room's own result (harness/check), the "
                                                               "JSON `check --json` prints, not analysis/'s",
-    ("harness.views.sim_report", "render_text", "raw"): "Simulation.out as the simulator (sim/) hands it over; "
-                                                        "typed into SimulationOut on its first line",
-    ("harness.views.alloc_settings_sim_page", "row_cells", "row"): "a row of sim/alloc_settings_sim.side_by_side, the "
-                                                              "simulator's table, not analysis/'s",
 }
 DICT_READERS = {"harness.analysis.rundir": {"load_meta"}, "harness.analysis.summary": {"read_summary"}}
 

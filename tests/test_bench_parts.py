@@ -7,6 +7,7 @@ import ast
 import json
 import time
 
+from harness.analysis.design import Design
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
 from harness.run.console import Console
@@ -40,12 +41,13 @@ def test_the_record_starts_partial_writes_whole_and_never_the_api_key(tmp_path):
 def test_the_records_lists_are_run_jsons_own(tmp_path):
     """A point appended to `points`, a look to `decision_log`: recorded with the next write."""
     record = RunRecord.start(config(tmp_path), tmp_path)
-    record.sweep([1.0], None, {"design": 1}, None)
+    record.sweep([1.0], None, Design.of(900, 1.5, 0.9), None)
     record.points("paged").append({"point": 0})
     record.decision_log().append({"visit": 0})
     record.write()
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["sweep"]["points"] == {"paged": [{"point": 0}]} and meta["decision"] == [{"visit": 0}]
+    assert meta["sweep"]["design"] == Design.of(900, 1.5, 0.9).to_json() and meta["sweep"]["search"] is None
     assert record.setups_s() == []
 
 
@@ -55,7 +57,7 @@ def test_an_oom_event_names_its_layer_only_where_a_caching_allocator_holds_the_k
     for memory in ("arena", "caching"):
         out = tmp_path / memory
         out.mkdir()
-        RunRecord(out, {}, memory).oom_event(run, 1.23456, ev, "the request failed")
+        RunRecord(config(out, memory=memory), out).oom_event(run, 1.23456, ev, "the request failed")
         [row] = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
         assert row["kind"] == "oom" and row["t_s"] == 1.2346 and row["t_wall"] == run.t0 + 1.23456
         assert row["detail"] == "the request failed; running 3, kv usage 0.50"
@@ -91,3 +93,16 @@ def test_nothing_below_the_bench_holds_it():
         names = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)} | \
                 {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert not {"host", "Host"} & names, name
+
+
+def test_a_targets_description_is_written_in_describes_order(tmp_path):
+    """run.json's `targets` and `config.targets` keep the keys Target.describe wrote, in its order."""
+    from harness.analysis.records import Target as Described
+
+    seen = Described(url="http://127.0.0.1:9", model="m", metrics_url=None, family=None, sees=[],
+                     cannot_see=["any memory figure (no metrics read)"])
+    record = RunRecord.start(config(tmp_path, targets={"t": seen}), tmp_path)
+    record.target("t", seen)
+    meta = json.loads((tmp_path / "run.json").read_text())
+    keys = ["url", "model", "metrics_url", "family", "sees", "cannot_see"]
+    assert list(meta["targets"]["t"]) == keys and list(meta["config"]["targets"]["t"]) == keys

@@ -8,6 +8,7 @@ import pytest
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import KneeSearch, binding_constraint, knee_block, ratio_interval
 from harness.analysis.kneefit import KneeEstimate
+from harness.analysis.summary_records import KneePoint
 from tests.conftest import run_cli
 
 
@@ -71,7 +72,7 @@ KNEE = {"kv_usage": 0.5, "waiting_for_memory_share": 0.0, "running": 6.0, "step_
     ({}, 6, 10, "failures"),
 ])
 def test_the_binding_constraint_reads_the_knee(changes, failed, missed, bound):
-    assert binding_constraint({**KNEE, **changes}, failed, missed)[0] == bound
+    assert binding_constraint(KneePoint(offered_rps=1.0, **{**KNEE, **changes}), failed, missed)[0] == bound
 
 
 def test_a_knee_block_has_the_contract_fields():
@@ -80,8 +81,8 @@ def test_a_knee_block_has_the_contract_fields():
     block = knee_block({"sustained_rps": 1.1, "sustained_where": "within", "slo": SLO().to_json(), "points": pts},
                        SLO(), est)
     assert block["bound"] == "compute" and block["sustained_rps_ci"] == [1.0, 1.5] and block["sustained_rps"] == 1.2
-    assert set(block["knee_point"]) >= {"kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total",
-                                        "preemptions"}
+    assert list(block["knee_point"]) == ["kv_usage", "waiting_for_memory_share", "running", "step_s", "oom_total",
+                                         "preemptions", "offered_rps", "crashes"]  # summary.json's order
     assert set(block["knee"]) == {"method", "points", "streams", "judged", "rps", "ci", "bracketed"}
     unsure = knee_block({"sustained_rps": 1.1, "sustained_where": "within", "slo": SLO().to_json(), "points": pts},
                         SLO(), None)

@@ -4,9 +4,11 @@ put side by side (harness/sim/alloc_settings_sim.py, harness/views/alloc_setting
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
+from harness.analysis.summary_records import CapacityBlock, PolicyFigures, SimulationOut
 from harness.sim.alloc_settings_sim import SettingsRefused, check_settings, sentences, side_by_side, sustained_rate
 from harness.views.alloc_settings_sim_page import settings_text, slug
 from tests.conftest import run_cli
@@ -88,7 +90,7 @@ def test_expandable_segments_help_torch_cat_growth_and_not_a_max_length_reservat
 
 
 def test_the_text_puts_each_setting_under_its_heading_then_the_table_and_a_sentence_per_policy(both):
-    outs = both[0]["alloc_confs"]
+    outs = [SimulationOut.model_validate(out) for out in both[0]["alloc_confs"]]
     rows = side_by_side(outs)
     text = settings_text(outs, rows)
     assert text.index("== --alloc-conf default ==") < text.index("== --alloc-conf expandable_segments:True ==") \
@@ -100,7 +102,7 @@ def test_the_text_puts_each_setting_under_its_heading_then_the_table_and_a_sente
     assert "no difference in sustained rate, policy-layer OOMs, allocator-layer OOMs" in said[0]
     assert "allocator-layer OOMs" in said[1].split("no difference")[0]  # growth's changed
     first = rows[2]  # growth under default, and a setting that changed none of its figures
-    assert sentences([first, dict(first, alloc_conf="expandable_segments:True")]) == [
+    assert sentences([first, replace(first, alloc_conf="expandable_segments:True")]) == [
         "growth, against default: expandable_segments:True: no difference."]
 
 
@@ -118,11 +120,10 @@ def test_one_alloc_conf_prints_the_usual_output_unchanged(both):
 
 
 def test_the_sustained_rate_is_the_sweeps_where_one_ran():
-    res = {"requests_completed": 10, "simulated_s": 4.0}
-    out = {"policies": {"growth": res, "paged": res}, "capacity": {"growth": {"sustained_rps": 1.5}}}
-    assert sustained_rate(out, "growth") == (1.5, "sweep")
-    assert sustained_rate(out, "paged") == (2.5, "completed")
-    assert sustained_rate({"policies": {"paged": dict(res, simulated_s=0.0)}}, "paged") == (None, "completed")
+    res = PolicyFigures(requests_completed=10, simulated_s=4.0)
+    assert sustained_rate(CapacityBlock(sustained_rps=1.5), res) == (1.5, "sweep")
+    assert sustained_rate(None, res) == (2.5, "completed")
+    assert sustained_rate(None, res.model_copy(update={"simulated_s": 0.0})) == (None, "completed")
 
 
 def test_one_setting_spelled_twice_is_refused():

@@ -14,8 +14,9 @@ from harness.analysis.design import Design
 from harness.analysis.headline import bracket_ends, headline
 from harness.analysis.knee import Judged, knee_points, rests_on_unsteady
 from harness.analysis.kneefit import fit
+from harness.analysis.records import RunRecord
 from harness.analysis.steady import halves, knee_use
-from harness.analysis.summary_records import Summary
+from harness.analysis.summary_records import HeadlineBlock, Summary
 from harness.results import request_row
 from harness.run.verdicts import decision_line, verdict_now
 from harness.views.verdict import lateness_sentence
@@ -86,8 +87,9 @@ def test_the_runs_verdict_is_summary_jsons_headline_and_the_decision_line_prints
     lo, hi = h["ratio_ci"]
     assert h["decided"] == (not lo <= 1.0 <= hi and all(h["bracketed"].values()))
     meta = json.loads((run_dir / "run.json").read_text())
-    assert verdict_now(run_dir, meta, []).headline == h  # plumbing: the console's reader is summary.json's
-    line = decision_line(h)
+    now = verdict_now(run_dir, RunRecord.of(meta), [])
+    assert now.headline.written() == h  # plumbing: the console's reader is summary.json's
+    line = decision_line(HeadlineBlock.model_validate(h))
     assert f"= {h['ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in line
     assert ("undecided" in line) != h["decided"]
     for engine, ends in h["bracket_ends"].items():
@@ -112,7 +114,7 @@ def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept)
             "stream": True, "status": "error", "error": "still in flight at the end of the run", "ttft_s": None,
             "tpot_s": None, "e2e_s": 30.0, "late_s": 0.0, "point": point["point"],
             "offered_rps": point["offered_rps"], "stream_key": point["key"], "stream_index": 10**6}
-    now = verdict_now(run_dir, meta, [late])
+    now = verdict_now(run_dir, RunRecord.of(meta), [late])
     before = next(p for p in summary["capacity"]["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
     after = next(p for p in now.capacity["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
     assert after["judged"] == before["judged"] + 1  # no first token 30 s after its due time: a miss already
@@ -132,7 +134,7 @@ def test_the_consoles_last_decision_line_is_summary_jsons_headline(tiny_model, t
     summary = json.loads((tmp_path / "decided" / "summary.json").read_text())
     h = summary.get("headline")
     assert lines, r.stderr[-3000:]
-    assert lines[-1].startswith(decision_line(h)), (lines[-1], h)
+    assert lines[-1].startswith(decision_line(h and HeadlineBlock.model_validate(h))), (lines[-1], h)
     if h is None:
         assert lines[-1].startswith("decision: no headline")
         return
@@ -192,7 +194,7 @@ def test_a_ratio_of_knees_past_every_rate_measured_decides_nothing():
     pts = {"paged": [judged(1.0, 1.0), judged(1.5, 1.0)], "static-oracle": [judged(4.0, 1.0), judged(5.0, 0.95)]}
     h = headline(fit(pts, 0.9), None, 1.5)
     assert h.ratio_ci[1] < 1.0 and not h.decided and h.bracketed == {"paged": False, "static-oracle": False}
-    assert "not bracketed" in decision_line(h.to_json())
+    assert "not bracketed" in decision_line(HeadlineBlock.model_validate(h.to_json()))
 
 
 # -- the decision's next point

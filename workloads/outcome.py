@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from workloads.generate import TraceRequest
 
 UNFINISHED = "still in flight at the end of the run"
+
+
+@dataclass(frozen=True)
+class PointTags:
+    """What a request's row carries beside the request (a scheduled run's): the knee-search point it was sent for,
+    the point's rate, and its place in its stream."""
+
+    point: int
+    offered_rps: float
+    stream_key: str
+    stream_index: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -25,7 +39,7 @@ class Outcome:
     finish_reason: str | None = None
     http_status: int | None = None
     error: str = ""
-    tags: dict = field(default_factory=dict)  # what the rows carry beside the request: its point, rate, stream
+    tags: PointTags | None = None  # a scheduled request's point, rate and stream place (None: no schedule)
 
     def __post_init__(self) -> None:
         if self.due_s is None:

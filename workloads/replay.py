@@ -22,7 +22,7 @@ from geventhttpclient.url import URL
 from locust import User, task
 
 from workloads.generate import TraceRequest
-from workloads.outcome import UNFINISHED, Outcome
+from workloads.outcome import UNFINISHED, Outcome, PointTags
 from workloads.schedule import ScheduleReader
 from workloads.sse import arrivals, events
 
@@ -69,7 +69,7 @@ def request_body(plan: ReplayPlan, req: TraceRequest) -> dict:
     return body
 
 
-def chunk_tokens(choice: dict) -> int:
+def chunk_tokens(choice: dict) -> int:  # the parse edge: a streamed chunk's choice, as json.loads gave it
     """Tokens one streamed chunk carries: its token ids (fragbench, vLLM), else one if it carries text."""
     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
     return len(choice.get("token_ids") or []) or (1 if text else 0)
@@ -120,18 +120,17 @@ class ReplayUser(User):
         once the schedule stops, what is in flight has the grace period to finish."""
         pool = Pool()
         for req, seg, index in plan.schedule.dispatch(lambda: now(plan)):
-            pool.spawn(self.send, plan, req, {"point": seg.point, "offered_rps": seg.rate_rps, "stream_key": seg.key,
-                                              "stream_index": index})
+            pool.spawn(self.send, plan, req, PointTags(seg.point, seg.rate_rps, seg.key, index))
         pool.join(timeout=plan.grace_s)
         pool.kill()
         self.environment.replay_done = True
         self.stop(force=True)
 
-    def send(self, plan: ReplayPlan, req: TraceRequest, tags: dict | None = None) -> None:
+    def send(self, plan: ReplayPlan, req: TraceRequest, tags: PointTags | None = None) -> None:
         sent = now(plan)
         late = 0.0 if plan.closed_concurrency else max(0.0, sent - req.arrival_s)
         due = sent if plan.closed_concurrency else req.arrival_s
-        out = Outcome(req, sent, late, due_s=due, tags=tags or {})
+        out = Outcome(req, sent, late, due_s=due, tags=tags)
         body = request_body(plan, req)
         path = f"{self.base_path}/v1/{'chat/completions' if plan.api == 'chat' else 'completions'}"
         headers = {"Content-Type": "application/json"}

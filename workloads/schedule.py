@@ -32,7 +32,7 @@ class ScheduleWriter:
         self._f = open(path, "a", buffering=1)
         self.current: Segment | None = None
 
-    def _line(self, obj: dict) -> None:
+    def _line(self, obj: dict) -> None:  # the write edge: a line's JSON object (a segment, or a new end)
         self._f.write(json.dumps(obj) + "\n")
         self._f.flush()
 

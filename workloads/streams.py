@@ -117,7 +117,7 @@ class Segment:
         return asdict(self)
 
     @classmethod
-    def of(cls, d: dict) -> Segment:
+    def of(cls, d: dict) -> Segment:  # the parse edge: a schedule line's `segment`, as json.loads gave it
         return cls(int(d["point"]), str(d["key"]), float(d["rate_rps"]), float(d["start_s"]), int(d["first"]),
                    float(d["end_s"]))
 

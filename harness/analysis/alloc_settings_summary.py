@@ -33,7 +33,7 @@ def setting_id(number: int, conf: str) -> str:
     return f"{number}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", conf.strip()) or "default")
 
 
-def settings_block(run_dir: Path, summary: dict, cfg: RunConfig,
+def settings_block(run_dir: Path, summary: Summary, cfg: RunConfig,
                    finalize: Callable[[Path], dict]) -> list[dict] | None:
     """One record per setting, the run's own first; None where the run compared none. `summary`: the run's own,
     as summarize is writing it. `finalize` summarizes a setting's run that never wrote its summary
@@ -42,7 +42,7 @@ def settings_block(run_dir: Path, summary: dict, cfg: RunConfig,
     if not confs:
         return None
     engines = compared_engines(cfg.engines or [])
-    out = [setting_record(cfg.alloc_conf or "default", None, Summary.model_validate(summary), engines)]
+    out = [setting_record(cfg.alloc_conf or "default", None, summary, engines)]
     for number, conf in enumerate(confs, start=1):
         rel = f"{SETTINGS_DIR}/{setting_id(number, conf)}"
         out.append(setting_record(conf, rel, setting_summary(run_dir / rel, finalize), engines))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.analysis.capacity import SLO
+from harness.analysis.summary_records import KneePoint
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, replication_of
 
 CONFIDENCE = 0.9
@@ -183,26 +184,26 @@ KV_USAGE_NEAR_FULL = 0.85  # mean KV usage at or above this: memory is what is l
 WAITING_FOR_MEMORY = 0.2  # share of the knee's samples with requests held back by memory alone
 
 
-def binding_constraint(knee: dict, failed: int, missed: int) -> tuple[str, str]:
+def binding_constraint(knee: KneePoint, failed: int, missed: int) -> tuple[str, str]:
     """memory, compute or failures at the knee point (the lowest rate that missed the SLO), and the evidence.
     `failed`: requests that errored or met a crash there (OOM rejections are memory's); `missed`: all that
     missed the SLO."""
-    if knee["crashes"] or (missed and failed >= missed / 2):
-        return "failures", f"crashes {knee['crashes']}, {failed} of {missed} SLO misses were failed requests"
+    if knee.crashes or (missed and failed >= missed / 2):
+        return "failures", f"crashes {knee.crashes}, {failed} of {missed} SLO misses were failed requests"
     memory = []
-    if knee["oom_total"]:
-        memory.append(f"{knee['oom_total']} OOMs")
-    if knee["preemptions"]:
-        memory.append(f"{knee['preemptions']} preemptions")
-    if (knee["kv_usage"] or 0) >= KV_USAGE_NEAR_FULL:
-        memory.append(f"KV {100 * knee['kv_usage']:.0f} % allocated")
-    if (knee["waiting_for_memory_share"] or 0) >= WAITING_FOR_MEMORY:
-        memory.append(f"requests waited for memory in {100 * knee['waiting_for_memory_share']:.0f} % of samples")
+    if knee.oom_total:
+        memory.append(f"{knee.oom_total} OOMs")
+    if knee.preemptions:
+        memory.append(f"{knee.preemptions} preemptions")
+    if (knee.kv_usage or 0) >= KV_USAGE_NEAR_FULL:
+        memory.append(f"KV {100 * knee.kv_usage:.0f} % allocated")
+    if (knee.waiting_for_memory_share or 0) >= WAITING_FOR_MEMORY:
+        memory.append(f"requests waited for memory in {100 * knee.waiting_for_memory_share:.0f} % of samples")
     if memory:
         return "memory", ", ".join(memory)
-    usage = "n/a" if knee["kv_usage"] is None else f"{100 * knee['kv_usage']:.0f} %"
-    step = "n/a" if knee["step_s"] is None else f"{1000 * knee['step_s']:.0f} ms"
-    running = "n/a" if knee["running"] is None else f"{knee['running']:.2g}"
+    usage = "n/a" if knee.kv_usage is None else f"{100 * knee.kv_usage:.0f} %"
+    step = "n/a" if knee.step_s is None else f"{1000 * knee.step_s:.0f} ms"
+    running = "n/a" if knee.running is None else f"{knee.running:.2g}"
     return "compute", f"KV {usage} allocated with no OOM or preemption, step {step} with {running} running on average"
 
 
@@ -215,17 +216,19 @@ def knee_point(points: list[dict], slo: SLO) -> dict:
     return next((p for p in points if p["offered_rps"] == hi), max(points, key=lambda p: p["offered_rps"]))
 
 
+# `block`: the capacity block summarize is building; summary.json is written from dicts (records.py reads it)
 def knee_block(block: dict, slo: SLO, estimate) -> dict:
     """A capacity block with its knee (a kneefit.KneeEstimate, or None where no point can carry one: the
     interpolated rate stays, with no interval) and the constraint that bound it at the knee point."""
     points = block["points"]
     at = knee_point(points, slo)
-    knee = {"kv_usage": at.get("kv_usage"), "waiting_for_memory_share": at.get("waiting_for_memory_share"),
-            "running": at.get("mean_running"), "step_s": at.get("step_s"), "oom_total": at.get("oom_total", 0),
-            "preemptions": at.get("preemptions", 0), "offered_rps": at["offered_rps"], "crashes": at.get("crashes", 0)}
+    knee = KneePoint(kv_usage=at.get("kv_usage"), waiting_for_memory_share=at.get("waiting_for_memory_share"),
+                     running=at.get("mean_running"), step_s=at.get("step_s"), oom_total=at.get("oom_total", 0),
+                     preemptions=at.get("preemptions", 0), offered_rps=at["offered_rps"],
+                     crashes=at.get("crashes", 0))
     bound, evidence = binding_constraint(knee, at.get("failed", 0), at.get("missed", 0))
-    out = {**block, "sustained_rps_ci": None, "bound": bound, "bound_evidence": evidence, "knee_point": knee,
-           "knee": None}
+    out = {**block, "sustained_rps_ci": None, "bound": bound, "bound_evidence": evidence,
+           "knee_point": knee.written(), "knee": None}
     if estimate is not None:
         out.update(sustained_rps=estimate.rps, sustained_rps_ci=list(estimate.ci), knee=estimate.to_json(),
                    sustained_where=where_of(points, slo, estimate.bracketed))

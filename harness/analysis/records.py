@@ -68,8 +68,18 @@ class Design(Record):
 
 
 class SearchSettings(Record):
-    precision: Num | None = None
+    """run.json's `sweep.search`: the rules the knee searches ran by (in the order bench writes them)."""
+
+    max_points: Num | None = None
+    tolerance: Num | None = None
+    step: Num | None = None
+    start_share_of_calibration: Num | None = None
+    min_judged: Num | None = None
+    max_judged: Num | None = None
+    search_s: Num | None = None
     time_s: Num | None = None
+    precision: Num | None = None
+    target: Num | None = None
 
 
 class Sweep(Record):
@@ -84,8 +94,8 @@ class Target(Record):
 
     url: str = ""
     model: str = ""
+    metrics_url: str | None = None  # in the order Target.describe writes them (run.json keeps it)
     family: str | None = None
-    metrics_url: str | None = None
     sees: list[str] = []
     cannot_see: list[str] = []
 
@@ -165,7 +175,7 @@ class RunRecord(Record):
     _raw: dict = PrivateAttr(default_factory=dict)
 
     @classmethod
-    def of(cls, meta: dict) -> RunRecord:
+    def of(cls, meta: dict) -> RunRecord:  # the parse edge: run.json's object, as json.loads gave it, typed once
         record = cls.model_validate(meta)
         record._raw = meta
         return record

@@ -379,14 +379,14 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         budgets = {b.label: b for b in cfg.budgets}  # each label parsed once, in the run's config record
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(budgets[budget].bytes)] = intervals(blocks, meta)[0]
-    if settings := settings_block(run_dir, summary, cfg, finalize):  # --compare-alloc-conf: each setting's own run
+    if settings := settings_block(run_dir, Summary.model_validate(summary), cfg, finalize):  # --compare-alloc-conf
         summary["alloc_settings"] = settings
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?
         summary["size_classes_rule"] = rule
     return summary
 
 
-def finalize(run_dir: Path, twin: Callable[[dict], dict | None] | None = None) -> dict:
+def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None) -> dict:
     """Parquet files and summary.json from the journals, written once, whole; safe to repeat. `twin` computes
     the twin's block from the summary (the simulator lives above this room: the caller hands it in); without
     it, a twin an earlier finalize wrote is kept."""
@@ -398,7 +398,7 @@ def finalize(run_dir: Path, twin: Callable[[dict], dict | None] | None = None) -
         steps.to_parquet(run_dir / "steps.parquet", index=False)
     summary = summarize(run_dir, frames)
     path = run_dir / "summary.json"
-    block = twin(summary) if twin is not None else None
+    block = twin(Summary.model_validate(summary)) if twin is not None else None  # typed once for the twin
     if block is not None:
         summary["twin"] = block
     elif path.is_file() and "twin" in (before := json.loads(path.read_text())):

@@ -111,15 +111,15 @@ class CapacityPoint(Record):
 
 
 class KneePoint(Record):
-    """The figures at the lowest rate that missed the SLO (knee.knee_block)."""
+    """The figures at the lowest rate that missed the SLO (knee.knee_block writes them, in this order)."""
 
-    offered_rps: Num
     kv_usage: Num | None = None
     waiting_for_memory_share: Num | None = None
     running: Num | None = None
     step_s: Num | None = None
     oom_total: Num = 0
     preemptions: Num = 0
+    offered_rps: Num
     crashes: Num = 0
 
 
@@ -325,6 +325,13 @@ class PolicyFigures(Record):
     wall_s: Num = 0.0
     first_oom_running: Num | None = None
     allocator: AllocatorFigures | None = None
+    requests_completed: Num = 0
+    simulated_s: Num = 0.0
+
+    @property
+    def completed_rps(self) -> float | None:
+        """Requests completed per simulated second; None for a run that simulated no time."""
+        return self.requests_completed / self.simulated_s if self.simulated_s else None
 
 
 class SimulationOut(Summary):

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return print_settings(sims, args)
     if args.report:
         render_simulation(sims[0], Path(args.report))
-    print(json.dumps(sims[0].out, indent=2) if args.json else render_text(sims[0].out))
+    print(json.dumps(sims[0].out, indent=2) if args.json else render_text(sims[0].record))
     return 0
 
 
@@ -160,12 +160,12 @@ def print_settings(sims: list, args: argparse.Namespace) -> int:
     from harness.sim.alloc_settings_sim import combined, side_by_side
     from harness.views.alloc_settings_sim_page import setting_pages, settings_text
 
-    outs = [sim.out for sim in sims]
     pages = setting_pages(sims, Path(args.report)) if args.report else []
     if args.json:
-        print(json.dumps(combined(outs), indent=2))
+        print(json.dumps(combined(sims), indent=2))
         if pages:  # stdout is the JSON alone
             print("report: one page per setting: " + ", ".join(map(str, pages)), file=sys.stderr)
     else:
+        outs = [sim.record for sim in sims]
         print(settings_text(outs, side_by_side(outs), pages))
     return 0

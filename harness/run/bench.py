@@ -16,6 +16,7 @@ from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.steady import fewest_to_pass
+from harness.analysis.summary_records import Summary
 from harness.results import Journal
 from harness.run.alloc_settings_runs import run_settings
 from harness.run.calibration import LOADGEN_STARTUP_S, Calibration
@@ -75,7 +76,7 @@ class Bench:
 
         with self.console.progress() as shower:
             if self.cfg.sweep:
-                self.record.sweep(self.cfg.rates, self.cfg.point_s, self.design.to_json(),
+                self.record.sweep(self.cfg.rates, self.cfg.point_s, self.design,
                                   None if self.cfg.rates else self.searching.settings())
             runs = {}
             for engine in self.order():
@@ -90,7 +91,8 @@ class Bench:
             self.console.plain("simulating the run's twin")
         summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep else None)  # written once, whole
         if self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's own headline
-            self.console.say(decision_line(summary.get("headline"), "as summary.json and the report say"))
+            headline = Summary.model_validate(summary).headline
+            self.console.say(decision_line(headline, "as summary.json and the report say"))
         return self.dir
 
     def order(self) -> list[str]:

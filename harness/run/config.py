@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.analysis.records import Target as Described
 from harness.run.loadargs import Traffic
 from harness.units import KvBudget
 
@@ -41,10 +42,11 @@ class BenchConfig(Traffic):
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
-    targets: dict[str, dict] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
+    targets: dict[str, Described] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
     api_key: str | None = None  # the targets'; never written to run.json
 
     def record(self) -> dict:
         """The fields as run.json's `config` writes them: each budget as the label the user wrote (asdict alone
-        would spell a KvBudget as its bytes and label)."""
-        return {**asdict(self), "kv_budget": str(self.kv_budget), "kv_budgets": [str(b) for b in self.kv_budgets]}
+        would spell a KvBudget as its bytes and label), each target as `describe` wrote it."""
+        return {**asdict(self), "kv_budget": str(self.kv_budget), "kv_budgets": [str(b) for b in self.kv_budgets],
+                "targets": {name: t.written() for name, t in self.targets.items()}}

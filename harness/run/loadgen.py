@@ -106,7 +106,8 @@ def configure(env: Environment, args: argparse.Namespace, on_row, workers: int =
     env.host = args.target.rstrip("/")
     env.replay_plan = ReplayPlan(
         requests=requests, t0=args.t0, duration_s=args.start_at + args.duration,
-        on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate, **o.tags}),
+        on_outcome=lambda o: on_row({**request_row(args.engine, o), "offered_rps": args.rate,
+                                     **(o.tags.to_json() if o.tags else {})}),
         closed_concurrency=closed, grace_s=args.grace, api_key=args.api_key, model=args.model, api=args.api,
         schedule=reader, on_first_token=first_tokens(args) if schedule else None,
     )

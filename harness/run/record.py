@@ -11,6 +11,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness.analysis.design import Design
+from harness.analysis.records import RunRecord as RunJson
+from harness.analysis.records import SearchSettings
+from harness.analysis.records import Target as Described
 from harness.results import Journal
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
@@ -22,21 +26,22 @@ OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or all
 
 
 class RunRecord:
-    def __init__(self, run_dir: Path, meta: dict, memory: str):
-        self.dir, self.meta = run_dir, meta
-        self.memory = memory  # --memory: an OOM's layer is recorded where a caching allocator holds the KV
-        self.events = Journal(run_dir / "events.jsonl")
-
-    @classmethod
-    def start(cls, cfg: BenchConfig, run_dir: Path) -> RunRecord:
+    def __init__(self, cfg: BenchConfig, run_dir: Path):
         """A partial run's record: the configuration (the targets' API key never), where and on what it runs."""
-        meta = {
+        self.dir = run_dir
+        self.meta = {  # run.json as it is produced: bench adds to it as it runs (readers type it: `typed`)
             "run_id": cfg.run_id, "status": "partial", "started": datetime.now(timezone.utc).isoformat(),
             "config": {**cfg.record(), "out_dir": str(cfg.out_dir), "api_key": "(given)" if cfg.api_key else None},
             "git_sha": git_sha(),
             "versions": versions(), "hardware": hardware(cfg.device), "engines_done": [], "command": sys.argv,
         }
-        record = cls(run_dir, meta, cfg.memory)
+        self.memory = cfg.memory  # --memory: an OOM's layer is recorded where a caching allocator holds the KV
+        self.events = Journal(run_dir / "events.jsonl")
+
+    @classmethod
+    def start(cls, cfg: BenchConfig, run_dir: Path) -> RunRecord:
+        """The record, its run.json written at once."""
+        record = cls(cfg, run_dir)
         record.write()
         return record
 
@@ -50,6 +55,7 @@ class RunRecord:
         t = t_s if t_s is not None else time.time() - run.t0
         self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
 
+    # `ev`: an OOM event of the engine's /stats (or its crash line), as supervisor.py hands it over
     def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
         """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
         state = {k: ev.get(k) for k in OOM_STATE}
@@ -62,17 +68,21 @@ class RunRecord:
                    detail=f"{outcome}; {words}", **state, **layer)
 
     # -- run.json, written at once
-    def sweep(self, rates: list[float] | None, point_s: float | None, design: dict, search: dict | None) -> None:
-        self.meta["sweep"] = {"rates": rates, "point_s": point_s, "points": {}, "design": design, "search": search}
+    def sweep(self, rates: list[float] | None, point_s: float | None, design: Design,
+              search: SearchSettings | None) -> None:
+        """The sweep's plan: fixed rates, or the design and the rules the knee searches run by."""
+        self.meta["sweep"] = {"rates": rates, "point_s": point_s, "points": {}, "design": design.to_json(),
+                              "search": None if search is None else search.written()}
         self.write()
 
+    # `config`: the server's own settings from its /stats, free-form (run.json keeps them as the server said)
     def engine_config(self, engine: str, budget: KvBudget, config: dict) -> None:
         """The configuration the engine's server reported at a budget (the twin configures itself from it)."""
         self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config
         self.write()
 
-    def target(self, engine: str, described: dict) -> None:
-        self.meta.setdefault("targets", {})[engine] = described
+    def target(self, engine: str, described: Described) -> None:
+        self.meta.setdefault("targets", {})[engine] = described.written()
         self.write()
 
     def calibration(self, engine: str, budget: KvBudget, rate_rps: float) -> None:
@@ -111,6 +121,10 @@ class RunRecord:
         return self.meta.setdefault("decision", [])
 
     # -- read
+    def typed(self) -> RunJson:
+        """run.json as it stands, typed for the analysis (what summary.json will read of it)."""
+        return RunJson.of(self.meta)
+
     def setups_s(self) -> list[float]:
         """Each engine's set-up so far, seconds."""
         return list(self.meta.get("setup_s", {}).values())

@@ -16,6 +16,7 @@ from harness.analysis.headline import PAGED, reference_of
 from harness.analysis.knee import KneeSearch, knee_points, pooled
 from harness.analysis.operating import OPERATING_JUDGED, OPERATING_REPLICATION, operating_key, operating_rate
 from harness.analysis.placement import next_rate
+from harness.analysis.records import SearchSettings
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
@@ -43,12 +44,13 @@ class KneeSearching:
         self.cfg, self.design, self.clock, self.record, self.console = cfg, design, clock, record, console
         self.visits, self.order, self.budgets, self.targets = visits, order, budgets, targets
 
-    def settings(self) -> dict:
+    def settings(self) -> SearchSettings:
         """run.json's `sweep.search`: the rules the searches run by."""
         d = self.design
-        return {"max_points": d.max_points, "tolerance": d.tolerance, "step": d.step,
-                "start_share_of_calibration": SEARCH_START, "min_judged": d.min_judged, "max_judged": d.max_judged,
-                "search_s": self.cfg.search_s, "time_s": d.time_s, "precision": d.precision, "target": d.target}
+        return SearchSettings(max_points=d.max_points, tolerance=d.tolerance, step=d.step,
+                              start_share_of_calibration=SEARCH_START, min_judged=d.min_judged,
+                              max_judged=d.max_judged, search_s=self.cfg.search_s, time_s=d.time_s,
+                              precision=d.precision, target=d.target)
 
     def search(self, visit: Visit, show: Show, calibrated_rps: float) -> None:
         """The knee search (harness/analysis/knee.py) on the visit's server, within the engine's share of the
@@ -132,7 +134,7 @@ class KneeSearching:
         open visit's requests in flight judged by the summary's cut-off rule."""
         self.record.write()
         live = visit.runner.in_flight(visit.run.engine) if visit is not None else []
-        return verdict_now(self.record.dir, self.record.meta, live)
+        return verdict_now(self.record.dir, self.record.typed(), live)
 
     def far_enough(self, run: EngineRun, visit: Visit) -> bool:
         """An engine other than the reference whose ratio to the reference (summary.json's `capacity_ratios`,
@@ -160,7 +162,7 @@ class KneeSearching:
         v, visits = self.verdict(), 0
         while v.headline is not None and self.log_look(log, v, visits):
             h = v.headline
-            engine = (h["against"], h["engine"])[visits % 2]
+            engine = (h.against, h.engine)[visits % 2]
             if engine not in runs or (visit := self.afford(runs[engine], v, turns)) is None:
                 self.console.say(v.line("time spent"))
                 break
@@ -174,7 +176,7 @@ class KneeSearching:
                     self.turn(visit, plan, show, visits)
                     turns[engine] = turns.get(engine, 0) + 1
                     v = self.verdict(visit)
-                    if v.headline is None or v.headline["stop"] == "precise":
+                    if v.headline is None or v.headline.stop == "precise":
                         break
             finally:
                 self.visits.end_visit(visit)
@@ -185,9 +187,9 @@ class KneeSearching:
         """Record the headline as it stands in run.json's decision log; False once it says stop."""
         h = v.headline
         log.append({"t_s": round(time.time() - self.clock.started, 1), "visit": visits,
-                    **{k: h.get(k) for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise", "points",
-                                             "stop", "run_to_run_share")}})
-        if h["stop"] == "precise":
+                    **{k: h.figure(k) for k in ("engine", "against", "ratio", "ratio_ci", "decided", "precise",
+                                                "points", "stop", "run_to_run_share")}})
+        if h.stop == "precise":
             self.console.say(v.line("search done"))
             return False
         return True

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from engines.memory.nvml import fullest_gpu
+from harness.analysis.records import Target as Described
 from harness.fetch import HTTPError, answers, bearer, request
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 
@@ -45,17 +46,17 @@ class Target:
     def stop(self) -> None:
         """Nothing: the target outlives the bench."""
 
-    def describe(self) -> dict:
+    def describe(self) -> Described:
         seen = self.telemetry.describe() if self.telemetry else {
             "metrics_url": None, "family": None, "sees": [], "cannot_see": ["any memory figure (no metrics read)"]}
-        return {"url": self.url, "model": self.model, **seen}
+        return Described(url=self.url, model=self.model, **seen)
 
     @classmethod
-    def restore(cls, name: str, described: dict, api_key: str | None) -> Target:
+    def restore(cls, name: str, described: Described, api_key: str | None) -> Target:
         """The target `describe` wrote (into a bench's configuration), without checking it again."""
-        family = described.get("family")
-        telemetry = Telemetry(described["metrics_url"], family_named(family)) if family else None
-        return cls(name, described["url"], telemetry, described["model"], api_key)
+        family = described.family
+        telemetry = Telemetry(described.metrics_url, family_named(family)) if family else None
+        return cls(name, described.url, telemetry, described.model, api_key)
 
 
 def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:

@@ -14,8 +14,9 @@ import pandas as pd
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.records import RunRecord
-from harness.analysis.rundir import load_frames, load_meta
+from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of, fits_of, headline_with, intervals
+from harness.analysis.summary_records import HeadlineBlock
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Verdict:
     points: dict[str, list[Judged]]  # per engine, its judged points (with what a knee may make of each)
     capacity: dict  # summary.json's `capacity`
     ratios: dict  # summary.json's `capacity_ratios`
-    headline: dict | None  # summary.json's `headline`
+    headline: HeadlineBlock | None  # summary.json's `headline`
     fit: KneeFit | None = None  # the knee fit every figure above was read from
 
     def ratio_ci(self, a: str, b: str) -> list[float] | None:
@@ -35,31 +36,31 @@ class Verdict:
         return decision_line(self.headline, status)
 
 
-def decision_line(h: dict | None, status: str | None = None) -> str:
+def decision_line(h: HeadlineBlock | None, status: str | None = None) -> str:
     """The console's `decision:` line: the headline's ratio, interval and verdict as summary.json has them."""
     if h is None:
         return "decision: no headline (a paged engine and a contiguous one, each with points a knee rests on)"
-    lo, hi = h["ratio_ci"]
-    open_ = [e for e, closed in (h.get("bracketed") or {}).items() if not closed]
-    verdict = "decided" if h["decided"] else "undecided (the interval holds 1.0)" if lo <= 1.0 <= hi else \
+    lo, hi = h.ratio_ci
+    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
+    verdict = "decided" if h.decided else "undecided (the interval holds 1.0)" if lo <= 1.0 <= hi else \
         f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
-    if h["decided"] and not h["precise"]:
-        verdict += f", not precise (hi / lo {hi / lo:.2f} > {h['precision']:g})" if lo > 0 else ", not precise"
-    return (f"decision: {h['engine']} / {h['against']} = {h['ratio']:.2f} [{lo:.2f}, {hi:.2f}]: {verdict}"
+    if h.decided and not h.precise:
+        verdict += f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})" if lo > 0 else ", not precise"
+    return (f"decision: {h.engine} / {h.against} = {h.ratio:.2f} [{lo:.2f}, {hi:.2f}]: {verdict}"
             + (f"; {status}" if status else ""))
 
 
-def verdict_of(frames: dict[str, pd.DataFrame], meta: dict, engines: list[str] | None = None) -> Verdict:
+def verdict_of(frames: dict[str, pd.DataFrame], run: RunRecord, engines: list[str] | None = None) -> Verdict:
     """The capacity, ratios and headline of the run's own budget, from its frames."""
-    run = RunRecord.of(meta)  # bench's run.json as it stands, typed once for the analysis
     blocks = blocks_of(frames, run, engines).get(run.config.kv_budget, {})
     fits = fits_of(blocks, run)
     capacity, ratios = intervals(blocks, run, fits) if blocks else ({}, {})
     head = headline_with(blocks, run, fits)[0] if blocks else None
-    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, fits[0])
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios,
+                   None if head is None else HeadlineBlock.model_validate(head), fits[0])
 
 
-def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:
+def verdict_now(run_dir: Path, run: RunRecord, in_flight: list[dict]) -> Verdict:
     """What the run says now: its journals, and a cut-off row for each request still in flight."""
     frames = load_frames(run_dir)
     req = frames["requests"]
@@ -69,9 +70,9 @@ def verdict_now(run_dir: Path, meta: dict, in_flight: list[dict]) -> Verdict:
         extra = pd.DataFrame(in_flight)
         frames["requests"] = pd.concat([frames["requests"], extra], ignore_index=True) \
             if len(frames["requests"]) else extra
-    return verdict_of(frames, meta)
+    return verdict_of(frames, run)
 
 
 def verdict_final(run_dir: Path) -> Verdict:
     """What summary.json says (run.json as written, every journal final)."""
-    return verdict_of(load_frames(run_dir), load_meta(run_dir))
+    return verdict_of(load_frames(run_dir), RunRecord.read(run_dir))

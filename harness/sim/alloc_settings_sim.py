@@ -7,9 +7,11 @@ differ at all differ because of the setting: they are compared exactly."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 from engines.memory.allocconf import parse_alloc_conf
+from harness.analysis.summary_records import CapacityBlock, PolicyFigures, SimulationOut
+from harness.sim.simulator import Simulation
 
 SWEEP, COMPLETED = "sweep", "completed"  # where a row's sustained rate comes from
 
@@ -28,33 +30,50 @@ def check_settings(confs: list[str]) -> None:
         seen[key] = conf
 
 
-def sustained_rate(out: dict, policy: str) -> tuple[float | None, str]:
-    """The policy's sustained requests/s: the sweep's within the SLO where --sweep or --rates gave one, else the
-    requests it completed per simulated second (None for a run that simulated no time)."""
-    capacity = (out.get("capacity") or {}).get(policy)
+@dataclass(frozen=True)
+class SettingRow:
+    """One policy under one allocator setting: a row of the side-by-side table (--json prints its fields in this
+    order)."""
+
+    policy: str
+    alloc_conf: str | None
+    sustained_rps: float | None
+    sustained_from: str  # SWEEP or COMPLETED
+    reserved_unallocated_share: float | None
+    oom_policy: int | None
+    oom_allocator: int | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sustained_rate(capacity: CapacityBlock | None, figures: PolicyFigures) -> tuple[float | None, str]:
+    """The policy's sustained requests/s: the sweep's within the SLO where --sweep or --rates gave one (its
+    `capacity`), else the requests it completed per simulated second (None for a run that simulated no time)."""
     if capacity is not None:
-        return capacity["sustained_rps"], SWEEP
-    r = out["policies"][policy]
-    return (r["requests_completed"] / r["simulated_s"] if r["simulated_s"] else None), COMPLETED
+        return capacity.sustained_rps, SWEEP
+    return figures.completed_rps, COMPLETED
 
 
-def side_by_side(outs: list[dict]) -> list[dict]:
+def side_by_side(outs: list[SimulationOut]) -> list[SettingRow]:
     """One row per policy and setting (policies in the first run's order, settings in the order given)."""
     rows = []
-    for policy in outs[0]["policies"]:
+    for policy in outs[0].policies:
         for out in outs:
-            rate_rps, source = sustained_rate(out, policy)
-            a = out["policies"][policy]["allocator"]
-            rows.append({"policy": policy, "alloc_conf": out["alloc_conf"], "sustained_rps": rate_rps,
-                         "sustained_from": source, "reserved_unallocated_share": a["reserved_unallocated_share"],
-                         "oom_policy": a["oom_policy"], "oom_allocator": a["oom_allocator"]})
+            figures = out.policies[policy]
+            rate_rps, source = sustained_rate(out.capacity.get(policy), figures)
+            a = figures.allocator
+            rows.append(SettingRow(policy, out.alloc_conf, rate_rps, source, a.reserved_unallocated_share,
+                                   a.oom_policy, a.oom_allocator))
     return rows
 
 
-def combined(outs: list[dict]) -> dict:
-    """What --json prints with several settings: each setting's whole usual output, then the side-by-side rows."""
-    return {"alloc_confs": [{"alloc_conf": out["alloc_conf"], **out} for out in outs],
-            "side_by_side": side_by_side(outs)}
+def combined(sims: list[Simulation]) -> dict:
+    """What --json prints with several settings: each setting's whole usual output (its `out`, as it is), then
+    the side-by-side rows."""
+    rows = side_by_side([sim.record for sim in sims])
+    return {"alloc_confs": [{"alloc_conf": sim.out["alloc_conf"], **sim.out} for sim in sims],
+            "side_by_side": [row.to_json() for row in rows]}
 
 
 def rate_words(rate_rps: float | None, digits: int) -> str:
@@ -69,7 +88,7 @@ def count_words(count: int, digits: int) -> str:
     return str(count)
 
 
-# the figures a sentence compares: (its words, its row key, how it reads at a number of decimals)
+# the figures a sentence compares: (its words, its row field, how it reads at a number of decimals)
 FIGURES: tuple[tuple[str, str, Callable], ...] = (
     ("sustained rate", "sustained_rps", rate_words),
     ("reserved-unallocated share", "reserved_unallocated_share", share_words),
@@ -88,21 +107,21 @@ def from_to(before, after, words: Callable) -> str:
     return f"{a} -> {b}"
 
 
-def change_words(first: dict, row: dict) -> str:
+def change_words(first: SettingRow, row: SettingRow) -> str:
     """What `row`'s setting changed against the first setting's row of the same policy."""
-    changed = [f"{name} {from_to(first[key], row[key], words)}" for name, key, words in FIGURES
-               if first[key] != row[key]]
-    same = [name for name, key, _ in FIGURES if first[key] == row[key]]
+    changed = [f"{name} {from_to(getattr(first, key), getattr(row, key), words)}" for name, key, words in FIGURES
+               if getattr(first, key) != getattr(row, key)]
+    same = [name for name, key, _ in FIGURES if getattr(first, key) == getattr(row, key)]
     if not changed:
-        return f"{row['alloc_conf']}: no difference"
-    text = f"{row['alloc_conf']} changed " + ", ".join(changed)
+        return f"{row.alloc_conf}: no difference"
+    text = f"{row.alloc_conf} changed " + ", ".join(changed)
     return text + ("; no difference in " + ", ".join(same) if same else "")
 
 
-def sentences(rows: list[dict]) -> list[str]:
+def sentences(rows: list[SettingRow]) -> list[str]:
     """One sentence per policy: what each later setting changed against the first."""
-    by_policy: dict[str, list[dict]] = {}
+    by_policy: dict[str, list[SettingRow]] = {}
     for row in rows:
-        by_policy.setdefault(row["policy"], []).append(row)
-    return [f"{policy}, against {first['alloc_conf']}: " + "; ".join(change_words(first, r) for r in rest) + "."
+        by_policy.setdefault(row.policy, []).append(row)
+    return [f"{policy}, against {first.alloc_conf}: " + "; ".join(change_words(first, r) for r in rest) + "."
             for policy, (first, *rest) in by_policy.items()]

@@ -25,6 +25,7 @@ import yaml
 
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch, knee_point
+from harness.analysis.summary_records import PolicyFigures
 from harness.sim.simulator import SimJob, calibrated_rps, run_job
 from harness.units import parse_size
 
@@ -263,7 +264,7 @@ def evaluate(p: GridPoint) -> dict:
                  alloc_conf=None if memory == "arena" else p.alloc_conf)
     slo = p.slo()
     calibration, _, _ = run_job(replace(job, rate_rps=1e9))
-    start = calibrated_rps(calibration)
+    start = calibrated_rps(PolicyFigures.model_validate(calibration))
     if start <= 0:
         return {**row, **_empty_capacity(), "calibrated_rps": 0.0}
     search = KneeSearch(start, slo.attainment, KNEE_TOLERANCE, max_points=MAX_POINTS)

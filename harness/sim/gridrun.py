@@ -49,7 +49,7 @@ class RowStore:
                     continue
                 self.rows[row["key"]] = row
 
-    def add(self, row: dict) -> None:
+    def add(self, row: dict) -> None:  # the write edge: grid.evaluate's row, one JSONL line, read back as it was
         self.rows[row["key"]] = row
         with self.path.open("a") as f:
             f.write(json.dumps(row, allow_nan=True) + "\n")
@@ -68,7 +68,7 @@ def run_grid(grid: Grid, out_dir: Path, jobs: int, ray: bool = False, ray_addres
     if progress:
         progress(done, len(grid.points))
 
-    def finished(row: dict) -> None:
+    def finished(row: dict) -> None:  # grid.evaluate's row, on its way to the store (RowStore.add)
         nonlocal done
         store.add(row)
         done += 1

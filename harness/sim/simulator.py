@@ -28,6 +28,7 @@ from engines.sequence import FinishReason
 from engines.shapes import DTYPE_BYTES, ModelShape
 from harness.analysis.capacity import SLO, capacity_block, request_metrics, sweep_rates
 from harness.analysis.operating import point_intervals
+from harness.analysis.summary_records import PolicyFigures, SimulationOut
 from harness.gpus import GPU
 from harness.plan import Plan
 from harness.sim.allocator_sim import AllocatorTrack, placement_of, sim_memory
@@ -235,6 +236,11 @@ class Simulation:
     out: dict  # what --json prints
     timelines: dict[str, list[tuple]]  # policy -> (t, five shares, running) over simulated time, for the report
 
+    @property
+    def record(self) -> SimulationOut:
+        """`out` typed, for the pages and the text (--json prints `out` itself, its bytes as they are)."""
+        return SimulationOut.model_validate(self.out)
+
 
 @dataclass(frozen=True)
 class SimJob:
@@ -287,16 +293,16 @@ def pool_map(fn, jobs: list, n_jobs: int, progress: Callable[[int, int], None] |
         return [f.result() for f in futures]
 
 
-def calibrated_rps(res: dict) -> float:
+def calibrated_rps(res: PolicyFigures) -> float:
     """What a saturated run completed per simulated second."""
-    return res["requests_completed"] / res["simulated_s"] if res["simulated_s"] else 0.0
+    return res.completed_rps or 0.0
 
 
 def sweep(jobs: list[SimJob], points: int, slo: SLO, n_jobs: int, progress, rates: list[float] | None) -> dict:
     """Calibrate each policy with every request arriving at once, then offer the union's rates to all."""
     if rates is None:
         calibration = pool_map(run_job, [replace(j, rate_rps=1e9) for j in jobs], n_jobs, progress)
-        usable = [r for r in (calibrated_rps(res) for res, _, _ in calibration) if r > 0]
+        usable = [r for r in (calibrated_rps(PolicyFigures.model_validate(res)) for res, _, _ in calibration) if r > 0]
         if not usable:
             return {}
         rates = sweep_rates(usable, points)

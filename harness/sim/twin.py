@@ -336,16 +336,16 @@ def run_twin(meta: RunRecord, steps: pd.DataFrame, summary: Summary, n_jobs: int
     return out
 
 
-def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[dict], dict | None]:
+def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[Summary], dict | None]:
     """What finalize calls for the twin's block: the run simulated from its own steps and its summary (None: no
     sweep, or no engine fragbench schedules, targets alone)."""
     run_dir = Path(run_dir)
 
-    def block(summary: dict) -> dict | None:  # finalize's summary, before it is written: typed here once
+    def block(summary: Summary) -> dict | None:  # finalize's summary, before it is written
         meta = RunRecord.read(run_dir)
         if not meta.swept or not meta.engine_config:
             return None
-        return run_twin(meta, run_steps(run_dir), Summary.model_validate(summary), n_jobs)
+        return run_twin(meta, run_steps(run_dir), summary, n_jobs)
 
     return block
 

@@ -38,9 +38,8 @@ def step_time_line(sm: StepModelInfo) -> str:
             f"B/s, peak {sm.peak_flops:.3g} FLOP/s")
 
 
-def render_text(raw: dict) -> str:
-    """`raw`: Simulation.out, the simulator's output as --json prints it; typed here, where the page reads it."""
-    out = SimulationOut.model_validate(raw)
+def render_text(out: SimulationOut) -> str:
+    """The simulator's output (Simulation.record) as text."""
     lines = [
         f"simulate {out.model} on {out.gpu} ({out.dtype}), workload {out.workload}, "
         f"{out.requests} requests, seed {out.seed}",
@@ -77,8 +76,8 @@ def render_text(raw: dict) -> str:
 
 def render_simulation(sim, path: Path) -> Path:
     """sim: a harness.sim.simulator.Simulation."""
-    out = sim.out
-    names = list(out["policies"])
+    out = sim.record
+    names = list(out.policies)
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)
     for i, name in enumerate(names, start=1):
         tl = sim.timelines[name]
@@ -89,14 +88,14 @@ def render_simulation(sim, path: Path) -> Path:
                                      showlegend=i == 1), row=i, col=1)
     fig.update_layout(height=220 * len(names), yaxis_title="% of KV")
     bars = go.Figure()
-    values = [[100 * out["policies"][n][c] for c in SHARE_COLUMNS] for n in names]
+    values = [[100 * out.policies[n].figure(c) for c in SHARE_COLUMNS] for n in names]
     values += [[t, r, i, e, 0.0] for t, r, i, e in PAPER_FIGURE2.values()]
     for k, (label, color) in enumerate(zip(CATEGORY_LABELS, CATEGORY_COLORS, strict=True)):
         bars.add_trace(go.Bar(x=names + list(PAPER_FIGURE2), y=[v[k] for v in values], name=label,
                               marker_color=color))
     bars.update_layout(barmode="stack", height=420, yaxis_title="% of KV capacity")
     esc = html.escape
-    title = f"fragbench simulate: {out['model']} on {out['gpu']}, {out['workload']}"
+    title = f"fragbench simulate: {out.model} on {out.gpu}, {out.workload}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{STYLE}</style>"
@@ -105,5 +104,5 @@ def render_simulation(sim, path: Path) -> Path:
         "<section id='figure2'><h2>Mean breakdown beside the vLLM paper's Figure 2</h2><p class='how'>The paper's "
         "last bar, 'external fragmentation &amp; others', includes free memory.</p>"
         f"{fig_html(bars)}</section><section id='memory-breakdown'><h2>Breakdown over simulated time</h2>"
-        f"{fig_html(fig)}</section>{capacity_section(SimulationOut.model_validate(out))}</body></html>")
+        f"{fig_html(fig)}</section>{capacity_section(out)}</body></html>")
     return path

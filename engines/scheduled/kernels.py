@@ -14,6 +14,8 @@ import fcntl
 import functools
 import hashlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,8 +27,16 @@ SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
 NAME = f"fragbench_decode_attn_{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """The built operator (registered with torch by loading its library) and where that library lies."""
+
+    decode_attention: Callable[..., torch.Tensor]
+    path: str
+
+
 @functools.cache
-def decode_attention_kernel():
+def decode_attention_kernel() -> Kernel | None:
     """The compiled module, or None where it cannot be built here (the reason in `build_error`)."""
     global build_error
     try:
@@ -34,8 +44,9 @@ def decode_attention_kernel():
 
         build_dir = Path(_get_build_directory(NAME, False))
         with no_stale_baton(build_dir):
-            return load(NAME, [str(source_in(build_dir))], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                        extra_ldflags=["-fopenmp"], verbose=False)
+            load(NAME, [str(source_in(build_dir))], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)  # registers the operator
+        return Kernel(torch.ops.fragbench.decode_attention, str(build_dir / f"{NAME}.so"))
     except Exception as e:  # no compiler, no ninja, a read-only cache: the torch path serves
         build_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
         return None
@@ -81,7 +92,7 @@ def main() -> int:
         print(f"fragbench: the decode-attention kernel could not be built ({build_error}); the runner attends "
               "through torch", file=sys.stderr)
         return 0
-    print(f"fragbench: decode-attention kernel ready ({kernel.__file__})")
+    print(f"fragbench: decode-attention kernel ready ({kernel.path})")
     return 0
 
 

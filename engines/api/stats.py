@@ -42,17 +42,32 @@ class AllocatorBlock(Part):
 
 
 class EngineConfigBlock(Part):
-    """`engine_config`: what a simulated twin of the engine needs (its scheduler's and KV policy's settings)."""
+    """`engine_config`: what a simulated twin of the engine needs (engines/scheduled/engine.py `config()`, in its
+    order: run.json records it as it came); empty for an engine without one."""
 
-    max_num_batched_tokens: Num | None = None
+    policy: str | None = None
+    placement: str | None = None
+    block_size: Num | None = None
+    preflight: bool | None = None
+    prefix_caching: bool | None = None
+    max_num_seqs: Num | None = None
+    max_num_batched_tokens: Num | None = None  # comes down after a forward OOM
+    on_oom: str | None = None
+    kv_budget_bytes: Num | None = None
+    kv_bytes_per_token: Num | None = None
+    max_seq_len: Num | None = None
+    row_pad_bytes: Num | None = None
 
 
 class OomEventRow(Part):
-    """One of `oom_events` (the engine keeps its latest 100): when on the server's clock, and the failure."""
+    """One of `oom_events` (the engine keeps its latest 100): when on the server's clock, then the OOMEvent's
+    fields in their order and the engine's state then (engines/oom.py oom_context) riding along."""
 
     t_s: Num
-    cause: str | None = None
     requested_bytes: Num | None = None
+    free_bytes: Num | None = None
+    largest_free_bytes: Num | None = None
+    cause: str | None = None
 
 
 class FragmentationOomMap(Part):

@@ -86,7 +86,7 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
     loader = threading.Thread(target=generate, daemon=True)
     loader.start()
     deadline = time.monotonic() + 120  # a bound on the start, failed loudly: the test waits for the churn itself
-    while not (fetch_stats(url) or {}).get("running"):
+    while not getattr(fetch_stats(url), "running", None):
         assert loader.is_alive(), f"the load ended before a request of it ran: {outcome}\n{tail(log)}"
         assert time.monotonic() < deadline, f"no request of the load running after 120 s\n{tail(log)}"
         time.sleep(0.1)

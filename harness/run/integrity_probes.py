@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from engines.api.stats import StatsPayload
 from harness.analysis.integrity import Served, compare, integrity, tolerance_of
 
 ALTERNATIVES = 2  # the chosen token's and one more: a near tie is told from a wrong token by the idle margin
@@ -93,15 +94,15 @@ def ask(target: str, probe: Probe, api: str = "completions", model: str | None =
                   [dict(t or {}) for t in lp.get("top_logprobs") or []], finish_reason=choice.get("finish_reason"))
 
 
-def during(before: dict | None, after: dict | None) -> dict:
-    """The engine's counters over one probe: their rise, and its queue at the end."""
+def during(before: StatsPayload | None, after: StatsPayload | None) -> dict:
+    """The engine's counters over one probe: their rise, and its queue at the end (the probe row's fields)."""
     if not before or not after:
         return {}
-    out = {f"{k}_during": after[k] - before[k] for k in COUNTERS
-           if isinstance(after.get(k), int | float) and isinstance(before.get(k), int | float)}
-    out.update({k: after.get(k) for k in ("running", "waiting") if after.get(k) is not None})
-    if after.get("steps") is not None:
-        out["engine_step"] = after["steps"]
+    out = {f"{k}_during": after.figure(k) - before.figure(k) for k in COUNTERS
+           if isinstance(after.figure(k), int | float) and isinstance(before.figure(k), int | float)}
+    out.update({k: after.figure(k) for k in ("running", "waiting") if after.figure(k) is not None})
+    if after.steps is not None:
+        out["engine_step"] = after.steps
     return out
 
 
@@ -109,7 +110,8 @@ class Integrity:
     """The check against one server: `idle()` on the idle server, then `with check:` around its load."""
 
     def __init__(self, target: str, max_seq_len: int, dtype: str | None = None, api: str = "completions",
-                 model: str | None = None, api_key: str | None = None, state: Callable[[], dict | None] = dict,
+                 model: str | None = None, api_key: str | None = None,
+                 state: Callable[[], StatsPayload | None] = lambda: None,
                  on_row: Callable[[dict], None] = lambda row: None, gap_s: float = 0.2):
         self.target, self.api, self.model, self.api_key = target, api, model, api_key
         self.probes = probes(max_seq_len)

@@ -108,7 +108,7 @@ def near_limit(s: Session) -> Found:
 
 def integrity_under_churn(s: Session) -> Found:
     s.load()
-    return kv_integrity(s.probes.result())
+    return kv_integrity(s.probes.judged())
 
 
 @dataclass(frozen=True)

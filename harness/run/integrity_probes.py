@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from engines.api.stats import StatsPayload
-from harness.analysis.integrity import Served, compare, integrity, tolerance_of
+from harness.analysis.integrity import IdleFigures, Served, compare, integrity, tolerance_of
+from harness.analysis.summary_records import Integrity as SummaryIntegrity
 
 ALTERNATIVES = 2  # the chosen token's and one more: a near tie is told from a wrong token by the idle margin
 WORDS = ("the of and to in is was he for it with as his on be at by had are from or this that you one they "
@@ -133,7 +134,7 @@ class Integrity:
     def _opened(self, conn: http.client.HTTPConnection) -> None:
         self.conn = conn
 
-    def idle(self) -> dict:
+    def idle(self) -> IdleFigures:
         """Each probe alone, twice: the first answer is the reference, the second says how repeatable it is."""
         for probe in self.probes:
             first = self.ask(probe)
@@ -143,11 +144,11 @@ class Integrity:
                 self.idle_diff = max(self.idle_diff or 0.0, again.max_abs_logprob_diff)
         return self.idle_figures()
 
-    def idle_figures(self) -> dict:
-        return {"tolerance": self.tolerance, "idle_max_abs_logprob_diff": self.idle_diff,
-                "reference_probes": len(self.reference), "of_probes": len(self.probes),
-                "probe_set": [{"name": p.name, "kind": p.kind, "max_tokens": p.max_tokens,
-                               "prompt_words": len(p.prompt.split())} for p in self.probes]}
+    def idle_figures(self) -> IdleFigures:
+        return IdleFigures(tolerance=self.tolerance, idle_max_abs_logprob_diff=self.idle_diff,
+                           reference_probes=len(self.reference), of_probes=len(self.probes),
+                           probe_set=[{"name": p.name, "kind": p.kind, "max_tokens": p.max_tokens,
+                                       "prompt_words": len(p.prompt.split())} for p in self.probes])
 
     def __enter__(self) -> Integrity:
         self.stop.clear()
@@ -195,4 +196,9 @@ class Integrity:
         return row
 
     def result(self) -> dict:
+        """engines.<name>.integrity as summary.json and check write it."""
         return integrity(self.idle_figures(), self.rows)
+
+    def judged(self) -> SummaryIntegrity:
+        """The same, as the record the report's and check's sentence reads."""
+        return SummaryIntegrity.model_validate(self.result())

@@ -51,7 +51,7 @@ class Probes:
                           target.model if target else None, target.api_key if target else None,
                           state=lambda: self.servers.stats_of(run) if run.server.alive() else None,
                           on_row=journal.write)
-        (d / "integrity.json").write_text(json.dumps(check.idle(), indent=2))
+        (d / "integrity.json").write_text(json.dumps(check.idle().written(), indent=2))
         return check
 
     def debug_pass(self, run: EngineRun, phase: str, stats: StatsPayload | None = None) -> None:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from engines.api.stats import StatsPayload
 from engines.memory.arena import OutOfMemory
 from engines.memory.caching_memory import CachingMemory, size_class
 from engines.memory.snapshot import read_snapshot
@@ -36,14 +37,14 @@ def test_every_block_figure_has_its_samples_column():
 
 
 def test_the_sampler_reads_the_stats_allocator_block_and_leaves_it_null_without_one():
-    stats = {"allocator": {"allocated_bytes": 1, "reserved_bytes": 2, "active_bytes": 3, "inactive_split_bytes": 4,
-                           "segments": 5, "alloc_retries": 6}}
-    assert allocator_fields(stats) == {"alloc_allocated_bytes": 1, "alloc_reserved_bytes": 2, "alloc_active_bytes": 3,
-                                       "alloc_inactive_split_bytes": 4, "alloc_segments": 5, "alloc_retries": 6,
-                                       "alloc_small_requests": None, "alloc_large_requests": None,
-                                       "alloc_huge_requests": None}
-    assert set(allocator_fields({"allocator": None}).values()) == {None}
-    assert set(allocator_fields({}).values()) == {None}
+    stats = StatsPayload.model_validate({"allocator": {"allocated_bytes": 1, "reserved_bytes": 2, "active_bytes": 3,
+                                                       "inactive_split_bytes": 4, "segments": 5, "alloc_retries": 6}})
+    assert allocator_fields(stats.allocator) == {
+        "alloc_allocated_bytes": 1, "alloc_reserved_bytes": 2, "alloc_active_bytes": 3, "alloc_inactive_split_bytes": 4,
+        "alloc_segments": 5, "alloc_retries": 6, "alloc_small_requests": None, "alloc_large_requests": None,
+        "alloc_huge_requests": None}
+    assert set(allocator_fields(StatsPayload.model_validate({"allocator": None}).allocator).values()) == {None}
+    assert set(allocator_fields(StatsPayload().allocator).values()) == {None}
 
 
 def test_the_block_takes_the_last_sample_the_peaks_and_the_reserved_unallocated_share():

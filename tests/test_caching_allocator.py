@@ -269,16 +269,16 @@ def test_engines_compute_on_caching_memory_as_on_the_arena(tiny_model, name):
 def test_stats_carry_the_allocator_and_fill_torch_figures_on_the_cpu():
     from types import SimpleNamespace
 
-    from engines.memory.allocstats import allocator_stats
+    from engines.memory.allocstats import DeviceFigures, allocator_stats
     from engines.memory.arena import Arena
     from engines.memory.caching_memory import CachingMemory
 
     mem = CachingMemory(64 * MiB, "")
     mem.allocate(3 * MiB)
-    out = allocator_stats(SimpleNamespace(kv=SimpleNamespace(memory=mem)), {"torch_allocated_bytes": None})
+    out = allocator_stats(SimpleNamespace(kv=SimpleNamespace(memory=mem)), DeviceFigures())
     assert out["allocator"] == {"allocated_bytes": 3 * MiB, "reserved_bytes": 20 * MiB, "active_bytes": 3 * MiB,
                                 "inactive_split_bytes": 17 * MiB, "segments": 1, "alloc_retries": 0,
                                 "small_requests": 0, "large_requests": 1, "huge_requests": 0}
     assert (out["torch_allocated_bytes"], out["torch_reserved_bytes"]) == (3 * MiB, 20 * MiB)
     arena = SimpleNamespace(memory=Arena(MiB), kv=None)
-    assert allocator_stats(arena, {"torch_allocated_bytes": None}) == {"allocator": None}
+    assert allocator_stats(arena, DeviceFigures()) == {"allocator": None}

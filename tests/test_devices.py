@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ def test_allocator_columns_are_sampled_and_empty_without_cuda(monkeypatch):
     from harness.results import SAMPLE_COLUMNS
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    snap = device_snapshot()
+    snap = asdict(device_snapshot())
     assert set(ALLOCATOR_FIELDS) <= set(snap) <= set(SAMPLE_COLUMNS) and set(snap.values()) == {None}
 
 
@@ -62,8 +63,8 @@ def test_allocator_columns_come_from_torch_memory_stats(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: stats)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     snap = device_snapshot()
-    assert (snap["torch_allocated_bytes"], snap["torch_reserved_bytes"], snap["torch_inactive_split_bytes"],
-            snap["torch_ooms"], snap["torch_alloc_retries"]) == (3, 8, 5, 1, 0)
+    assert (snap.torch_allocated_bytes, snap.torch_reserved_bytes, snap.torch_inactive_split_bytes,
+            snap.torch_ooms, snap.torch_alloc_retries) == (3, 8, 5, 1, 0)
 
 
 def test_the_report_draws_the_allocators_segments_at_the_first_oom(tmp_path):

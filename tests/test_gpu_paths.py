@@ -102,8 +102,8 @@ def test_6_the_snapshot_reads_the_engines_gpu_by_its_uuid(fake_cuda, monkeypatch
     monkeypatch.setattr(cuda, "nvml", lambda: lib)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda d=None: {"allocated_bytes.all.current": 5})
     snap = cuda.device_snapshot("cuda:0")
-    assert snap["device_used_bytes"] == 222 and snap["torch_allocated_bytes"] == 5
-    assert cuda.device_snapshot("cpu")["torch_allocated_bytes"] is None  # an engine on the CPU: no GPU figures
+    assert snap.device_used_bytes == 222 and snap.torch_allocated_bytes == 5
+    assert cuda.device_snapshot("cpu").torch_allocated_bytes is None  # an engine on the CPU: no GPU figures
     # check, which cannot know the server's GPU, reads the fullest one rather than NVML's index 0
     import harness.check.measures as check
 

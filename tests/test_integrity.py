@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from harness.analysis.integrity import Served, compare, integrity, sentence, tolerance_of
+from harness.analysis.integrity import IdleFigures, Served, compare, integrity, sentence, tolerance_of
+from harness.analysis.summary_records import Integrity as Judged
 from harness.run.integrity_probes import Integrity
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.servers import start_server
@@ -41,8 +42,9 @@ def test_an_answer_the_engine_cut_short_is_an_early_end_and_a_short_one_it_calle
     bad = compare(IDLE, Served(["a", "b"], [-0.5, -1.0], [], finish_reason="length"), 1e-2)
     assert bad.diverged_at == 2 and "2 tokens where alone it made 3" in bad.why
     rows = [{"probe": "p1", "kind": "short", "compared": 1, "max_abs_logprob_diff": 0.0, "ended": "oom"}]
-    result = integrity({"tolerance": 1e-2}, rows)
-    assert result["diverged"] == 0 and result["ended_early"] == 1 and "1 ended early" in sentence(result)
+    result = integrity(IdleFigures(tolerance=1e-2), rows)
+    assert result["diverged"] == 0 and result["ended_early"] == 1
+    assert "1 ended early" in sentence(Judged.model_validate(result))
 
 
 def test_the_tolerance_follows_the_precision():
@@ -54,9 +56,10 @@ def test_the_summary_names_each_divergence():
             {"probe": "p2", "kind": "long", "compared": 2, "max_abs_logprob_diff": 0.7, "diverged_at": 1,
              "why": "logprob -2 where alone it was -1.3", "preempted_total_during": 2, "running": 5, "waiting": 1},
             {"probe": "p3", "kind": "short", "error": "HTTP 503"}]
-    r = integrity({"tolerance": 1e-2, "idle_max_abs_logprob_diff": 0.0}, rows)
+    r = integrity(IdleFigures(tolerance=1e-2, idle_max_abs_logprob_diff=0.0), rows)
     assert (r["probes"], r["diverged"], r["failed"], r["max_abs_logprob_diff"]) == (2, 1, 1, 0.7)
-    assert "p2 (long) at output token 1" in sentence(r) and "2 preemptions" in sentence(r)
+    line = sentence(Judged.model_validate(r))
+    assert "p2 (long) at output token 1" in line and "2 preemptions" in line
 
 
 def tail(log) -> str:
@@ -86,7 +89,7 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
     loader = threading.Thread(target=generate, daemon=True)
     loader.start()
     deadline = time.monotonic() + 120  # a bound on the start, failed loudly: the test waits for the churn itself
-    while not (fetch_stats(url) or {}).get("running"):
+    while not getattr(fetch_stats(url), "running", None):
         assert loader.is_alive(), f"the load ended before a request of it ran: {outcome}\n{tail(log)}"
         assert time.monotonic() < deadline, f"no request of the load running after 120 s\n{tail(log)}"
         time.sleep(0.1)

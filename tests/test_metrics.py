@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.api.metrics import E2E_BUCKETS_S, TTFT_BUCKETS_S, MetricsCollector, token_buckets
+from engines.api.stats import StatsPayload
 from engines.engine import TokenEvent
 from engines.memory.arena import OOMEvent
 from engines.sequence import SamplingParams, Sequence
@@ -24,7 +25,7 @@ STATS = {"kv_capacity_bytes": 4096 * 100, "allocated_bytes": 4096 * 60, "token_s
 def scrape(collector: MetricsCollector, stats: dict) -> dict[str, float]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    collector.stats = stats
+    collector.stats = StatsPayload.model_validate(stats)  # as the /metrics handler hands it over
     text = generate_latest(registry).decode()
     return {s.name + str(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
             for s in f.samples}

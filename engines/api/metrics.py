@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from engines.api.stats import StatsPayload
 from engines.engine import Engine, TokenEvent
 
 # vLLM's own boundaries (vllm/v1/metrics/loggers.py), so that one dashboard reads both servers
@@ -122,7 +123,7 @@ class MetricsCollector:
     request histograms from the observer."""
 
     def __init__(self, ignored: dict[str, int], engine: Engine | None = None) -> None:
-        self.stats: dict = {}
+        self.stats: StatsPayload | None = None  # the last snapshot, set by the handler before each scrape
         self.ignored = ignored  # request fields in neither the OpenAI nor the vLLM schema, by name
         self.engine = engine
         self.requests = RequestObserver(engine.max_seq_len if engine is not None else 2048)
@@ -130,7 +131,7 @@ class MetricsCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats
-        if not s:
+        if s is None:
             return
         if self.engine is not None:
             self.failed.update(self.engine)
@@ -140,26 +141,26 @@ class MetricsCollector:
         yield from self.counters(s)
         yield from self.requests.collect()
 
-    def kv(self, s: dict) -> Iterator[Metric]:
-        cap = s.get("kv_capacity_bytes") or 1
+    def kv(self, s: StatsPayload) -> Iterator[Metric]:
+        cap = s.kv_capacity_bytes or 1
         yield gauge("kv_cache_usage_perc", "KV capacity in use, 0-1 (as vllm:kv_cache_usage_perc)",
-                    s["allocated_bytes"] / cap)
-        yield gauge("kv_capacity_bytes", "KV capacity", s["kv_capacity_bytes"])
-        yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s["token_states_bytes"])
-        yield gauge("kv_allocated_bytes", "KV held by live sequences", s["allocated_bytes"])
-        yield gauge("kv_free_bytes", "KV free", s["free_bytes"])
-        yield gauge("kv_largest_free_bytes", "largest free extent", s["largest_free_bytes"])
-        yield gauge("kv_live_tokens", "tokens of the live sequences (prompt and output so far)", s["live_tokens"])
-        if s.get("kv_bytes_per_token"):
+                    s.allocated_bytes / cap)
+        yield gauge("kv_capacity_bytes", "KV capacity", s.kv_capacity_bytes)
+        yield gauge("kv_token_states_bytes", "KV of tokens that exist now", s.token_states_bytes)
+        yield gauge("kv_allocated_bytes", "KV held by live sequences", s.allocated_bytes)
+        yield gauge("kv_free_bytes", "KV free", s.free_bytes)
+        yield gauge("kv_largest_free_bytes", "largest free extent", s.largest_free_bytes)
+        yield gauge("kv_live_tokens", "tokens of the live sequences (prompt and output so far)", s.live_tokens)
+        if s.kv_bytes_per_token:
             yield gauge("kv_capacity_tokens", "KV capacity in tokens (capacity bytes over bytes per token)",
-                        s["kv_capacity_bytes"] // s["kv_bytes_per_token"])
-        if s.get("block_size") and s.get("kv_bytes_per_token"):  # a block pool: the seeds' "blocks available"
-            block_bytes = s["block_size"] * s["kv_bytes_per_token"]
-            yield gauge("kv_blocks", "KV blocks in the pool", s["num_blocks"])
+                        s.kv_capacity_bytes // s.kv_bytes_per_token)
+        if s.block_size and s.kv_bytes_per_token:  # a block pool: the seeds' "blocks available"
+            block_bytes = s.block_size * s.kv_bytes_per_token
+            yield gauge("kv_blocks", "KV blocks in the pool", s.num_blocks)
             yield gauge("kv_free_blocks", "KV blocks free (cached prefix blocks count as free)",
-                        s["free_bytes"] // block_bytes)
+                        s.free_bytes // block_bytes)
 
-    def memory(self, s: dict) -> Iterator[Metric]:
+    def memory(self, s: StatsPayload) -> Iterator[Metric]:
         """The allocator's two numbers, where something measured them: PyTorch's caching allocator on a GPU
         (source "cuda"), or /stats' `allocator` block, the caching allocator's emulator (source "allocator").
         Absent on a plain CPU arena, whose reserved bytes are its capacity and say nothing."""
@@ -169,38 +170,39 @@ class MetricsCollector:
                                       "live tensors (PyTorch's allocated)", labels=["source"])
         found = False
         on_gpu = str(getattr(self.engine, "device", "cpu")).startswith("cuda")  # off a GPU torch_* echo the block
-        if on_gpu and s.get("torch_reserved_bytes") is not None:
-            reserved.add_metric(["cuda"], s["torch_reserved_bytes"])
-            allocated.add_metric(["cuda"], s.get("torch_allocated_bytes") or 0)
+        if on_gpu and s.torch_reserved_bytes is not None:
+            reserved.add_metric(["cuda"], s.torch_reserved_bytes)
+            allocated.add_metric(["cuda"], s.torch_allocated_bytes or 0)
             found = True
-        block = s.get("allocator")
-        if isinstance(block, dict) and block.get("reserved_bytes") is not None:
-            reserved.add_metric(["allocator"], block["reserved_bytes"])
-            allocated.add_metric(["allocator"], block.get("allocated_bytes") or 0)
+        block = s.allocator
+        if block is not None and block.reserved_bytes is not None:
+            reserved.add_metric(["allocator"], block.reserved_bytes)
+            allocated.add_metric(["allocator"], block.allocated_bytes or 0)
             found = True
         if found:
             yield reserved
             yield allocated
 
-    def scheduler(self, s: dict) -> Iterator[Metric]:
-        if s["running"] is not None:  # an engine that cannot tell (hf-cb on an old transformers) says nothing
-            yield gauge("num_requests_running", "sequences running", s["running"])
-            yield gauge("num_requests_waiting", "sequences waiting", s["waiting"])
+    def scheduler(self, s: StatsPayload) -> Iterator[Metric]:
+        if s.running is not None:  # an engine that cannot tell (hf-cb on an old transformers) says nothing
+            yield gauge("num_requests_running", "sequences running", s.running)
+            yield gauge("num_requests_waiting", "sequences waiting", s.waiting)
         yield gauge("step_batch_size", "sequences that got a token in the engine's last step",
                     self.requests.last_step_batch)
-        budget = (s.get("engine_config") or {}).get("max_num_batched_tokens")
+        budget = s.engine_config.max_num_batched_tokens if s.engine_config is not None else None
         if budget:  # scheduled engines; it comes down after a forward OOM
             yield gauge("scheduler_token_budget", "tokens the scheduler may batch in one step", budget)
 
-    def counters(self, s: dict) -> Iterator[Metric]:
-        yield CounterMetricFamily("fragbench:num_preemptions", "preemptions", value=s["preempted_total"])
+    def counters(self, s: StatsPayload) -> Iterator[Metric]:
+        yield CounterMetricFamily("fragbench:num_preemptions", "preemptions", value=s.preempted_total)
+        # absent for a contiguous engine (no block pool)
         yield CounterMetricFamily("fragbench:prefix_cache_hits", "prefix-cache hit tokens",
-                                  value=s.get("prefix_cache_hit_tokens", 0))
+                                  value=s.prefix_cache_hit_tokens or 0)
         yield CounterMetricFamily("fragbench:prefix_cache_queries", "prefix-cache queried tokens",
-                                  value=s.get("prefix_cache_query_tokens", 0))
+                                  value=s.prefix_cache_query_tokens or 0)
         oom = CounterMetricFamily("fragbench:oom", "failed KV allocations by cause", labels=["cause"])
-        oom.add_metric(["capacity"], s["oom_total"] - s["oom_fragmentation"])
-        oom.add_metric(["fragmentation"], s["oom_fragmentation"])
+        oom.add_metric(["capacity"], s.oom_total - s.oom_fragmentation)
+        oom.add_metric(["fragmentation"], s.oom_fragmentation)
         yield oom
         failed = CounterMetricFamily("fragbench:kv_failed_allocation_bytes", "bytes the failed KV allocations "
                                      "asked for, by cause", labels=["cause"])
@@ -208,10 +210,10 @@ class MetricsCollector:
             failed.add_metric([cause], requested)
         yield failed
         yield CounterMetricFamily("fragbench:engine_errors", "errors that stopped the engine (it then exits)",
-                                  value=s.get("engine_errors", 0))
+                                  value=s.engine_errors or 0)
         done = CounterMetricFamily("fragbench:request_success", "finished samples by reason",
                                    labels=["finished_reason"])
-        for reason, count in s["finished_total"].items():
+        for reason, count in s.finished_total.items():
             done.add_metric([reason], count)
         yield done
         ignored = CounterMetricFamily("fragbench:ignored_request_fields", "request fields in neither the OpenAI "

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from engines.api.metrics import MetricsCollector
 from engines.api.openai import MAX_BODY_BYTES, OpenAIRoutes, error_response
+from engines.api.stats import StatsPayload
 from engines.api.validation import InvalidRequest
 from engines.engine import Engine, Request, TokenEvent
 from engines.memory.allocstats import allocator_stats
@@ -64,7 +65,7 @@ class EngineThread:
         self.on_fatal = on_fatal
         self.fail_at_step = fail_at_step
         self.failure: str | None = None  # set once the engine cannot serve
-        self.last_stats: dict = {}
+        self.last_stats = StatsPayload()
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, Stream] = {}
         self.started_s = time.monotonic()
@@ -91,11 +92,11 @@ class EngineThread:
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id, time.monotonic(), self.engine.steps))
 
-    async def snapshot(self, releases: bool = False, maps: bool = False) -> dict:
+    async def snapshot(self, releases: bool = False, maps: bool = False) -> StatsPayload:
         """The engine's stats, taken between steps on its thread; the memory maps only when asked (`maps`):
         a real model's pool has tens of thousands of blocks, and the samplers ask ten times a second."""
         if self.failure is not None:  # nobody is left to answer: the last snapshot, marked
-            return {**self.last_stats, "engine_error": self.failure}
+            return self.last_stats.model_copy(update={"engine_error": self.failure})
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.commands.put(("snapshot", loop, fut, releases, maps))
@@ -145,7 +146,7 @@ class EngineThread:
 
     def _fail(self, message: str) -> None:
         self.failure = message[:500]
-        self.last_stats["engine_errors"] = 1
+        self.last_stats.engine_errors = 1
         self.streams.clear()
         self.on_fatal(self.failure)
 
@@ -170,13 +171,13 @@ class EngineThread:
             _, loop, fut, releases, maps = cmd
             data = self._snapshot()
             if releases:
-                data = {**data, "abort_release_s": list(self.engine.abort_release_s)}
-            if maps:
-                data = {**data, **self._maps()}
+                data = data.model_copy(update={"abort_release_s": list(self.engine.abort_release_s)})
+            if maps:  # validated, not copied in: the maps' entries are records of their own
+                data = StatsPayload.model_validate({**data.written(), **self._maps()})
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(data))
 
-    def _snapshot(self) -> dict:
-        self.last_stats = self._stats()
+    def _snapshot(self) -> StatsPayload:
+        self.last_stats = StatsPayload.model_validate(self._stats())  # typed once, here; sent as it was built
         return self.last_stats
 
     def _maps(self) -> dict:
@@ -187,8 +188,9 @@ class EngineThread:
 
     def _stats(self) -> dict:
         stats = self.engine.stats().to_json()
-        stats.update(device_snapshot(getattr(self.engine, "device", "cpu")))
-        stats.update(allocator_stats(self.engine, stats))  # the caching emulator's (memory/allocstats.py)
+        device = device_snapshot(getattr(self.engine, "device", "cpu"))
+        stats.update(asdict(device))
+        stats.update(allocator_stats(self.engine, device))  # the caching emulator's (memory/allocstats.py)
         releases = sorted(self.engine.abort_release_s)
         stats.update(
             t_s=time.monotonic() - self.started_s,
@@ -316,9 +318,9 @@ class CompletionServer:
         """GET /stats: the engine's state; `?map=1` adds its memory map and the maps of its fragmentation
         OOMs, `?releases=1` every cancel's release time."""
         snap = await self.thread.snapshot(releases="releases" in request.query, maps="map" in request.query)
-        snap["asyncio_tasks"] = len(asyncio.all_tasks())
-        snap["oom_snapshot"] = self._oom_snapshot() is not None
-        return web.json_response(snap)
+        snap = snap.model_copy(update={"asyncio_tasks": len(asyncio.all_tasks()),
+                                       "oom_snapshot": self._oom_snapshot() is not None})
+        return web.json_response(snap.written())
 
     async def prometheus(self, request: web.Request) -> web.Response:
         self.metrics.stats = await self.thread.snapshot()

@@ -14,7 +14,23 @@ def kv_memory(engine):
     return getattr(kv, "memory", None) or getattr(engine, "memory", None)
 
 
-def allocator_stats(engine, device_fields: dict) -> dict:
+@dataclass(frozen=True)
+class DeviceFigures:
+    """What the device the engine runs on says (cuda.device_snapshot), as /stats names it and in its order:
+    PyTorch's CUDA allocator totals, NVML's used bytes, then cuda.ALLOCATOR_FIELDS; all None off a GPU. Kept
+    here, torch-free, since allocator_stats reads it to stand in where the device measured nothing."""
+
+    torch_allocated_bytes: int | None = None
+    torch_reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+    torch_active_bytes: int | None = None
+    torch_inactive_split_bytes: int | None = None
+    torch_segments: int | None = None
+    torch_alloc_retries: int | None = None
+    torch_ooms: int | None = None
+
+
+def allocator_stats(engine, device: DeviceFigures) -> dict:
     """{"allocator": {...} or None}, and torch_allocated_bytes/torch_reserved_bytes where the device left them
     None and the emulator has them."""
     memory = kv_memory(engine)
@@ -22,7 +38,7 @@ def allocator_stats(engine, device_fields: dict) -> dict:
     if figures is None:
         return {"allocator": None}
     out: dict = {"allocator": asdict(figures)}
-    if device_fields.get("torch_allocated_bytes") is None:
+    if device.torch_allocated_bytes is None:
         out.update(torch_allocated_bytes=figures.allocated_bytes, torch_reserved_bytes=figures.reserved_bytes)
     return out
 

@@ -9,6 +9,7 @@ import os
 import torch
 
 from engines.memory.allocconf import parse_alloc_conf
+from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
 from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size
 from engines.memory.nvml import memory_info, nvml
@@ -177,22 +178,20 @@ def device_info(device: str) -> dict:
     return info
 
 
-def device_snapshot(device: str = "cuda") -> dict:
+def device_snapshot(device: str = "cuda") -> DeviceFigures:
     """What the device the engine runs on says: the PyTorch CUDA allocator and NVML, or None where the engine
     is not on a GPU."""
-    out: dict = {"torch_allocated_bytes": None, "torch_reserved_bytes": None, "device_used_bytes": None,
-                 **dict.fromkeys(ALLOCATOR_FIELDS)}
-    if torch.cuda.is_available() and str(device).startswith("cuda"):
-        dev = cuda_device(device)
-        stats = torch.cuda.memory_stats(dev)
-        out["torch_allocated_bytes"] = stats.get("allocated_bytes.all.current", 0)
-        out["torch_reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
-        out.update({column: stats.get(key, 0) for column, key in ALLOCATOR_FIELDS.items()})
-        try:
-            out["device_used_bytes"] = memory_info(nvml_index(dev.index)).used
-        except Exception:  # NVML missing or refusing: the allocator's numbers still stand
-            pass
-    return out
+    if not (torch.cuda.is_available() and str(device).startswith("cuda")):
+        return DeviceFigures()
+    dev = cuda_device(device)
+    stats = torch.cuda.memory_stats(dev)
+    try:
+        used = memory_info(nvml_index(dev.index)).used
+    except Exception:  # NVML missing or refusing: the allocator's numbers still stand
+        used = None
+    return DeviceFigures(torch_allocated_bytes=stats.get("allocated_bytes.all.current", 0),
+                         torch_reserved_bytes=stats.get("reserved_bytes.all.current", 0), device_used_bytes=used,
+                         **{column: stats.get(key, 0) for column, key in ALLOCATOR_FIELDS.items()})
 
 
 def nvml_index(torch_index: int) -> int:

@@ -24,6 +24,7 @@ def write_snapshot(alloc: CachingAllocator, path: str | Path, traces: list[dict]
     return write_state(snapshot(alloc, traces=traces), path)
 
 
+# a dict: torch.cuda.memory._snapshot()'s own structure, pickled as PyTorch's _memory_viz reads it (no record of ours)
 def write_state(state: dict, path: str | Path) -> Path:
     """A snapshot taken earlier (`snapshot()`'s dict: a server keeps the one of its first OOM) as its pickle."""
     path = Path(path)

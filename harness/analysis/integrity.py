@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict
+
+from harness.analysis.records import Num
+from harness.analysis.summary_records import Integrity
+
 TOLERANCE = {"float32": 1e-3}  # |logprob - idle logprob| beyond which a probe diverges, by the KV's dtype
 HALF_TOLERANCE = 0.25  # float16 / bfloat16: a batch's other summation order moves logprobs this much
 WHILE = {"preempted_total_during": "preemptions", "prefix_cache_hit_tokens_during": "prefix-cache hit tokens",
@@ -72,45 +77,76 @@ def compare(idle: Served, got: Served, tolerance: float) -> Comparison:
     return Comparison(len(idle.tokens), worst)
 
 
-def doing(state: dict) -> str:
+class ProbeCounters(BaseModel):
+    """The engine's counters over one probe, as its row carries them (integrity_probes.during); the rest of the
+    row rides along."""
+
+    model_config = ConfigDict(extra="allow")
+
+    preempted_total_during: Num | None = None
+    prefix_cache_hit_tokens_during: Num | None = None
+    oom_total_during: Num | None = None
+    running: Num | None = None  # at the probe's end
+    waiting: Num | None = None
+    engine_step: Num | None = None
+
+
+class IdleFigures(BaseModel):
+    """The probe set's idle phase (integrity.json, integrity_probes.Integrity.idle), in the order it is written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tolerance: Num
+    idle_max_abs_logprob_diff: Num | None = None  # the two idle servings' largest difference; None: none compared
+    reference_probes: Num | None = None
+    of_probes: Num | None = None
+    probe_set: list[dict] | None = None  # name, kind, max_tokens, prompt_words: written as they are
+
+    def written(self) -> dict:
+        """As its file has it: no defaults added (an older integrity.json has fewer keys)."""
+        return self.model_dump(exclude_unset=True)
+
+
+def doing(state: ProbeCounters) -> str:
     """What the engine did while a probe ran, in words, from its counters at the probe's start and end."""
-    parts = [f"{state[k]:.0f} {w}" for k, w in WHILE.items() if state.get(k)]
-    if state.get("running") is not None:
-        parts.append(f"{state['running']:.0f} running, {state.get('waiting') or 0:.0f} waiting at its end")
-    if state.get("engine_step") is not None:
-        parts.append(f"engine step {state['engine_step']:.0f}")
+    parts = [f"{getattr(state, k):.0f} {w}" for k, w in WHILE.items() if getattr(state, k)]
+    if state.running is not None:
+        parts.append(f"{state.running:.0f} running, {state.waiting or 0:.0f} waiting at its end")
+    if state.engine_step is not None:
+        parts.append(f"engine step {state.engine_step:.0f}")
     return ", ".join(parts) or "nothing its counters show"
 
 
-def integrity(idle: dict, rows: list[dict]) -> dict:
+def integrity(idle: IdleFigures, rows: list[dict]) -> dict:
     """engines.<name>.integrity: probes compared under load, how many diverged, the largest logprob
     difference; and what it rests on (the tolerance, the idle repeat, failures, ties, what the probes ran
-    through). `idle` is the probe set's idle phase (tolerance, idle_max_abs_logprob_diff, ...)."""
+    through). `idle` is the probe set's idle phase. A dict: summary.json writes it as it is."""
     judged = [r for r in rows if "error" not in r]
     diverged = [r for r in judged if r.get("diverged_at") is not None]
     return {"probes": len(judged), "diverged": len(diverged),
             "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in judged), default=None),
-            **idle, "failed": len(rows) - len(judged), "ties": sum(r.get("tie_at") is not None for r in judged),
+            **idle.written(), "failed": len(rows) - len(judged),
+            "ties": sum(r.get("tie_at") is not None for r in judged),
             "ended_early": sum(r.get("ended") is not None for r in judged),
             "preempted_probes": sum(bool(r.get("preempted_total_during")) for r in judged),
             "prefix_hit_probes": sum(bool(r.get("prefix_cache_hit_tokens_during")) for r in judged),
-            "divergences": [{**r, "doing": doing(r)} for r in diverged[:20]]}
+            "divergences": [{**r, "doing": doing(ProbeCounters.model_validate(r))} for r in diverged[:20]]}
 
 
-def sentence(result: dict | None) -> str:
+def sentence(result: Integrity | None) -> str:
     """One plain line per engine for the report and check."""
-    if not result:
+    if result is None or not (result.model_fields_set or result.model_extra):
         return "not checked"
-    if not result.get("probes"):
-        return (f"no probe was compared ({result.get('reference_probes', 0)} of {result.get('of_probes', 0)} "
-                f"served alone, {result.get('failed', 0)} failed under load)")
-    worst = result.get("max_abs_logprob_diff") or 0.0
-    head = (f"{result['diverged']} of {result['probes']} probes diverged from their idle answers (tolerance "
-            f"|logprob diff| <= {result['tolerance']:g}; largest diff {worst:.2g}, idle repeat "
-            f"{result.get('idle_max_abs_logprob_diff') or 0:.2g}; {result.get('preempted_probes', 0)} ran through "
-            f"preemptions, {result.get('prefix_hit_probes', 0)} through prefix-cache hits, {result.get('ties', 0)} "
-            f"stopped at a near tie, {result.get('ended_early', 0)} ended early by the engine (an OOM: the tokens "
-            f"before it compared), {result.get('failed', 0)} failed under load)")
-    for d in result.get("divergences", [])[:3]:
-        head += f"; {d['probe']} ({d['kind']}) at output token {d['diverged_at']}: {d['why']}, while {d['doing']}"
+    if not result.probes:
+        return (f"no probe was compared ({result.reference_probes} of {result.of_probes} "
+                f"served alone, {result.failed} failed under load)")
+    worst = result.max_abs_logprob_diff or 0.0
+    head = (f"{result.diverged} of {result.probes} probes diverged from their idle answers (tolerance "
+            f"|logprob diff| <= {result.tolerance:g}; largest diff {worst:.2g}, idle repeat "
+            f"{result.idle_max_abs_logprob_diff or 0:.2g}; {result.preempted_probes} ran through "
+            f"preemptions, {result.prefix_hit_probes} through prefix-cache hits, {result.ties} "
+            f"stopped at a near tie, {result.ended_early} ended early by the engine (an OOM: the tokens "
+            f"before it compared), {result.failed} failed under load)")
+    for d in result.divergences[:3]:
+        head += f"; {d.probe} ({d.kind}) at output token {d.diverged_at}: {d.why}, while {d.doing}"
     return head

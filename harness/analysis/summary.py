@@ -24,7 +24,7 @@ from harness.analysis.headline import (
     roles,
     time_to_resolve,
 )
-from harness.analysis.integrity import integrity
+from harness.analysis.integrity import IdleFigures, integrity
 from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
@@ -331,7 +331,7 @@ def integrity_of(engine_dir: Path) -> dict | None:
     if not idle.is_file():
         return None
     rows = read_rows(engine_dir / "integrity.jsonl")
-    return integrity(json.loads(idle.read_text()), rows)
+    return integrity(IdleFigures.model_validate(json.loads(idle.read_text())), rows)
 
 
 def engines_of(req: pd.DataFrame, meta: RunRecord) -> list[str]:

@@ -7,17 +7,32 @@ from harness.analysis.capacity import SLO
 from harness.analysis.records import Num, Record
 
 
+class Divergence(Record):
+    """A probe that diverged from its idle answer: its row (integrity.jsonl) and what the engine was doing."""
+
+    probe: str = ""
+    kind: str = ""
+    diverged_at: Num | None = None
+    why: str | None = None
+    doing: str = ""
+
+
 class Integrity(Record):
-    """An engine's KV-integrity probes, judged (analysis/integrity.py)."""
+    """An engine's KV-integrity probes, judged (analysis/integrity.py), with the idle phase they rest on."""
 
     probes: Num = 0
     diverged: Num = 0
     max_abs_logprob_diff: Num | None = None
     tolerance: Num = 0.0
+    idle_max_abs_logprob_diff: Num | None = None
+    reference_probes: Num = 0
+    of_probes: Num = 0
     preempted_probes: Num = 0
     prefix_hit_probes: Num = 0
     failed: Num = 0
+    ties: Num = 0
     ended_early: Num = 0
+    divergences: list[Divergence] = []
 
 
 class SizeClasses(Record):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from engines.api.stats import StatsPayload
 from harness.check.measures import (
     CheckConfig,
     ChurnLoad,
@@ -107,7 +108,7 @@ def near_limit(s: Session) -> Found:
 
 def integrity_under_churn(s: Session) -> Found:
     s.load()
-    return kv_integrity(s.probes.result())
+    return kv_integrity(s.probes.judged())
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,13 @@ def run_check(cfg: CheckConfig) -> dict:
     family = metrics.detect()
     model_name = served_model(cfg.target)
     plan = make_plan(shape, cfg.gpu.memory_bytes, cfg.dtype, max_seq_len=cfg.max_seq_len) if cfg.gpu else None
-    probes = Integrity(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name,
-                       state=lambda: family_named(family).row(scrape(cfg.metrics_url) or {}) if family else None)
+
+    def counters() -> StatsPayload | None:  # the probes' engine counters, from the target's metrics
+        if not family:
+            return None
+        return StatsPayload.model_validate(family_named(family).row(scrape(cfg.metrics_url) or {}))
+
+    probes = Integrity(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name, state=counters)
     session = Session(cfg, shape, metrics, family, model_name, plan, probes)
     answers = []
     for q in QUESTIONS:

@@ -20,6 +20,7 @@ import pandas as pd
 from engines.memory.nvml import fullest_gpu
 from engines.procs import metric_samples
 from harness.analysis.integrity import sentence
+from harness.analysis.summary_records import Integrity
 from harness.fetch import answers, request, stream, text_or_none
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.telemetry import detect, family_named, scrape
@@ -331,11 +332,11 @@ def queueing(load: ChurnLoad, metrics: Metrics, family: str | None, plan) -> Fou
     return Found(status, answer, evidence)
 
 
-def kv_integrity(result: dict) -> Found:
-    answer = {k: result[k] for k in ("probes", "diverged", "max_abs_logprob_diff")}
-    if not result["probes"]:
+def kv_integrity(result: Integrity) -> Found:
+    answer = {"probes": result.probes, "diverged": result.diverged, "max_abs_logprob_diff": result.max_abs_logprob_diff}
+    if not result.probes:
         return Found("UNKNOWN", answer, sentence(result))
-    return Found("FAIL" if result["diverged"] else "PASS", answer, sentence(result))
+    return Found("FAIL" if result.diverged else "PASS", answer, sentence(result))
 
 
 def sustained(cfg: CheckConfig, model_name: str | None) -> Found:

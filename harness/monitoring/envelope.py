@@ -14,6 +14,7 @@ def envelope(family: str | None, samples: list[dict]) -> dict | None:
     if not rows:
         return None
 
+    # s: a metric sample of check's (harness/check/measures.Metrics.samples), not /stats: typed with those samples
     def trouble(s: dict) -> tuple[float, float]:  # OOMs (fragbench counts them) and preemptions so far
         return s["raw"].get("fragbench:oom_total", 0.0), s["preemptions"] or 0.0
 

@@ -160,7 +160,7 @@ class Bench:
                 self.console.plain(f"{engine}: churn done at {time.time() - run.t0:.0f} s; "
                                    f"{self.servers.figures(run, sampler)}")
             if check:
-                self.console.plain(f"{engine}: KV integrity: {sentence(check.result())}")
+                self.console.plain(f"{engine}: KV integrity: {sentence(check.judged())}")
             if own:
                 self.probes.after_churn(run)
         finally:

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from harness.analysis.integrity import Served, compare, integrity, tolerance_of
+from engines.api.stats import StatsPayload
+from harness.analysis.integrity import IdleFigures, Served, compare, integrity, tolerance_of
+from harness.analysis.summary_records import Integrity as SummaryIntegrity
 
 ALTERNATIVES = 2  # the chosen token's and one more: a near tie is told from a wrong token by the idle margin
 WORDS = ("the of and to in is was he for it with as his on be at by had are from or this that you one they "
@@ -93,15 +95,15 @@ def ask(target: str, probe: Probe, api: str = "completions", model: str | None =
                   [dict(t or {}) for t in lp.get("top_logprobs") or []], finish_reason=choice.get("finish_reason"))
 
 
-def during(before: dict | None, after: dict | None) -> dict:
-    """The engine's counters over one probe: their rise, and its queue at the end."""
+def during(before: StatsPayload | None, after: StatsPayload | None) -> dict:
+    """The engine's counters over one probe: their rise, and its queue at the end (the probe row's fields)."""
     if not before or not after:
         return {}
-    out = {f"{k}_during": after[k] - before[k] for k in COUNTERS
-           if isinstance(after.get(k), int | float) and isinstance(before.get(k), int | float)}
-    out.update({k: after.get(k) for k in ("running", "waiting") if after.get(k) is not None})
-    if after.get("steps") is not None:
-        out["engine_step"] = after["steps"]
+    out = {f"{k}_during": after.figure(k) - before.figure(k) for k in COUNTERS
+           if isinstance(after.figure(k), int | float) and isinstance(before.figure(k), int | float)}
+    out.update({k: after.figure(k) for k in ("running", "waiting") if after.figure(k) is not None})
+    if after.steps is not None:
+        out["engine_step"] = after.steps
     return out
 
 
@@ -109,7 +111,8 @@ class Integrity:
     """The check against one server: `idle()` on the idle server, then `with check:` around its load."""
 
     def __init__(self, target: str, max_seq_len: int, dtype: str | None = None, api: str = "completions",
-                 model: str | None = None, api_key: str | None = None, state: Callable[[], dict | None] = dict,
+                 model: str | None = None, api_key: str | None = None,
+                 state: Callable[[], StatsPayload | None] = lambda: None,
                  on_row: Callable[[dict], None] = lambda row: None, gap_s: float = 0.2):
         self.target, self.api, self.model, self.api_key = target, api, model, api_key
         self.probes = probes(max_seq_len)
@@ -131,7 +134,7 @@ class Integrity:
     def _opened(self, conn: http.client.HTTPConnection) -> None:
         self.conn = conn
 
-    def idle(self) -> dict:
+    def idle(self) -> IdleFigures:
         """Each probe alone, twice: the first answer is the reference, the second says how repeatable it is."""
         for probe in self.probes:
             first = self.ask(probe)
@@ -141,11 +144,11 @@ class Integrity:
                 self.idle_diff = max(self.idle_diff or 0.0, again.max_abs_logprob_diff)
         return self.idle_figures()
 
-    def idle_figures(self) -> dict:
-        return {"tolerance": self.tolerance, "idle_max_abs_logprob_diff": self.idle_diff,
-                "reference_probes": len(self.reference), "of_probes": len(self.probes),
-                "probe_set": [{"name": p.name, "kind": p.kind, "max_tokens": p.max_tokens,
-                               "prompt_words": len(p.prompt.split())} for p in self.probes]}
+    def idle_figures(self) -> IdleFigures:
+        return IdleFigures(tolerance=self.tolerance, idle_max_abs_logprob_diff=self.idle_diff,
+                           reference_probes=len(self.reference), of_probes=len(self.probes),
+                           probe_set=[{"name": p.name, "kind": p.kind, "max_tokens": p.max_tokens,
+                                       "prompt_words": len(p.prompt.split())} for p in self.probes])
 
     def __enter__(self) -> Integrity:
         self.stop.clear()
@@ -193,4 +196,9 @@ class Integrity:
         return row
 
     def result(self) -> dict:
+        """engines.<name>.integrity as summary.json and check write it."""
         return integrity(self.idle_figures(), self.rows)
+
+    def judged(self) -> SummaryIntegrity:
+        """The same, as the record the report's and check's sentence reads."""
+        return SummaryIntegrity.model_validate(self.result())

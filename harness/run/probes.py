@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+from engines.api.stats import StatsPayload
 from engines.shapes import load_shape
 from harness.results import Journal
 from harness.run.config import BenchConfig
@@ -16,7 +17,7 @@ from harness.run.debug_pass import debug_row, request_alone
 from harness.run.engine_run import EngineRun
 from harness.run.integrity_probes import Integrity
 from harness.run.record import RunRecord
-from harness.run.stats_poller import fetch_json
+from harness.run.stats_poller import fetch_stats
 from harness.run.supervisor import Supervisor
 
 
@@ -50,16 +51,16 @@ class Probes:
                           target.model if target else None, target.api_key if target else None,
                           state=lambda: self.servers.stats_of(run) if run.server.alive() else None,
                           on_row=journal.write)
-        (d / "integrity.json").write_text(json.dumps(check.idle(), indent=2))
+        (d / "integrity.json").write_text(json.dumps(check.idle().written(), indent=2))
         return check
 
-    def debug_pass(self, run: EngineRun, phase: str, stats: dict | None = None) -> None:
+    def debug_pass(self, run: EngineRun, phase: str, stats: StatsPayload | None = None) -> None:
         row = debug_row(run.engine, run.server.url, run.server.proc.pid, phase, stats)
         if row is not None:
             self.debug.write(row)
 
     def releases(self, run: EngineRun) -> None:
-        stats = fetch_json(f"{run.server.url}/stats?releases=1", timeout_s=10)
-        for value in (stats or {}).get("abort_release_s") or []:
+        stats = fetch_stats(run.server.url, timeout_s=10, query="?releases=1")
+        for value in (stats.abort_release_s if stats else None) or []:
             self.record.event(run, "cancel_release", detail=f"{value:.6f}", requested_bytes=None,
                               cause=None, release_s=value)

@@ -12,6 +12,7 @@ from dataclasses import replace
 import psutil
 
 from engines import SCHEDULED
+from engines.api.stats import StatsPayload
 from engines.registry import entry
 from harness.results import write_restarts
 from harness.run.config import BenchConfig
@@ -52,8 +53,9 @@ class Supervisor:
             extra += ["--oom-snapshot", str(self.dir / f"{name}{SNAPSHOT_SUFFIX[self.cfg.memory]}")]
         server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads,
                               alloc_conf=self.cfg.alloc_conf if self.cfg.memory == "cuda" else None)
-        config = (fetch_stats(server.url) or {}).get("engine_config")
-        if config:
+        stats = fetch_stats(server.url)
+        config = stats.engine_config.written() if stats is not None and stats.engine_config is not None else {}
+        if config:  # as the server sent it: run.json records it
             self.record.engine_config(run.engine, run.budget, config)
         return server
 
@@ -63,7 +65,7 @@ class Supervisor:
         return replace(LoadArgs.of(self.cfg, target=run.server.url, out=self.dir / "engines" / run.engine, t0=run.t0,
                                    engine=run.engine, **mine), **changes)
 
-    def stats_of(self, run: EngineRun) -> dict | None:
+    def stats_of(self, run: EngineRun) -> StatsPayload | None:
         return run.server.stats() if run.engine in self.targets else fetch_stats(run.server.url)
 
     def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
@@ -71,7 +73,7 @@ class Supervisor:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             stats = self.stats_of(run) if run.server.alive() else None
-            if stats and not stats.get("running") and not stats.get("waiting"):
+            if stats and not stats.running and not stats.waiting:
                 return
             time.sleep(0.2)
 
@@ -134,18 +136,22 @@ class Supervisor:
         """A server cannot count its own deaths, its supervisor can (results.write_restarts)."""
         write_restarts(self.dir / "metrics" / "supervisor.prom", {name: r.crashes for name, r in self.runs.items()})
 
-    def collect_ooms(self, run: EngineRun, stats: dict | None) -> None:
+    def collect_ooms(self, run: EngineRun, stats: StatsPayload | None) -> None:
         """OOM events the server recorded since the last look (it keeps its latest 100)."""
-        if not stats or stats.get("oom_total", 0) <= run.oom_seen:
+        if not stats or (stats.oom_total or 0) <= run.oom_seen:
             return
-        new = stats["oom_total"] - run.oom_seen
-        offset = time.time() - run.t0 - stats.get("t_s", 0)  # server uptime -> engine time
-        for ev in stats.get("oom_events", [])[-new:]:
-            self.record.oom_event(run, ev["t_s"] + offset, ev, "the request failed")
-        run.oom_seen = stats["oom_total"]
+        new = stats.oom_total - run.oom_seen
+        offset = time.time() - run.t0 - (stats.t_s or 0)  # server uptime -> engine time
+        for ev in (stats.oom_events or [])[-new:]:
+            self.record.oom_event(run, ev.t_s + offset, ev.written(), "the request failed")
+        run.oom_seen = stats.oom_total
 
     @staticmethod
     def figures(run: EngineRun, sampler: Sampler | None) -> str:
-        last = (sampler.last if sampler else None) or {}
-        return (f"{last.get('oom_total', 'n/a')} OOMs ({last.get('oom_fragmentation', 'n/a')} fragmentation) so far, "
-                f"{run.crashes} crashes, {last.get('preempted_total', 'n/a')} preemptions")
+        last = (sampler.last if sampler else None) or StatsPayload()
+
+        def said(name: str):  # "n/a" where the server's stats lack the counter (a target's metrics)
+            return last.figure(name) if last.has(name) else "n/a"
+
+        return (f"{said('oom_total')} OOMs ({said('oom_fragmentation')} fragmentation) so far, "
+                f"{run.crashes} crashes, {said('preempted_total')} preemptions")

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from engines.api.stats import StatsPayload
 from engines.memory.nvml import fullest_gpu
 from harness.analysis.records import Target as Described
 from harness.fetch import HTTPError, answers, bearer, request
@@ -37,11 +38,12 @@ class Target:
     def alive(self, timeout_s: float = 5.0) -> bool:
         return answers(f"{self.url}/v1/models", bearer(self.api_key), timeout_s)  # an error status is an answer
 
-    def stats(self) -> dict | None:
+    def stats(self) -> StatsPayload | None:
+        """Its metrics as a /stats record (the fields its family exports; the rest absent)."""
         stats = self.telemetry.stats() if self.telemetry else {"source": "no metrics"}
         if stats is not None and urlparse(self.url).hostname in LOOPBACK and (gpu := fullest_gpu()) is not None:
             stats["device_used_bytes"] = gpu[1].used  # on this machine: NVML sees its GPU, the fullest one
-        return stats
+        return StatsPayload.model_validate(stats) if stats is not None else None
 
     def stop(self) -> None:
         """Nothing: the target outlives the bench."""

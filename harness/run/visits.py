@@ -133,7 +133,7 @@ class Visits:
         while time.time() < deadline:
             self.supervise(visit.run)
             stats = self.servers.stats_of(visit.run) if visit.run.server.alive() else None
-            if stats and not stats.get("running") and not stats.get("waiting"):
+            if stats and not stats.running and not stats.waiting:
                 break
             time.sleep(0.3)
         visit.last_rate = visit.last_key = None

@@ -113,7 +113,7 @@ def integrity_section(summary: Summary) -> str:
             r.probes, r.diverged,
             "n/a" if r.max_abs_logprob_diff is None else f"{r.max_abs_logprob_diff:.2g}", f"{r.tolerance:g}",
             f"{r.preempted_probes} / {r.prefix_hit_probes} / {r.failed}"]),
-            sentence(r.written() if r else None)])
+            sentence(r)])
     return section("integrity", "KV integrity under churn",
                    "Six fixed probe prompts (short, two sharing a long head, a long prompt, a long answer), greedy "
                    "with logprobs, served alone on the idle engine before any load (twice: the second answer says "

@@ -7,6 +7,7 @@ import ast
 import json
 import time
 
+from engines.api.stats import OomEventRow
 from harness.analysis.design import Design
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
@@ -53,7 +54,8 @@ def test_the_records_lists_are_run_jsons_own(tmp_path):
 
 def test_an_oom_event_names_its_layer_only_where_a_caching_allocator_holds_the_kv(tmp_path):
     run = EngineRun("paged", time.time() - 10, 0)
-    ev = {"running": 3, "kv_usage": 0.5, "requested_bytes": 64, "cause": "fragmentation", "layer": "allocator"}
+    ev = OomEventRow.model_validate({"t_s": 0.5, "running": 3, "kv_usage": 0.5, "requested_bytes": 64,
+                                     "cause": "fragmentation", "layer": "allocator"})
     for memory in ("arena", "caching"):
         out = tmp_path / memory
         out.mkdir()

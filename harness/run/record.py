@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engines.api.stats import EngineConfigBlock, OomEventRow
 from harness.analysis.design import Design
 from harness.analysis.records import RunRecord as RunJson
 from harness.analysis.records import SearchSettings
@@ -55,9 +56,10 @@ class RunRecord:
         t = t_s if t_s is not None else time.time() - run.t0
         self.events.write({"engine": run.engine, "t_s": round(t, 4), "t_wall": run.t0 + t, "kind": kind, **fields})
 
-    # `ev`: an OOM event of the engine's /stats (or its crash line), as supervisor.py hands it over
-    def oom_event(self, run: EngineRun, t_s: float, ev: dict, outcome: str) -> None:
-        """One failed allocation with the engine's state then, as columns (and a sentence in `detail`)."""
+    def oom_event(self, run: EngineRun, t_s: float, row: OomEventRow, outcome: str) -> None:
+        """One failed allocation (an OOM event of the engine's /stats, or its crash line) with the engine's state
+        then, as columns (and a sentence in `detail`)."""
+        ev = row.written()  # the state rides along as the row's extra fields: read by name, absent ones null
         state = {k: ev.get(k) for k in OOM_STATE}
         words = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
                           for k, v in state.items() if v is not None)
@@ -75,10 +77,10 @@ class RunRecord:
                               "search": None if search is None else search.written()}
         self.write()
 
-    # `config`: the server's own settings from its /stats, free-form (run.json keeps them as the server said)
-    def engine_config(self, engine: str, budget: KvBudget, config: dict) -> None:
-        """The configuration the engine's server reported at a budget (the twin configures itself from it)."""
-        self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config
+    def engine_config(self, engine: str, budget: KvBudget, config: EngineConfigBlock) -> None:
+        """The configuration the engine's server reported at a budget, as it said it (the twin configures itself
+        from it)."""
+        self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config.written()
         self.write()
 
     def target(self, engine: str, described: Described) -> None:

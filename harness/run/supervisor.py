@@ -12,7 +12,7 @@ from dataclasses import replace
 import psutil
 
 from engines import SCHEDULED
-from engines.api.stats import StatsPayload
+from engines.api.stats import OomEventRow, StatsPayload
 from engines.registry import entry
 from harness.results import write_restarts
 from harness.run.config import BenchConfig
@@ -54,8 +54,8 @@ class Supervisor:
         server = start_server(run.engine, self.cfg.model, run.budget, log, extra=extra, threads=self.cfg.threads,
                               alloc_conf=self.cfg.alloc_conf if self.cfg.memory == "cuda" else None)
         stats = fetch_stats(server.url)
-        config = stats.engine_config.written() if stats is not None and stats.engine_config is not None else {}
-        if config:  # as the server sent it: run.json records it
+        config = stats.engine_config if stats is not None else None
+        if config is not None and config.written():  # as the server sent it: run.json records it
             self.record.engine_config(run.engine, run.budget, config)
         return server
 
@@ -112,7 +112,7 @@ class Supervisor:
         crash = CRASH_LINE.findall(log)
         detail = json.loads(crash[-1]) if crash else {}
         if detail:
-            self.record.oom_event(run, crashed_at, detail, "the engine crashed on it")
+            self.record.oom_event(run, crashed_at, OomEventRow.model_validate(detail), "the engine crashed on it")
         self.record.event(run, "crash", crashed_at, detail=f"exit code {run.server.proc.returncode}",
                           cause=detail.get("cause"))
         run.crashes += 1
@@ -143,7 +143,7 @@ class Supervisor:
         new = stats.oom_total - run.oom_seen
         offset = time.time() - run.t0 - (stats.t_s or 0)  # server uptime -> engine time
         for ev in (stats.oom_events or [])[-new:]:
-            self.record.oom_event(run, ev.t_s + offset, ev.written(), "the request failed")
+            self.record.oom_event(run, ev.t_s + offset, ev, "the request failed")
         run.oom_seen = stats.oom_total
 
     @staticmethod

@@ -183,6 +183,7 @@ def _size(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+# `entry`: one of a PyTorch memory snapshot's own entries (a segment or a trace event), as torch pickled it
 def _field(entry: dict, key: str, default: int | None = None) -> int:
     """An entry's address, size or stream: a non-negative int, as PyTorch writes them (a stream is a handle)."""
     value = entry.get(key, default)

@@ -8,6 +8,8 @@ from pathlib import Path
 from harness.views.html import STYLE, section, table
 
 
+# `result`: check's --json object as check builds it (harness/check sits beside views/, on the same level, so views
+# cannot import a record of its; tests/test_architecture.py VIEW_DICTS names this one)
 def render_check(result: dict, out: Path) -> Path:
     rows = [[q["id"], q["question"], q["status"], json.dumps(q["answer"]), q["evidence"]] for q in result["questions"]]
     body = section("verdict", "Pre-deployment check",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import psutil
@@ -68,14 +69,18 @@ class Supervisor:
     def stats_of(self, run: EngineRun) -> StatsPayload | None:
         return run.server.stats() if run.engine in self.targets else fetch_stats(run.server.url)
 
-    def drain(self, run: EngineRun, timeout_s: float = 20.0) -> None:
-        """A calibration window's requests finish before the next begins."""
+    def drain(self, run: EngineRun, timeout_s: float = 20.0, poll_s: float = 0.2,
+              each_look: Callable[[], None] = lambda: None) -> None:
+        """Until the engine holds no request, running or waiting (or `timeout_s`): a calibration window's requests
+        finish before the next begins, a point's before the next point. `each_look`: what the caller does at every
+        look first (a visit supervises its server: OOMs recorded, a crashed one restarted)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
+            each_look()
             stats = self.stats_of(run) if run.server.alive() else None
             if stats and not stats.running and not stats.waiting:
                 return
-            time.sleep(0.2)
+            time.sleep(poll_s)
 
     def supervise(self, run: EngineRun, sampler: Sampler | None) -> None:
         """Called between looks at a running load: OOMs the server recorded, a crashed server restarted, a

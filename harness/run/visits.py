@@ -129,13 +129,7 @@ class Visits:
     def drain_visit(self, visit: Visit, timeout_s: float = 60.0) -> None:
         """No arrivals until the engine holds no request (a missed point's backlog would be the next point's
         warm-up, however long): the next point starts from an idle engine, as the first one did."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            self.supervise(visit.run)
-            stats = self.servers.stats_of(visit.run) if visit.run.server.alive() else None
-            if stats and not stats.running and not stats.waiting:
-                break
-            time.sleep(0.3)
+        self.servers.drain(visit.run, timeout_s, poll_s=0.3, each_look=lambda: self.supervise(visit.run))
         visit.last_rate = visit.last_key = None
 
     def attainment(self, run: EngineRun, rate: float) -> float | None:

@@ -11,37 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-Num = int | float  # a figure as the payload carried it: the union keeps 3 an int and 3.0 a float
+from engines.json_record import Num, Record
 
 
-class Part(BaseModel):
-    """A JSON object with the fields its readers use typed, the rest kept as they came."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def has(self, name: str) -> bool:
-        """Whether the payload carried this key (a field read as None may be absent or null)."""
-        return name in self.model_fields_set or name in (self.__pydantic_extra__ or {})
-
-    def figure(self, name: str) -> Any:
-        """A field by its JSON key, None where the payload lacks it: for the columns copied by name."""
-        return getattr(self, name, None) if self.has(name) else None
-
-    def written(self) -> dict[str, Any]:
-        """The object as its JSON has it: no defaults added, absent keys stay absent and nulls stay null."""
-        return self.model_dump(exclude_unset=True)
-
-
-class AllocatorBlock(Part):
+class AllocatorBlock(Record):
     """`allocator`: the caching allocator emulator's figures (engines/memory/allocstats.py), by its names."""
 
     allocated_bytes: Num | None = None
     reserved_bytes: Num | None = None
 
 
-class EngineConfigBlock(Part):
+class EngineConfigBlock(Record):
     """`engine_config`: what a simulated twin of the engine needs (engines/scheduled/engine.py `config()`, in its
     order: run.json records it as it came); empty for an engine without one."""
 
@@ -59,7 +39,7 @@ class EngineConfigBlock(Part):
     row_pad_bytes: Num | None = None
 
 
-class OomEventRow(Part):
+class OomEventRow(Record):
     """One of `oom_events` (the engine keeps its latest 100): when on the server's clock, then the OOMEvent's
     fields in their order and the engine's state then (engines/oom.py oom_context) riding along."""
 
@@ -70,13 +50,13 @@ class OomEventRow(Part):
     cause: str | None = None
 
 
-class FragmentationOomMap(Part):
+class FragmentationOomMap(Record):
     """One of `fragmentation_oom_maps` (`?map=1`): the memory map the engine took at a fragmentation OOM."""
 
     t_s: Num
 
 
-class StatsPayload(Part):
+class StatsPayload(Record):
     """GET /stats, flat as it is sent. Declared in the server's emission order: the engine's EngineStats, its block
     pool's, the device's, the allocator's, then the server's own; `?releases=1` and `?map=1` add theirs."""
 

@@ -12,31 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import PrivateAttr
 
+from engines.json_record import Num, Record
 from harness.analysis.capacity import SLO
 from harness.units import KvBudget
-
-Num = int | float  # a figure as its file wrote it: an int stays an int (the pages format the two apart)
-
-
-class Record(BaseModel):
-    """A JSON object with the fields its readers use typed, the rest kept as they were."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def has(self, name: str) -> bool:
-        """Whether the file wrote this key (a field read as None may be absent or null; a few readers tell)."""
-        return name in self.model_fields_set or name in (self.__pydantic_extra__ or {})
-
-    def written(self) -> dict:
-        """The object as its file had it (no defaults added): for a function bench also calls on its own dicts."""
-        return self.model_dump(exclude_unset=True)
-
-    def figure(self, name: str) -> Any:
-        """A figure by its file's key, None where the file lacks it (no default): for the tables that list figures
-        by name (compare's and history's columns, the Figure-2 shares, the twin's errors)."""
-        return getattr(self, name) if self.has(name) else None
 
 
 # -- run.json

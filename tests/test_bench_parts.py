@@ -64,6 +64,13 @@ def test_an_oom_event_names_its_layer_only_where_a_caching_allocator_holds_the_k
         assert row["kind"] == "oom" and row["t_s"] == 1.2346 and row["t_wall"] == run.t0 + 1.23456
         assert row["detail"] == "the request failed; running 3, kv usage 0.50"
         assert row["layer"] == ("allocator" if memory == "caching" else None)
+    # the server's crash line is the same row without its clock (the supervisor times it): read as one
+    crash = OomEventRow.model_validate({"requested_bytes": 64, "free_bytes": 32, "cause": "capacity", "running": 2})
+    out = tmp_path / "crash"
+    out.mkdir()
+    RunRecord(config(out), out).oom_event(run, 2.0, crash, "the engine crashed on it")
+    [row] = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert row["detail"] == "the engine crashed on it; running 2" and row["free_bytes"] == 32
 
 
 def test_the_clock_spends_what_it_has_left():

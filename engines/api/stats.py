@@ -43,7 +43,7 @@ class OomEventRow(Record):
     """One of `oom_events` (the engine keeps its latest 100): when on the server's clock, then the OOMEvent's
     fields in their order and the engine's state then (engines/oom.py oom_context) riding along."""
 
-    t_s: Num
+    t_s: Num | None = None  # absent from a crash line (the server's last words, which supervisor.py reads as a row)
     requested_bytes: Num | None = None
     free_bytes: Num | None = None
     largest_free_bytes: Num | None = None

@@ -37,16 +37,16 @@ class Kernel:
 
 @functools.cache
 def decode_attention_kernel() -> Kernel | None:
-    """The compiled module, or None where it cannot be built here (the reason in `build_error`)."""
+    """The compiled operator, or None where it cannot be built here (the reason in `build_error`)."""
     global build_error
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
         build_dir = Path(_get_build_directory(NAME, False))
         with no_stale_baton(build_dir):
-            load(NAME, [str(source_in(build_dir))], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)  # registers the operator
-        return Kernel(torch.ops.fragbench.decode_attention, str(build_dir / f"{NAME}.so"))
+            library = load(NAME, [str(source_in(build_dir))], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)  # loading registers it
+        return Kernel(torch.ops.fragbench.decode_attention, str(library))
     except Exception as e:  # no compiler, no ninja, a read-only cache: the torch path serves
         build_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
         return None

@@ -34,13 +34,11 @@ def setting_id(number: int, conf: str) -> str:
 
 
 def settings_block(run_dir: Path, summary: Summary, cfg: RunConfig,
-                   finalize: Callable[[Path], dict]) -> list[dict] | None:
-    """One record per setting, the run's own first; None where the run compared none. `summary`: the run's own,
-    as summarize is writing it. `finalize` summarizes a setting's run that never wrote its summary
+                   finalize: Callable[[Path], dict]) -> list[dict]:
+    """One record per setting the run compared (--compare-alloc-conf), the run's own first. `summary`: the run's
+    own, as summarize is writing it. `finalize` summarizes a setting's run that never wrote its summary
     (summary.finalize, handed in: that module imports this one)."""
-    confs = cfg.compare_alloc_confs or []
-    if not confs:
-        return None
+    confs = cfg.compare_alloc_confs
     engines = compared_engines(cfg.engines or [])
     out = [setting_record(cfg.alloc_conf or "default", None, summary, engines)]
     for number, conf in enumerate(confs, start=1):

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict
-
-from harness.analysis.records import Num
+from engines.json_record import Num, Record
 from harness.analysis.summary_records import Integrity
 
 TOLERANCE = {"float32": 1e-3}  # |logprob - idle logprob| beyond which a probe diverges, by the KV's dtype
@@ -77,11 +75,9 @@ def compare(idle: Served, got: Served, tolerance: float) -> Comparison:
     return Comparison(len(idle.tokens), worst)
 
 
-class ProbeCounters(BaseModel):
+class ProbeCounters(Record):
     """The engine's counters over one probe, as its row carries them (integrity_probes.during); the rest of the
     row rides along."""
-
-    model_config = ConfigDict(extra="allow")
 
     preempted_total_during: Num | None = None
     prefix_cache_hit_tokens_during: Num | None = None
@@ -91,20 +87,15 @@ class ProbeCounters(BaseModel):
     engine_step: Num | None = None
 
 
-class IdleFigures(BaseModel):
-    """The probe set's idle phase (integrity.json, integrity_probes.Integrity.idle), in the order it is written."""
-
-    model_config = ConfigDict(extra="allow")
+class IdleFigures(Record):
+    """The probe set's idle phase (integrity.json, integrity_probes.Integrity.idle), in the order it is written
+    (`written()`: no defaults added, an older integrity.json has fewer keys)."""
 
     tolerance: Num
     idle_max_abs_logprob_diff: Num | None = None  # the two idle servings' largest difference; None: none compared
     reference_probes: Num | None = None
     of_probes: Num | None = None
     probe_set: list[dict] | None = None  # name, kind, max_tokens, prompt_words: written as they are
-
-    def written(self) -> dict:
-        """As its file has it: no defaults added (an older integrity.json has fewer keys)."""
-        return self.model_dump(exclude_unset=True)
 
 
 def doing(state: ProbeCounters) -> str:

@@ -379,8 +379,8 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> d
         budgets = {b.label: b for b in cfg.budgets}  # each label parsed once, in the run's config record
         for budget, blocks in by_budget.items():
             summary.setdefault("capacity_by_budget", {})[str(budgets[budget].bytes)] = intervals(blocks, meta)[0]
-    if settings := settings_block(run_dir, Summary.model_validate(summary), cfg, finalize):  # --compare-alloc-conf
-        summary["alloc_settings"] = settings
+    if cfg.compare_alloc_confs:  # --compare-alloc-conf: each setting's own run beside this one (typed only then)
+        summary["alloc_settings"] = settings_block(run_dir, Summary.model_validate(summary), cfg, finalize)
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?
         summary["size_classes_rule"] = rule
     return summary

@@ -148,8 +148,8 @@ class Supervisor:
         new = stats.oom_total - run.oom_seen
         offset = time.time() - run.t0 - (stats.t_s or 0)  # server uptime -> engine time
         for ev in (stats.oom_events or [])[-new:]:
-            at_s = ev.t_s + offset if ev.t_s is not None else time.time() - run.t0  # /stats's events carry it
-            self.record.oom_event(run, at_s, ev, "the request failed")
+            assert ev.t_s is not None, "an OOM event of /stats carries its server time (only a crash line lacks it)"
+            self.record.oom_event(run, ev.t_s + offset, ev, "the request failed")
         run.oom_seen = stats.oom_total
 
     @staticmethod

@@ -115,11 +115,15 @@ def test_on_a_gpu_box_the_venv_sees_the_systems_packages_and_nothing_forces_a_to
     assert any("--wheels '/w'" in x for x in make_n("DEVICE_KIND=cuda", "WHEELS=/w"))
 
 
-def test_on_a_laptop_set_up_is_as_it_was():
-    lines = make_n("DEVICE_KIND=cpu")
+UV = ".venv/bin/uv pip install -q --python .venv/bin/python"
+
+
+def test_on_a_laptop_uv_installs_the_tested_torch_and_the_project_from_pips_folders_of_wheels():
+    lines = make_n("DEVICE_KIND=cpu", "PIP_FIND_LINKS=/w1 /w2")
+    links = "--find-links /w1 --find-links /w2"
     assert [x for x in lines if "pip install" in x] == [
-        ".venv/bin/pip install -q --upgrade pip", ".venv/bin/pip install -q torch==2.13.0",
-        ".venv/bin/pip install -q -e '.[dev]'", ".venv/bin/pip install -q --no-deps apache-otava==0.8.0"]
+        ".venv/bin/pip install -q uv", f"{UV} {links} torch==2.13.0", f"{UV} {links} -e '.[dev]'",
+        f"{UV} {links} --no-deps apache-otava==0.8.0"]
     assert not any("--system-site-packages" in x for x in lines)
 
 
@@ -133,7 +137,8 @@ def test_make_test_on_a_gpu_or_offline_box_installs_nothing_it_cannot_have():
                               *args], cwd=ROOT, capture_output=True, text=True).stdout
         return [x for x in out.replace("\\\n", " ").splitlines() if "pip install" in x or "fragbench-ray" in x]
 
-    assert lines("DEVICE_KIND=cpu") == [".venv/bin/pip install -q 'ray>=2.9'", "touch .venv/.fragbench-ray"]
+    assert lines("DEVICE_KIND=cpu", "PIP_FIND_LINKS=/w") == [f"{UV} --find-links /w 'ray>=2.9'",
+                                                            "touch .venv/.fragbench-ray"]
     [gpu] = lines("DEVICE_KIND=cuda", "WHEELS=/w")
     assert "--no-index --find-links '/w' 'ray>=2.9' && touch .venv/.fragbench-ray" in gpu and "|| echo" in gpu
 

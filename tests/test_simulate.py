@@ -153,3 +153,20 @@ def test_the_simulator_counts_blocks_unless_a_prefix_cache_finds_them_again(pref
     res, _, _ = simulate_policy(kv, sim_config(plan, 256, True), requests, plan.max_seq_len,
                                 StepModel.of(shape, "float16", gpu), prefix_caching, sample_every_s=1.0)
     assert (kv.counted, res["requests_completed"]) == (not prefix_caching, 50)
+
+
+@pytest.mark.parametrize("policy", ["static-oracle", "paged"])
+def test_requests_are_simulated_alike_whether_memory_is_measured_or_not(policy):
+    """The twin's curve reads requests alone and skips the breakdown (memory=False): every request's row is the
+    one a measured run gives, and only the shares read 0."""
+    shape, gpu = load_shape("llama-2-13b"), gpu_preset("a100-40gb")
+    plan = make_plan(shape, gpu.memory_bytes, "float16", max_seq_len=2048)
+    runs = []
+    for memory in (True, False):
+        kv = make_sim_policy(policy, plan.kv_budget_bytes, plan.kv_bytes_per_token, plan.max_seq_len, 16, None)
+        requests = iter_requests(load_spec("paper"), 0, plan.max_seq_len, shape.vocab_size, 300, token_ids=False)
+        runs.append(simulate_policy(kv, sim_config(plan, 256, True), requests, plan.max_seq_len,
+                                    StepModel.of(shape, "float16", gpu), False, sample_every_s=1.0, memory=memory))
+    (measured, rows, _), (unmeasured, rows_alike, _) = runs
+    assert rows.equals(rows_alike) and measured["oom_total"] == unmeasured["oom_total"]
+    assert measured["token_states_share"] > 0 and unmeasured["token_states_share"] == 0

@@ -195,6 +195,16 @@ def _churn(req: TraceRequest, cancel, slow, rng) -> None:
         req.read_delay_s = slow.read_delay_s
 
 
+def _hashed_prompt(rng, hash_ids: list[int], block: int, prompt_len: int, vocab_size: int) -> list[int]:
+    """A trace row's prompt: its blocks' ids as far as the prompt (cut to fit) reaches, then drawn ids. The draw
+    is of the whole prompt's length, used or not, so that every later draw of the stream stays where it was;
+    only what the prompt keeps of it becomes a list."""
+    reach = -(-prompt_len // block)
+    ids = [t for h in hash_ids[:reach] for t in _ids(("mooncake", h), block, vocab_size)][:prompt_len]
+    body = rng.integers(FIRST_ID, vocab_size, prompt_len)
+    return ids + body[:prompt_len - len(ids)].tolist()
+
+
 def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row=0) -> Iterator[TraceRequest]:
     """The trace's rows in order from `first_row`; past its end it starts over, one trace-length later (and one
     mean gap)."""
@@ -209,8 +219,7 @@ def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row=0
         row = rows[i % len(rows)]
         prompt_len, output_len = fit(row.input_tokens, row.output_tokens, scale, max_seq_len)
         if row.hash_ids and token_ids:  # each 512-token block becomes `block` ids fixed by its hash id
-            ids = [t for h in row.hash_ids for t in ids_for(("mooncake", h), block, vocab_size)]
-            prompt = (ids + _body(rng, prompt_len, vocab_size, token_ids))[:prompt_len]
+            prompt = _hashed_prompt(rng, row.hash_ids, block, prompt_len, vocab_size)
         else:
             prompt = _body(rng, prompt_len, vocab_size, token_ids)
         if spec.arrival.process == "trace":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from engines.kv import KVPolicy, PagedKV, make_policy
+from engines.kv import Breakdown, KVPolicy, PagedKV, make_policy
 from engines.kv_categories import CATEGORIES
 from engines.percentile import percentile
 from engines.registry import entry, policies
@@ -59,17 +59,20 @@ def sim_config(plan: Plan, max_num_seqs: int, preflight: bool) -> SchedulerConfi
 
 def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[TraceRequest], max_seq_len: int,
                     model: StepModel | FittedStepModel, prefix_caching: bool, sample_every_s: float,
-                    window: tuple[float, float] | None = None, spans: list[tuple[float, float]] | None = None
-                    ) -> tuple[dict, pd.DataFrame, list[tuple]]:
+                    window: tuple[float, float] | None = None, spans: list[tuple[float, float]] | None = None,
+                    memory: bool = True) -> tuple[dict, pd.DataFrame, list[tuple]]:
     """The policy's result, every request's row (for a sweep's per-request SLO figures), and the breakdown
     sampled over simulated time (for the report). Each event costs its admissions, finishes and block
     crossings, not the size of the running set: the sums come from the decode clock and the policy's totals.
-    With `spans`, the result's "spans" holds the shares and mean running count over each of them."""
+    With `spans`, the result's "spans" holds the shares and mean running count over each of them. With
+    `memory=False` the breakdown is not taken (the result's shares read 0): a caller that reads the requests
+    alone saves what a contiguous policy's breakdown costs at every event (a free-hole scan and a median)."""
     if isinstance(kv, PagedKV):
         kv.prefix_caching = prefix_caching
         if not prefix_caching and not kv.memory.backed:  # no block is found again nor indexed: count them
             kv.count_blocks()
     capacity = kv.stats().kv_capacity_bytes
+    breakdown_of = kv.breakdown_of if memory else unmeasured
     sched = Scheduler(kv, config)
     clock = DecodeClock()
     finishing: list[tuple[int, int, SimSequence]] = []  # (finish step, admission number, seq) of running ones
@@ -90,7 +93,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         if not sched.has_work():
             if pending is None:
                 break
-            t_idle = acc.idle(kv.breakdown_of(0), t, pending.arrival_s, sample_every_s)
+            t_idle = acc.idle(breakdown_of(0), t, pending.arrival_s, sample_every_s)
             track.add(t_idle - t)
             t = t_idle
             continue
@@ -99,7 +102,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
         if spans:  # when each failure and preemption happened, on the simulated clock
             failures += [(t, e.cause) for _, e, _ in sched.oom_events[seen_ooms:]]
             preempted += [t] * (sched.preempted_total - seen_preempted)
-        before = kv.breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
+        before = breakdown_of(clock.live_tokens())  # the interval starts with this step's admissions
         for seq in step.rejected:
             tracks.end(seq.track, t, "oom")
         if not (step.decodes or step.prefills):  # nothing fits and nothing runs: wait for the world to change
@@ -143,7 +146,7 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
                 clock.steps += k
                 sched.advance(k)  # the slots an engine would have taken on the way
         # the interval ends with every sequence still holding its memory: retire the finished after
-        acc.add(before, kv.breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
+        acc.add(before, breakdown_of(clock.live_tokens()), len(step.decodes) + len(step.prefills), dt, t,
                 sample_every_s)
         track.add(dt)
         while finishing and finishing[0][0] <= clock.steps:
@@ -158,6 +161,14 @@ def simulate_policy(kv: KVPolicy, config: SchedulerConfig, requests: Iterator[Tr
     if spans:
         res["spans"] = span_figures(acc, failures, preempted)
     return res, frame, acc.timeline
+
+
+UNMEASURED = Breakdown(0, 0, 0, 0, 0)
+
+
+def unmeasured(live_tokens: int) -> Breakdown:
+    """The breakdown where memory is not measured (simulate_policy's memory=False)."""
+    return UNMEASURED
 
 
 def span_figures(acc: Accumulator, failures: list[tuple[float, str]], preempted: list[float]) -> list[dict]:

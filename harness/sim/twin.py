@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -189,14 +190,22 @@ def curve_rate(job: CurveJob, streams: Streams, rate: float) -> dict:
         reqs.append(r)
         if len(reqs) >= 2 * n:
             break
-    res, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(), iter(cancel_as_sent(reqs)),
-                                    twin.config["max_seq_len"], twin.model,
-                                    twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0)
+    _, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(), iter(cancel_as_sent(reqs)),
+                                  twin.config["max_seq_len"], twin.model,
+                                  twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0,
+                                  memory=False)  # a curve point is judged on its requests alone
     rows = client_rows(frame, reqs, float("inf"))
     warm = warmup_s(rows.loc[rows.status == "ok", "e2e_s"].tolist())
     judged = rows[(rows.arrival_s >= warm)].iloc[:n]
     span = float(judged.arrival_s.max() - warm) if len(judged) else 1.0
     return {"offered_rps": rate, **request_metrics(judged, max(span, 1e-9), job.slo)}
+
+
+@lru_cache(maxsize=4)
+def curve_streams(workload: str, seed: int, max_seq_len: int, token_ids: bool) -> Streams:
+    """The workload's streams, shared by the curve jobs a process runs: each budget's search offers mostly the
+    rates the others offered, and a stream read once is not generated again (the same requests either way)."""
+    return Streams(load_spec(workload), seed, max_seq_len, token_ids=token_ids)
 
 
 def curve_point(job: CurveJob) -> dict:
@@ -205,7 +214,7 @@ def curve_point(job: CurveJob) -> dict:
     if not job.twin.can_serve(job.budget_bytes):
         return {"kv_budget_bytes": job.budget_bytes, "sustained_rps": 0.0, "sustained_where": "cannot start",
                 "points": []}
-    streams = Streams(load_spec(job.workload), job.seed, job.max_seq_len, token_ids=job.twin.shared)
+    streams = curve_streams(job.workload, job.seed, job.max_seq_len, job.twin.shared)
     search = KneeSearch(job.start_rps, job.slo.attainment, 0.0, max_points=16)
     points = []
     while (rate := search.next_rate()) is not None:

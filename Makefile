@@ -25,7 +25,7 @@ WHEELS ?=
 # configuration, so the folders of wheels pip is told to look in (PIP_FIND_LINKS, else pip.conf's find-links: on
 # a machine whose torch wheel lies on disk, that is where it lies) are passed on to it.
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
-UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
+UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
 
 .PHONY: setup test lint model vllm bench bench-quick nightly stress clean gpu-check
 

@@ -115,7 +115,7 @@ def test_on_a_gpu_box_the_venv_sees_the_systems_packages_and_nothing_forces_a_to
     assert any("--wheels '/w'" in x for x in make_n("DEVICE_KIND=cuda", "WHEELS=/w"))
 
 
-UV = ".venv/bin/uv pip install -q --python .venv/bin/python"
+UV = ".venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python"
 
 
 def test_on_a_laptop_uv_installs_the_tested_torch_and_the_project_from_pips_folders_of_wheels():

@@ -20,12 +20,12 @@ TORCH_VERSION := 2.13.0
 OTAVA_VERSION := 0.8.0
 WHEELS ?=
 # On the laptop the venv's packages are installed by uv (Astral's installer, from PyPI, installed by the venv's pip):
-# the same versions pip resolves, in 5 s where pip took 55 to 75 s for the project's dependencies (measured on a
-# fresh clone of this 2-core machine), which is most of what set-up cost `make test`. uv does not read pip's
+# the same versions pip resolves, and the whole set-up in about 60 s where pip's took 150 to 175 s (fresh clones of
+# this 2-core machine), which was most of what set-up cost `make test`. uv does not read pip's
 # configuration, so the folders of wheels pip is told to look in (PIP_FIND_LINKS, else pip.conf's find-links: on
 # a machine whose torch wheel lies on disk, that is where it lies) are passed on to it. It compiles the bytecode as
 # pip does: where PYTHONDONTWRITEBYTECODE is set (this machine and its CI), nothing else would, and every process
-# the suite starts compiled torch and transformers again (a fresh clone's suite took 1,167 s where it took 655 s).
+# the suite starts compiled torch and transformers again (a fresh clone's pytest took 1,167 s, 806 s with it).
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
 

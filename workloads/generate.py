@@ -152,8 +152,13 @@ def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: in
                  closed_concurrency=spec.arrival.concurrency if spec.arrival.process == "closed" else None)
 
 
+def _draw(rng, length: int, vocab_size: int) -> np.ndarray:
+    """`length` token ids drawn from the stream's generator (the special ids below FIRST_ID left out)."""
+    return rng.integers(FIRST_ID, vocab_size, length)
+
+
 def _body(rng, length: int, vocab_size: int, token_ids: bool) -> list[int]:
-    return rng.integers(FIRST_ID, vocab_size, length).tolist() if token_ids else [FIRST_ID] * length
+    return _draw(rng, length, vocab_size).tolist() if token_ids else [FIRST_ID] * length
 
 
 def _synthesize(spec, rng, scale, max_seq_len, vocab_size, n, token_ids) -> Iterator[TraceRequest]:
@@ -201,8 +206,7 @@ def _hashed_prompt(rng, hash_ids: list[int], block: int, prompt_len: int, vocab_
     only what the prompt keeps of it becomes a list."""
     reach = -(-prompt_len // block)
     ids = [t for h in hash_ids[:reach] for t in _ids(("mooncake", h), block, vocab_size)][:prompt_len]
-    body = rng.integers(FIRST_ID, vocab_size, prompt_len)
-    return ids + body[:prompt_len - len(ids)].tolist()
+    return ids + _draw(rng, prompt_len, vocab_size)[:prompt_len - len(ids)].tolist()
 
 
 def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row=0) -> Iterator[TraceRequest]:

@@ -170,3 +170,34 @@ def test_requests_are_simulated_alike_whether_memory_is_measured_or_not(policy):
     (measured, rows, _), (unmeasured, rows_alike, _) = runs
     assert rows.equals(rows_alike) and measured["oom_total"] == unmeasured["oom_total"]
     assert measured["token_states_share"] > 0 and unmeasured["token_states_share"] == 0
+
+
+NO_TORCH = """
+import runpy, sys
+
+class NoTorch:  # any import of torch fails, and says where it came from
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("the simulator imported torch")
+
+sys.meta_path.insert(0, NoTorch())
+sys.argv = ["fragbench", *sys.argv[1:]]
+runpy.run_module("harness.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("memory", ["arena", "caching"])
+def test_simulate_runs_without_importing_torch(memory):
+    """The policies, the scheduler and both memories of bookkeeping run in the simulator without torch: every
+    simulate (and each of the suite's) spared its 1.4 s import."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, "simulate", "--model", "tiny-llama", "--gpu-mem", "64MiB",
+                        "--workload", "mixed-churn", "--policy", "static-oracle,paged,growth", "--requests", "40",
+                        "--memory", memory, "--jobs", "1", "--json"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert set(json.loads(r.stdout)["policies"]) == {"static-oracle", "paged", "growth"}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from engines.kv_categories import CATEGORIES, CATEGORY_COLUMNS  # noqa: F401 (the policies' accounting names them)
 from engines.memory.arena import DeviceMemory
+
+if TYPE_CHECKING:  # the simulator's policies name no tensor: it runs without importing torch (1.4 s a process)
+    import torch
 
 
 class SeqLike(Protocol):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-
-import torch
+from typing import TYPE_CHECKING
 
 from engines.kv.base import Breakdown, HeldTotals, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.memory.arena import Allocation, DeviceMemory
+
+if TYPE_CHECKING:
+    import torch
 
 RECENT_ALLOCATIONS = 256  # allocations whose median stands for the next one when no request waits
 
@@ -74,6 +76,8 @@ class ContiguousKV(KVPolicy):
     def rows(self, seq: SeqLike, n: int) -> torch.Tensor:
         """A view of every row index of the store: nothing is built per step."""
         if self._all_rows is None:  # every row an allocation may start at: the arena's, or caching's addresses
+            import torch
+
             span = getattr(self.memory, "address_bytes", self.memory.capacity_bytes)
             self._all_rows = torch.arange(span // self.kv_bytes_per_token, device=self.memory.device)
         base = self._base_row(seq)

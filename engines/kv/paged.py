@@ -12,12 +12,14 @@ Invariants (checked by tests/test_kv_invariants.py and tests/test_kv_policies.py
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from engines.kv.base import Breakdown, HeldTotals, KVOptions, KVPolicy, KVStats, SeqLike, seq_accounting
 from engines.kv.pool import OWN, Block, BlockPool, CountedPool, chain_hash
 from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -63,7 +65,7 @@ class PagedKV(KVPolicy):
         self.prefix_caching = prefix_caching
         self.seqs: dict[str, SeqBlocks] = {}
         self.totals = HeldTotals()  # over the tables, len(table) x block_size slots each
-        self._block_rows = torch.arange(block_size, device=memory.device)
+        self._block_rows: torch.Tensor | None = None  # built on the first rows(): the simulator never asks
         self.prefix_hits_tokens = 0
         self.prefix_queries_tokens = 0
 
@@ -192,6 +194,10 @@ class PagedKV(KVPolicy):
         assert not self.counted, "a counted pool names no block: it has no rows"
         rec = self.seqs[seq.seq_id]
         if rec.rows is None:  # a block was added or replaced since the last look: once per block, not per step
+            import torch
+
+            if self._block_rows is None:
+                self._block_rows = torch.arange(self.block_size, device=self.memory.device)
             ids = torch.tensor([b.block_id for b in rec.table], device=self._block_rows.device)
             rec.rows = (ids[:, None] * self.block_size + self._block_rows[None, :]).flatten()
         return rec.rows[:n]

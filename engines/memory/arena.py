@@ -13,9 +13,10 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # a memory of bookkeeping alone (the simulator's) makes no tensor: torch is imported where one is
+    import torch
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 ROUND_BYTES = 512  # PyTorch's kMinBlockSize
@@ -109,9 +110,19 @@ class Allocation:
     tensor: torch.Tensor | None = field(default=None, repr=False)
 
 
+def byte_backing(nbytes: int, device: str | torch.device | None, committed: bool) -> torch.Tensor | None:
+    """nbytes of uint8 on device (zeroed where `committed`, else empty: the host commits only the pages written), or
+    None where device is None: bookkeeping alone, as the simulator keeps it, without importing torch (1.4 s)."""
+    if device is None:
+        return None
+    import torch
+
+    return (torch.zeros if committed else torch.empty)(nbytes, dtype=torch.uint8, device=device)
+
+
 class DeviceMemory(ABC):
     capacity_bytes: int
-    device: torch.device  # where the bytes (and the row indices into them) live
+    device: torch.device | str  # where the bytes (and the row indices into them) live; "cpu" for bookkeeping alone
 
     @abstractmethod
     def allocate(self, nbytes: int, owner: str = "") -> Allocation:
@@ -198,12 +209,8 @@ class Arena(DeviceMemory):
             raise ValueError(f"arena capacity must be at least {ROUND_BYTES} B, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.placement = placement
-        self.backing = (
-            torch.zeros(capacity_bytes, dtype=torch.uint8, device=backing_device)
-            if backing_device is not None
-            else None
-        )
-        self.device = self.backing.device if self.backing is not None else torch.device("cpu")
+        self.backing = byte_backing(capacity_bytes, backing_device, committed=True)
+        self.device = self.backing.device if self.backing is not None else "cpu"
         self._lock = threading.Lock()
         self._live: dict[int, Allocation] = {}
         self._allocated = 0
@@ -392,14 +399,20 @@ class BuddyHeap:
 DEVICE_ENV = "FRAGBENCH_DEVICE"
 
 
+def cuda_available() -> bool:
+    import torch  # here, not at the top: a run on the CPU that names its device needs no torch to decide it
+
+    return torch.cuda.is_available()
+
+
 def resolve_device(requested: str = "auto") -> str:
     """`auto` is FRAGBENCH_DEVICE where set, else the GPU where CUDA is available, else the CPU; asking for CUDA
     without it is an error."""
     if requested == "auto":
         requested = os.environ.get(DEVICE_ENV) or "auto"
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda") and not torch.cuda.is_available():
+        return "cuda" if cuda_available() else "cpu"
+    if requested.startswith("cuda") and not cuda_available():
         raise ValueError(f"--device {requested}: this machine has no CUDA device (use --device cpu or auto)")
     if requested != "cpu" and not requested.startswith("cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda[:N], not {requested!r}")

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from engines.memory.allocconf import AllocConf, parse_alloc_conf
 from engines.memory.arena import (
@@ -24,6 +23,7 @@ from engines.memory.arena import (
     MemoryStats,
     OOMEvent,
     OutOfMemory,
+    byte_backing,
 )
 from engines.memory.blocks import (
     LARGE_BUFFER_BYTES,
@@ -36,6 +36,9 @@ from engines.memory.blocks import (
 )
 from engines.memory.caching import AllocatorOOM, CachingAllocator
 from engines.memory.snapshot import snapshot
+
+if TYPE_CHECKING:
+    import torch
 
 SPARE_ADDRESS_BYTES = 64 * 2**20  # beyond three caps: an expandable segment's 1 1/8 cap per pool, rounded to pages
 
@@ -60,9 +63,8 @@ class CachingMemory(DeviceMemory):
         self.conf = conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf)
         span = -(-(3 * capacity_bytes + SPARE_ADDRESS_BYTES) // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
         self.address_bytes = span  # where its blocks may lie, backed or not
-        self.backing = (torch.empty(span, dtype=torch.uint8, device=backing_device)
-                        if backing_device is not None else None)
-        self.device = self.backing.device if self.backing is not None else torch.device("cpu")
+        self.backing = byte_backing(span, backing_device, committed=False)
+        self.device = self.backing.device if self.backing is not None else "cpu"
         self.allocator = CachingAllocator(capacity_bytes, self.conf, HeapAddresses(span))
         self._lock = threading.Lock()
         self._live: dict[int, tuple[Allocation, object]] = {}  # offset -> (allocation, its block)

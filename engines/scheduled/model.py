@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,19 +30,13 @@ from engines.kv.base import KVPolicy
 from engines.scheduled.kernels import decode_attention_kernel, usable
 from engines.sequence import Sequence
 
+if TYPE_CHECKING:
+    from engines.scheduled.scheduler import Chunk
+
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 # A decode bucket's shortest context is at least 1/BUCKET_RATIO of its longest: at most a third of what a
 # bucket reads is padding, and a batch of any length mix needs few buckets (each costs a few kernel calls).
 BUCKET_RATIO = 1.5
-
-
-@dataclass
-class Chunk:
-    """Positions [start, end) of one sequence computed in this step; logits come from position end-1."""
-
-    seq: Sequence
-    start: int
-    end: int
 
 
 @dataclass

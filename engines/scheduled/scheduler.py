@@ -24,7 +24,6 @@ from engines.kv.base import KVPolicy
 from engines.memory.arena import OOMEvent, OutOfMemory
 from engines.oom import FRAGMENTATION_MAPS, EngineCrash, OnOOM, oom_context
 from engines.scheduled.beats import Beats
-from engines.scheduled.model import Chunk
 from engines.sequence import FinishReason, SeqStatus, Sequence
 
 
@@ -33,6 +32,17 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096
     on_oom: OnOOM = "reject"
+
+
+@dataclass
+class Chunk:
+    """Positions [start, end) of one sequence computed in this step; logits come from position end-1. The
+    scheduler's record to the runner (engines/scheduled/model.py), here so that the simulator, which runs the
+    scheduler alone, never imports the runner (and torch with it)."""
+
+    seq: Sequence
+    start: int
+    end: int
 
 
 @dataclass

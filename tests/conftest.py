@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("FRAGBENCH_DEVICE", "cpu")
 
 
-# The suite runs on pytest-xdist's workers (make test: -n 2 --dist loadfile): a file's tests stay on one worker, so
+# The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadfile): a file's tests stay on one worker, so
 # a module-scoped fixture (a module's bench run, its servers) is built once; the files that share a session fixture
 # (the sweep, the servers) stay on one worker too (tests/scheduling.py, by the hook at the end of this file).
 

@@ -150,10 +150,15 @@ def at_rate(requests: list[TraceRequest], rate_rps: float, start_s: float = 0.0)
     return [replace(r, arrival_s=round(start_s + r.arrival_s * stretch, 6)) for r in requests]
 
 
+def closed_concurrency(spec: WorkloadSpec) -> int | None:
+    """How many requests a closed loop keeps in flight; None for open-loop arrivals."""
+    return spec.arrival.concurrency if spec.arrival.process == "closed" else None
+
+
 def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:
     return Trace(spec, seed, max_seq_len, length_scale(spec, max_seq_len),
                  requests=list(iter_requests(spec, seed, max_seq_len, vocab_size)),
-                 closed_concurrency=spec.arrival.concurrency if spec.arrival.process == "closed" else None)
+                 closed_concurrency=closed_concurrency(spec))
 
 
 def _draw(rng, length: int, vocab_size: int) -> np.ndarray:

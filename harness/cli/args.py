@@ -149,6 +149,20 @@ def spec_of(name: str):
         return load_spec(name)
 
 
+def workload_checked(name: str):
+    """The workload's spec, its trace file (if it replays one) read and checked: what the checks before a run
+    need, in one line where they fail. Its requests are not drawn: a Mooncake replay's 12,031 prompts took
+    simulate's parent 8 s only to be drawn again by every job."""
+    from workloads.generate import trace_rows
+    from workloads.traces import TraceError
+
+    spec = spec_of(name)
+    if spec.trace is not None:
+        with usage_errors(TraceError):
+            trace_rows(spec)
+    return spec
+
+
 def trace_of(name: str, seed: int, max_seq_len: int, vocab_size: int):
     from workloads.generate import trace
     from workloads.traces import TraceError
@@ -183,13 +197,14 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
     return group
 
 
-def check_sweep_args(args: argparse.Namespace, workload) -> None:
+def check_sweep_args(args: argparse.Namespace, spec) -> None:
     """Flags that cannot make a sweep: one line each, before anything starts."""
     from harness.analysis.capacity import SweepRefused, check_sweep
+    from workloads.generate import closed_concurrency
 
     with usage_errors(SweepRefused):
         check_sweep(args.slo_ttft, args.slo_tpot, args.slo_attainment, args.point_duration, args.calibrate_duration,
-                    args.warmup, args.sweep or bool(args.rates), workload.closed_concurrency, args.workload,
+                    args.warmup, args.sweep or bool(args.rates), closed_concurrency(spec), args.workload,
                     getattr(args, "search_time", None), getattr(args, "knee_tolerance", None),
                     getattr(args, "time", None), getattr(args, "precision", None))
 

@@ -12,8 +12,8 @@ from harness.cli.args import (
     check_sweep_args,
     positive_int,
     sweep_group,
-    trace_of,
     usage_errors,
+    workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
@@ -153,7 +153,7 @@ def config(args: argparse.Namespace):
         settings_refusal(args.memory, engines)
     if engines:  # targets bring their own model and memory
         model_dir(args.model, "run `make model`")
-    check_sweep_args(args, trace_of(args.workload, args.seed, args.max_seq_len, 4096))
+    check_sweep_args(args, workload_checked(args.workload))
     budgets = kv_budgets(args, engines) if engines else [args.kv_budget]
     device = device_of(args.device)  # last: "auto" asks torch whether CUDA is there, seconds of import
     if args.memory == "cuda" and not device.startswith("cuda"):

@@ -14,8 +14,8 @@ from harness.cli.args import (
     http_url,
     positive_int,
     shape_of,
-    trace_of,
     usage_errors,
+    workload_checked,
 )
 
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     shape = shape_of(args.model)
     gpu = gpu_of(args)
     max_seq_len = args.max_seq_len or shape.max_seq_len
-    trace_of(args.workload, 0, max_seq_len, shape.vocab_size)
+    workload_checked(args.workload)
     if not 0 <= args.capacity_time < float("inf"):
         raise UsageError(f"--capacity-time must be a number of seconds, 0 or more, not {args.capacity_time}")
     dtype = args.dtype or shape.dtype or "float16"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, trace_of
+from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, workload_checked
 
 
 def register(sub) -> None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.target or not args.workload:
         raise UsageError("load needs --target and --workload (a --worker takes them from its master)")
     http_url("--target", args.target)
-    trace_of(args.workload, args.seed, args.max_seq_len, args.vocab_size)  # fail here, not in the child
+    workload_checked(args.workload)  # fail here, not in the child
     return run_loadgen(LoadArgs(target=args.target, workload=args.workload, out=Path(args.out),
                                 duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,
                                 vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,

@@ -17,8 +17,8 @@ from harness.cli.args import (
     shape_of,
     spec_of,
     sweep_group,
-    trace_of,
     usage_errors,
+    workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         plan = fitting_plan(shape, gpu.name, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
         if spec.trace is not None:
             resolve(spec.trace.path)
-    check_sweep_args(args, trace_of(args.workload, args.seed, max_seq_len, shape.vocab_size))
+    check_sweep_args(args, workload_checked(args.workload))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     if args.step_engine and not args.step_model:

@@ -179,36 +179,6 @@ def device_of(requested: str) -> str:
         return resolve_device(requested)
 
 
-def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
-    """The capacity-sweep flags bench and simulate share; the group, for the verb's own."""
-    group = parser.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
-    group.add_argument("--sweep", action="store_true",
-                       help=f"offer the workload at several request rates per {per} and find the highest each "
-                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
-    group.add_argument("--rates", type=rate_list,
-                       help="offered requests/s, comma-separated, the same for every engine (skips the calibration "
-                            "and the knee search)")
-    group.add_argument("--points", type=positive_int, default=points,
-                       help="the knee search's most points (offered rates) per engine and budget")
-    group.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
-    group.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
-    group.add_argument("--slo-attainment", type=float, default=0.9,
-                       help="share of requests (0-1) that must meet the SLO for a rate to count as sustained")
-    return group
-
-
-def check_sweep_args(args: argparse.Namespace, spec) -> None:
-    """Flags that cannot make a sweep: one line each, before anything starts."""
-    from harness.analysis.capacity import SweepRefused, check_sweep
-    from workloads.generate import closed_concurrency
-
-    with usage_errors(SweepRefused):
-        check_sweep(args.slo_ttft, args.slo_tpot, args.slo_attainment, args.point_duration, args.calibrate_duration,
-                    args.warmup, args.sweep or bool(args.rates), closed_concurrency(spec), args.workload,
-                    getattr(args, "search_time", None), getattr(args, "knee_tolerance", None),
-                    getattr(args, "time", None), getattr(args, "precision", None))
-
-
 def add_api_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=["completions", "chat"], default="completions",
                         help="the endpoint the load speaks: /v1/completions, or /v1/chat/completions (each prompt "

@@ -9,14 +9,13 @@ from pathlib import Path
 from harness.cli.args import (
     UsageError,
     add_api_flag,
-    check_sweep_args,
     positive_int,
-    sweep_group,
     usage_errors,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
+from harness.cli.sweep_flags import check_sweep_args, sweep_group
 from harness.units import KvBudget
 
 

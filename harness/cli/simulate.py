@@ -10,17 +10,16 @@ from pathlib import Path
 from harness.cli.args import (
     UsageError,
     add_gpu_flags,
-    check_sweep_args,
     fraction_arg,
     gpu_of,
     positive_int,
     shape_of,
     spec_of,
-    sweep_group,
     usage_errors,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 
 def register(sub) -> None:

@@ -93,3 +93,29 @@ def test_the_questions_are_records_each_with_the_function_that_answers_it():
 
     assert [q.id for q in QUESTIONS] == list(range(1, 11))
     assert all(q.text.endswith("?") and callable(q.answer) for q in QUESTIONS)
+
+
+def test_a_probe_too_short_to_judge_is_followed_by_a_longer_one(monkeypatch):
+    """A loaded server answered /metrics twice while the first probe's tokens streamed: the layout is asked
+    again with a longer answer, and the evidence gives both probes."""
+    import harness.check as check_module
+    from harness.check import Found, layout
+    from harness.check.measures import LayoutProbe
+
+    times = [0.01 * i for i in range(1, 97)]
+    starved = LayoutProbe(0.0, [{"t_s": 0.0, "usage": 0.0}, {"t_s": 0.5, "usage": 0.01}], times, None)
+    # a block of 16 tokens taken every 16th token: 16 / 8192 of the capacity at a time
+    rows = [{"t_s": t, "usage": 16 * (1 + i // 16) / 8192} for i, t in enumerate(times)]
+    asked = []
+
+    def probe(target, metrics, model_name, max_tokens, api):
+        asked.append(max_tokens)
+        return starved if len(asked) == 1 else LayoutProbe(0.0, rows, times, None)
+
+    monkeypatch.setattr(check_module, "probe", probe)
+    cfg = type("Cfg", (), {"target": "http://127.0.0.1:1", "max_seq_len": 2048, "api": "completions"})()
+    session = type("S", (), {"cfg": cfg, "metrics": None, "model_name": None, "family": "fragbench",
+                             "found": {2: Found("PASS", {"server_tokens": 8192}, "")}})()
+    found = layout(session)
+    assert asked == [96, 384] and found.answer == "blocks" and found.status == "PASS", found.evidence
+    assert found.evidence.startswith("only 1 metric samples") and "then a longer probe" in found.evidence

@@ -151,8 +151,8 @@ def spec_of(name: str):
 
 def workload_checked(name: str):
     """The workload's spec, its trace file (if it replays one) read and checked: what the checks before a run
-    need, in one line where they fail. Its requests are not drawn: a Mooncake replay's 12,031 prompts took
-    simulate's parent 8 s only to be drawn again by every job."""
+    need, in one line where they fail. Its requests are not drawn: simulate's parent drew a Mooncake replay's
+    12,031 prompts only to read the spec, 4.8 s of a 30 s run, and every job drew its own again."""
     from workloads.generate import trace_rows
     from workloads.traces import TraceError
 

@@ -14,7 +14,6 @@ from harness.cli.args import (
     gpu_of,
     positive_int,
     shape_of,
-    spec_of,
     usage_errors,
     workload_checked,
 )
@@ -102,19 +101,16 @@ def run(args: argparse.Namespace) -> int:
     from harness.sim.simulator import run_simulation
     from harness.sim.stepfit import StepModelError, load
     from harness.views.sim_report import render_simulation, render_text
-    from workloads.traces import TraceError, resolve
 
     shape = shape_of(args.model)
     with usage_errors(UnknownName):
         chosen = pick(args.policy, policies(), "--policy", "policies")
     gpu = gpu_of(args)
-    spec = spec_of(args.workload)
+    spec = workload_checked(args.workload)  # its trace file read and checked, its requests not drawn
     max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
-    with usage_errors(PlanRefused, TraceError):
+    with usage_errors(PlanRefused):
         plan = fitting_plan(shape, gpu.name, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
-        if spec.trace is not None:
-            resolve(spec.trace.path)
-    check_sweep_args(args, workload_checked(args.workload))
+    check_sweep_args(args, spec)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     if args.step_engine and not args.step_model:

@@ -28,9 +28,10 @@ PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); eve
 
 METHOD = ("90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
           "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
-          "each point a stream with its own random shift in log load (the engine's stream-to-stream spread "
-          "estimated from its points), judged requests weighted by the engine's design effect; the knees' ratio "
-          "read from {draws} draws of each")
+          "each point a stream whose token demand shifts its load by a fitted gain, with a heavy-tailed random "
+          "shift for the rest (the engine's stream-to-stream spread estimated from its points), judged requests "
+          "weighted by the engine's design effect; the decision gives both engines the same streams (paired), "
+          "and the knees' ratio is read from {draws} draws of each")
 
 
 def reference_of(engines) -> str | None:
@@ -78,6 +79,7 @@ class Headline:
     precision: float
     within_ci: tuple[float, float]  # the ratio's interval with the stream-to-stream spread held at 0
     fit: KneeFit
+    paired_streams: int = 0  # streams both engines judged at points their knees rest on (each at its own rate)
 
     @property
     def bracketed(self) -> dict[str, bool]:
@@ -118,10 +120,20 @@ class Headline:
                 "min_points": MIN_POINTS, "points": self.points, "judged": {e: est[e].judged for e in pair},
                 "run_to_run_share": round(self.run_to_run_share, 3), "ratio_ci_within_runs": list(self.within_ci),
                 "replications": {e: est[e].streams for e in pair}, "bracketed": self.bracketed,
-                "stream_spread": {e: round(self.fit.spread_s[e], 3) for e in pair}}
+                "stream_spread": {e: round(self.fit.spread_s[e], 3) for e in pair},
+                "paired_streams": self.paired_streams,
+                "paired_correlation": round(self.fit.paired_correlation(*pair), 3),
+                "demand_explained_share": {e: round(self.fit.explained_share(e), 3) for e in pair},
+                "demand_gain": {e: [round(self.fit.gain(e)[0], 3), *self.fit.gain(e)[1]] for e in pair}}
 
 
-def headline(fit: KneeFit | None, within: KneeFit | None, precision: float) -> Headline | None:
+def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:
+    """Streams both engines judged among the points their knees rest on (one key: one request sequence)."""
+    return len({p.key for p in knee_points(points.get(a, []))} & {p.key for p in knee_points(points.get(b, []))})
+
+
+def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
+             points: dict[str, list[Judged]] | None = None) -> Headline | None:
     """The paged engine against the best contiguous one, or None when either is missing."""
     if fit is None:
         return None
@@ -130,7 +142,7 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float) -> H
         return None
     ratio, ci = fit.ratio(ref, rival)
     within_ci = within.ratio(ref, rival)[1] if within is not None else ci
-    return Headline(ref, rival, ratio, ci, precision, within_ci, fit)
+    return Headline(ref, rival, ratio, ci, precision, within_ci, fit, paired(points or {}, ref, rival))
 
 
 def time_to_resolve(h: Headline, points: dict[str, list[Judged]], precision: float) -> float | None:

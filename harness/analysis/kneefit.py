@@ -1,36 +1,42 @@
-"""The knee from every point: SLO attainment against log offered rate fitted with a monotone dose-response model,
+"""The knee from every point: SLO attainment against log offered load fitted with a monotone dose-response model,
 and the knee read where the fit crosses the target (the ED90 of bioassay at a 90 % target; Finney).
 
-The model. A point is one stream (an independent realization of its rate: workloads/streams.key_of) judged at
-one offered rate r. Its requests meet the SLO with probability
+The model. A point is one stream (a request sequence, workloads/streams.py) judged at one offered rate r. Its
+requests meet the SLO with probability
 
-    p(r) = sigmoid(logit(t) - b * (log r + u - log knee))
+    p(r) = sigmoid(logit(t) - b * (log r + g * x + u - log knee))
 
-where t is the attainment target, `knee` the engine's sustained rate (p = t there), b the slope (how fast
-attainment tips as the load grows, per unit of log rate) and u the stream's own effect: a stream that asks for a
-quarter more tokens than its neighbour loads the engine as a quarter higher rate would, so u is a shift in log
-load, u ~ Normal(0, s^2), one draw per stream (a per-stream random effect). Within a point, requests that arrive
-in one burst share a fate: its judged and met counts are divided by the engine's design effect (knee.py
-`design_effect`) before they enter the binomial likelihood. Each engine has its own knee, slope and spread, fitted
-on its own points: how fast attainment tips differs by engine (a paged engine's falls steeply once preemption
-starts, a contiguous one's fragmentation OOMs miss a share of requests at every load), and so does how much one
-stream's attainment scatters from the next (an engine that OOMs on a stream's long prompts scatters more). A
-fresh-clone run showed both: a slope shared by static-oracle and paged moved paged's knee by static-oracle's curve,
-and a spread shared with the screened engines (static-max: 60 % met at 1.61 req/s, 71 % at 2.59) widened the
-headline's interval from [2.33, 3.37] to [2.10, 3.69].
+where t is the attainment target, `knee` the engine's sustained rate (p = t there, for a stream of the workload's
+mean demand), b the slope (how fast attainment tips as the load grows, per unit of log rate), x the stream's own
+token demand over the point's window (the log of its requests' mean prompt + output tokens asked, over the
+workload's mean: `Judged.log_demand`, known before any engine runs), g its gain (how much of a shift in log load
+a shift in log demand is: 1 where a quarter more tokens loads the engine as a quarter higher rate would; fitted,
+flat on GAINS) and u what is left of the stream's own effect, one draw per stream from a Student-t of scale s and
+TAIL_DF degrees of freedom (heavy-tailed: one stream that met 19 % where its neighbours met all moves the knee as
+a rare stream, not as a spread every stream has). Within a point, requests that arrive in one burst share a fate:
+its judged and met counts are divided by the engine's design effect (knee.py `design_effect`) before they enter
+the binomial likelihood. Each engine has its own knee, slope, gain and spread, fitted on its own points: how fast
+attainment tips differs by engine, and so does how much one stream's attainment scatters from the next.
 
-The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends: a
-knee past every rate measured is a bound the step limits, as it always was), on log b (SLOPES) and on s
-(SPREADS); u integrated out by Gauss-Hermite quadrature, the posterior computed on a grid, exactly. Draws of
-s come from its marginal, then the knee from its conditional given s (b summed out); a ratio of two engines'
-knees is read from their draws side by side. An estimate is the posterior median, its
-interval the central 90 %: the knee and a ratio of knees read the same way, so an interval always holds its
-estimate. Its width comes from where the variance arises: the binomial draw inside each stream, and the
-stream-to-stream spread s, which a run estimates from how far its points scatter around the curve (a run's
-points are its streams: two realizations of one rate disagreeing is what makes s large).
+Pairing. The decision gives the headline's two engines the same streams (each at its own rate): their points on
+one stream share x exactly, so the part of the stream effect that demand explains (g * x) is taken out of both
+engines' points alike, and the ratio's interval narrows by what that part was. What demand leaves (u) may still be
+shared in truth; the fits treat it as independent, which can only widen a ratio's interval. The correlation the
+fit implies between two engines' stream effects on one stream (`KneeFit.paired_correlation`) and each engine's
+share of its stream variance that demand explains (`KneeFit.explained_share`) are read from the same draws.
 
-Points of two engines that judged one stream share its u in truth; the fits treat them as independent, which
-can only widen a ratio's interval (pairing cancels the shared part).
+The integral over u. For one point, the likelihood as a function of d = log knee - log r - g * x is the binomial
+likelihood at slope b convolved with u's density of scale s: it is computed once per point and slope on a fine
+grid of d (FINE_STEP, the binomial term's steepest transition spans several cells even at the steepest slope),
+convolved exactly for every s (the fine grid averaged into cells a tenth of s wide, where the kernel is smooth:
+no quadrature nodes to miss a sharp likelihood where b * s is large), and read off at every knee and gain.
+tests/test_kneefit.py checks it against a brute-force integral.
+
+The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends), on
+log b (SLOPES), on g (GAINS) and a flat density on s over SPREADS (trapezoid weights on its grid), all on a grid,
+exactly. Draws of (g, s) come from their joint marginal, then the knee from its conditional given them (b summed
+out); a ratio of two engines' knees is read from their draws side by side. An estimate is the posterior median,
+its interval the central 90 %: an interval always holds its estimate.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.ndimage import convolve1d
 from scipy.special import logsumexp
+from scipy.stats import t as student_t
 
 from harness.analysis.knee import (
     CONFIDENCE,
@@ -51,17 +59,29 @@ from harness.analysis.knee import (
     named_rng,
     pooled,
 )
+from harness.analysis.operating import OPERATING_REPLICATION
 
 METHOD = "dose-response fit"
 SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit of log rate (0.9 -> 0.5 over 2.2/b)
-# s: sd of a stream's shift in log load. Up to 0.5: two fresh-clone runs' paged met 100 % and 19 % of requests on two
-# streams of one rate (8 req/s), and its marginal still rose at 0.3, where the grid first ended
-SPREADS = np.array([0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5])
+# s: the scale of a stream's leftover shift in log load, a flat density on [0, 1]: fresh-clone runs fitted 0.04 to
+# 0.5 per engine (one paged run met 100 % and 19 % of requests on two streams of one rate), and a prior that ends
+# where fits sit cuts their intervals short
+SPREADS = np.round(np.linspace(0.0, 1.0, 21), 3)
+# s's prior: a half-t of 4 degrees of freedom and scale 0.25 (Gelman 2006's weakly informative prior for a scale: its
+# scale the size of effect one expects, a quarter in log load, the most adjacent streams' demand differs; half its
+# mass under 0.19, 1.6 % over 1, where the grid ends)
+SPREAD_PRIOR_DF, SPREAD_PRIOR_SCALE = 4, 0.25
+GAINS = np.round(np.linspace(0.0, 1.5, 7), 3)  # g: a shift in log demand as a shift in log load (1: proportional)
+TAIL_DF = 4  # u's Student-t degrees of freedom (Lange, Little and Taylor 1989's robust default)
+REACH = 8.0  # u's density is cut at this many scales (t4 keeps 0.4 % of its mass beyond 6, 0.1 % beyond 8)
+# the fine grid of d, where u's density is averaged over (s = 0 reads the binomial term at each d exactly): against
+# a brute-force integral of 40,001 nodes, within a tenth of a nat wherever the likelihood is within 10 nats of its
+# peak (tests/test_kneefit.py), and a grid five times finer came no closer
+FINE_STEP = 0.0025
+CELLS_PER_SPREAD = 10  # the convolution's cells: a tenth of s wide (the kernel is smooth at that scale)
 KNEE_CELLS = 161  # the log-knee grid, per engine
 DRAWS = 4000
 EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
-_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(9)  # probabilists' Hermite: E[f(Z)], Z ~ N(0, 1)
-_LOG_W = np.log(_WEIGHTS / _WEIGHTS.sum())
 SEED = 20261204
 
 
@@ -72,9 +92,9 @@ class KneeEstimate:
     engine: str
     rps: float
     ci: tuple[float, float]
-    points: int  # points the fit rests on (knee.knee_points: unsteady points left out)
+    points: int  # points that inform the knee (knee.knee_points, unsteady ones and the fixed operating point out)
     streams: int  # independent streams among them (distinct keys): the replications the estimate rests on
-    judged: int  # judged requests at those points
+    judged: int  # judged requests at the points the fit rests on
     bracketed: bool  # a rate that met the SLO below one that missed it: a knee measured, not a bound
     method: str = METHOD
 
@@ -86,45 +106,134 @@ class KneeEstimate:
 
 @dataclass(frozen=True)
 class KneeFit:
-    """Every engine's knee, and the draws that their ratios are read from."""
+    """Every engine's knee, and the draws that their ratios and stream figures are read from."""
 
     estimates: dict[str, KneeEstimate]
     log_knees: dict[str, np.ndarray]  # per engine, DRAWS posterior draws of log knee
-    spread_s: dict[str, float]  # per engine, the posterior median of s, its stream-to-stream spread in log load
+    spread_s: dict[str, float]  # per engine, the posterior median of s, its leftover stream spread in log load
+    gains: dict[str, np.ndarray]  # per engine, the draws of g (the demand's gain), beside its knee's
+    spreads: dict[str, np.ndarray]  # per engine, the draws of s
+    demand_var: dict[str, float]  # per engine, the variance of its points' log demand
 
     def ratio(self, a: str, b: str) -> tuple[float, tuple[float, float]]:
-        """a's knee over b's: the posterior median and central interval of the draws' ratios (the engines' fits
-        are independent: their streams are)."""
+        """a's knee over b's: the posterior median and central interval of the draws' ratios."""
         draws = np.exp(self.log_knees[a] - self.log_knees[b])
         lo, hi = central(draws, CONFIDENCE)
         return float(np.median(draws)), (lo, hi)
 
+    def gain(self, engine: str) -> tuple[float, tuple[float, float]]:
+        """The demand's gain g: its posterior median and central interval."""
+        g = self.gains[engine]
+        lo, hi = central(g, CONFIDENCE)
+        return float(np.median(g)), (lo, hi)
+
+    def explained_share(self, engine: str) -> float:
+        """The share of the engine's stream-to-stream variance in log load that its streams' demand explains:
+        g^2 var(x) over that plus u's variance (the posterior median)."""
+        shown = self.gains[engine] ** 2 * self.demand_var[engine]
+        return float(np.median(shown / np.maximum(shown + u_variance(self.spreads[engine]), 1e-12)))
+
+    def paired_correlation(self, a: str, b: str) -> float:
+        """The correlation the fit implies between two engines' stream effects on one stream (their demand is the
+        same; what it leaves is taken as independent): the posterior median."""
+        var_x = (self.demand_var[a] + self.demand_var[b]) / 2
+        ga, gb = self.gains[a], self.gains[b]
+        va, vb = ga ** 2 * var_x + u_variance(self.spreads[a]), gb ** 2 * var_x + u_variance(self.spreads[b])
+        return float(np.median(ga * gb * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
+
+
+def u_variance(scale: np.ndarray) -> np.ndarray:
+    """The variance of a Student-t of TAIL_DF degrees of freedom and this scale."""
+    return scale ** 2 * TAIL_DF / (TAIL_DF - 2)
+
 
 @dataclass(frozen=True)
 class _Data:
-    """An engine's points as the likelihood reads them: log rates and effective counts."""
+    """An engine's points as the likelihood reads them: log rates, log demands and effective counts."""
 
     log_rate: np.ndarray
+    demand: np.ndarray
     met: np.ndarray
     judged: np.ndarray
 
     @classmethod
     def of(cls, points: list[Judged]) -> _Data:
         d = design_effect(points)
-        return cls(np.log([p.offered_rps for p in points]), np.array([p.met.sum() / d for p in points]),
-                   np.array([len(p.met) / d for p in points]))
+        return cls(np.log([p.offered_rps for p in points]), np.array([p.log_demand for p in points]),
+                   np.array([p.met.sum() / d for p in points]), np.array([len(p.met) / d for p in points]))
 
 
-def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: np.ndarray = SPREADS) -> np.ndarray:
-    """log P(points | knee, b, s) on the grid: (knees x SLOPES x spreads), u integrated out per point."""
-    lt = math.log(target / (1 - target))
-    # eta: knees x slopes x spreads x nodes x points
-    shift = data.log_rate[None, None, None, None, :] + spreads[None, None, :, None, None] * _NODES[None, None, None, :,
-                                                                                                    None]
-    eta = lt - SLOPES[None, :, None, None, None] * (shift - log_knees[:, None, None, None, None])
-    log_p, log_q = -np.logaddexp(0.0, -eta), -np.logaddexp(0.0, eta)
-    per_node = data.met * log_p + (data.judged - data.met) * log_q + _LOG_W[None, None, None, :, None]
-    return logsumexp(per_node, axis=3).sum(axis=-1)
+def spread_log_weights(spreads: np.ndarray) -> np.ndarray:
+    """The prior density of s on its grid: a half-t (SPREAD_PRIOR_DF degrees of freedom, scale SPREAD_PRIOR_SCALE)
+    times each grid value's trapezoid width (a single value: all of the mass)."""
+    if len(spreads) == 1:
+        return np.zeros(1)
+    gaps = np.diff(spreads)
+    w = np.concatenate([[gaps[0] / 2], (gaps[:-1] + gaps[1:]) / 2, [gaps[-1] / 2]])
+    w = w * student_t.pdf(spreads / SPREAD_PRIOR_SCALE, SPREAD_PRIOR_DF)
+    return np.log(w / w.sum())
+
+
+def kernel(scale: float, step: float) -> np.ndarray:
+    """u's density on a grid of `step`, cut at REACH scales, summing to 1 (an average over u)."""
+    half = max(1, math.ceil(REACH * scale / step))
+    k = student_t.pdf(np.arange(-half, half + 1) * step / scale, TAIL_DF)
+    return k / k.sum()
+
+
+def binomial_log(data: _Data, slope: float, d: np.ndarray, target: float, rows: bool = False) -> np.ndarray:
+    """log P(met | judged) at every point (rows) for each d (columns: one grid for all points, or with `rows` a
+    row of its own per point), at slope b and u = 0."""
+    eta = math.log(target / (1 - target)) + slope * (d if rows else d[None, :])
+    return -data.met[:, None] * np.logaddexp(0.0, -eta) - (data.judged - data.met)[:, None] * np.logaddexp(0.0, eta)
+
+
+def marginal(f: np.ndarray, y0: float, scale: float, reads: tuple[float, float]) -> tuple[np.ndarray, float, float]:
+    """log of the binomial likelihood (rows of `f`, on the fine grid from y0) averaged over u of this scale, where
+    it is read (d in `reads`): the fine grid averaged into cells a CELLS_PER_SPREAD-th of the scale wide and
+    convolved with u's density there. Returns the log likelihood, where its grid starts and its step."""
+    if scale == 0:
+        return f, y0, FINE_STEP
+    per = max(1, int(scale / CELLS_PER_SPREAD / FINE_STEP))
+    reach = REACH * scale + 2 * per * FINE_STEP
+    first = max(0, int((reads[0] - reach - y0) / FINE_STEP))
+    cells = (min(f.shape[1], math.ceil((reads[1] + reach - y0) / FINE_STEP) + 1) - first) // per
+    part = f[:, first:first + cells * per]
+    top = part.max(axis=1, keepdims=True)
+    binned = np.exp(part - top).reshape(len(f), cells, per).mean(axis=2)
+    step = per * FINE_STEP
+    avg = convolve1d(binned, kernel(scale, step), axis=1, mode="constant")
+    return np.log(np.maximum(avg, 1e-300)) + top, y0 + (first + (per - 1) / 2) * FINE_STEP, step
+
+
+def read_at(log_l: np.ndarray, y0: float, step: float, d: np.ndarray) -> np.ndarray:
+    """log_l (points x grid) read at d (points x ...), linearly between grid cells."""
+    pos = np.clip((d - y0) / step, 0, log_l.shape[1] - 1.000001)
+    i = pos.astype(int)
+    frac = pos - i
+    rows = np.arange(len(log_l)).reshape((-1,) + (1,) * (d.ndim - 1))
+    return (1 - frac) * log_l[rows, i] + frac * log_l[rows, i + 1]
+
+
+def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: np.ndarray = SPREADS,
+                   gains: np.ndarray = GAINS) -> np.ndarray:
+    """log P(points | knee, b, s, g) on the grid: (knees x SLOPES x spreads x gains), u integrated out per point."""
+    # d at every point, knee and gain: points x knees x gains
+    d = log_knees[None, :, None] - data.log_rate[:, None, None] - gains[None, None, :] * data.demand[:, None, None]
+    pad = REACH * float(np.max(spreads)) + 4 * FINE_STEP * CELLS_PER_SPREAD
+    y0 = float(d.min()) - pad
+    y = y0 + FINE_STEP * np.arange(math.ceil((float(d.max()) + pad - y0) / FINE_STEP) + 1)
+    out = np.empty((len(log_knees), len(SLOPES), len(spreads), len(gains)))
+    for bi, b in enumerate(SLOPES):
+        f = binomial_log(data, b, y, target) if np.any(spreads > 0) else None
+        for si, s in enumerate(spreads):
+            if s == 0:  # no integral: the binomial term itself, at each d exactly
+                flat = binomial_log(data, b, d.reshape(len(d), -1), target, rows=True)
+                out[:, bi, si, :] = flat.reshape(d.shape).sum(axis=0)
+                continue
+            log_l, start, step = marginal(f, y0, float(s), (float(d.min()), float(d.max())))
+            out[:, bi, si, :] = read_at(log_l, start, step, d).sum(axis=0)
+    return out
 
 
 def knee_grid(points: list[Judged]) -> np.ndarray:
@@ -140,6 +249,28 @@ def bracketed(points: list[Judged], target: float) -> bool:
     return lo is not None and hi is not None
 
 
+@dataclass(frozen=True)
+class _Draws:
+    """One engine's posterior draws."""
+
+    log_knees: np.ndarray
+    gains: np.ndarray
+    spreads: np.ndarray
+
+
+def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: np.random.Generator) -> _Draws:
+    """(g, s) from their joint marginal (knee and b summed out), then the knee given them (b summed out). An
+    engine whose points all ask the workload's mean demand has no gain to fit: g is 0."""
+    data = _Data.of(points)
+    gains = GAINS if np.any(data.demand != 0) else np.zeros(1)
+    grid = knee_grid(points)
+    ll = log_likelihood(data, grid, target, spreads, gains) + spread_log_weights(spreads)[None, None, :, None]
+    given = logsumexp(ll, axis=1)  # knee x s x g
+    pick = rng.choice(len(spreads) * len(gains), size=DRAWS, p=softmax(logsumexp(given, axis=0).ravel()))
+    s_i, g_i = np.divmod(pick, len(gains))
+    return _Draws(draw_knees(given[:, s_i, g_i], grid, rng), gains[g_i], spreads[s_i])
+
+
 def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
         seed: int = SEED) -> KneeFit | None:
     """Every engine's knee from its own fit on the points a knee rests on; None when no engine has any."""
@@ -147,17 +278,12 @@ def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SP
     pts = {e: p for e, p in pts.items() if p}
     if not pts:
         return None
-    log_knees, spread = {}, {}
-    for e, p in pts.items():
-        grid = knee_grid(p)
-        ll = log_likelihood(_Data.of(p), grid, target, spreads)  # knee x b x s
-        rng = named_rng(seed, e)
-        # s from its marginal (knee and b summed out), then the knee given s (b summed out)
-        s_i = rng.choice(len(spreads), size=DRAWS, p=softmax(logsumexp(ll, axis=(0, 1))))
-        log_knees[e] = draw_knees(logsumexp(ll, axis=1)[:, s_i], grid, rng)
-        spread[e] = float(np.median(spreads[s_i]))
-    estimates = {e: estimate(e, pts[e], log_knees[e], target) for e in pts}
-    return KneeFit(estimates, log_knees, spread)
+    draws = {e: engine_draws(p, target, spreads, named_rng(seed, e)) for e, p in pts.items()}
+    estimates = {e: estimate(e, pts[e], draws[e].log_knees, target) for e in pts}
+    return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
+                   {e: float(np.median(d.spreads)) for e, d in draws.items()},
+                   {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
+                   {e: float(np.var([p.log_demand for p in pts[e]])) for e in pts})
 
 
 def softmax(log_w: np.ndarray) -> np.ndarray:
@@ -175,7 +301,13 @@ def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> 
     return grid[np.minimum(at, len(grid) - 1)] + width * (rng.random(draws) - 0.5)
 
 
+def informs(point: Judged) -> bool:
+    """A point that tells where the knee lies: not the fixed operating point, which is placed at half the knee by
+    design (analysis/operating.py) and met by every run."""
+    return point.replication != OPERATING_REPLICATION
+
+
 def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:
     lo, hi = central(np.exp(log_knees), CONFIDENCE)
-    return KneeEstimate(engine, float(np.exp(np.median(log_knees))), (lo, hi), len(points),
+    return KneeEstimate(engine, float(np.exp(np.median(log_knees))), (lo, hi), sum(map(informs, points)),
                         len({p.key for p in points}), int(sum(len(p.met) for p in points)), bracketed(points, target))

@@ -25,6 +25,7 @@ from harness.analysis.headline import (
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
+from harness.analysis.demand import log_demand, mean_tokens_asked
 from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
@@ -149,7 +150,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
 
 
 def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: SweepPoint, slo: SLO,
-                  meta: RunRecord | None = None) -> tuple[dict, Judged]:
+                  meta: RunRecord | None = None, reference_tokens: float | None = None) -> tuple[dict, Judged]:
     """One sweep point: the client's figures over its judged requests, the engine's state over its judged
     spans (what bound it), whether its two halves agree (steady), and its verdicts for the intervals."""
     in_window = smp[in_point(smp, window, meta)]
@@ -186,7 +187,9 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
              "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0))),
              # the operating-point gate's figures with their intervals (compare: where two runs judged this key)
              **point_intervals(rows, in_window, judged_s, window.key or f"{window.offered_rps:g}")}
-    return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use)
+    demand = log_demand(rows, reference_tokens)
+    point["log_demand"] = round(demand, 4)
+    return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use, demand)
 
 
 def waiting_for_memory(smp: pd.DataFrame) -> float | None:
@@ -226,13 +229,15 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     if not windows or "offered_rps" not in req:
         return None
     slo, grace = cfg.slo, cfg.grace_s
+    reference = mean_tokens_asked(cfg.workload, int(cfg.seed or 0), int(cfg.max_seq_len or 2048)) \
+        if cfg.workload else None
     points, judged, ids = [], [], []
     for w in windows:
         rows = arrived_in(req, w, meta)
         inside = pd.Series(False, index=ev.index)
         for lo, hi in spans(w, grace):
             inside |= (ev.t_s >= lo) & (ev.t_s <= hi)
-        point, j = point_figures(rows, smp, ev[inside], w, slo, meta)
+        point, j = point_figures(rows, smp, ev[inside], w, slo, meta, reference)
         points.append(point)
         judged.append(j)
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
@@ -303,7 +308,7 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     cfg, search = meta.config, (meta.sweep.search if meta.sweep else None) or SearchSettings()
     precision = float(search.precision or cfg.precision or 1.5)
     slo, pts = cfg.slo, {e: j for e, (_, j) in blocks.items()}
-    h = headline(*(fits or fits_of(blocks, meta)), precision)
+    h = headline(*(fits or fits_of(blocks, meta)), precision, pts)
     if h is None:
         return None, None
     more_s = time_to_resolve(h, pts, precision)

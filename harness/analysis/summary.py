@@ -16,6 +16,7 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.demand import log_demand, mean_tokens_asked
 from harness.analysis.headline import (
     Headline,
     bracket_ends,
@@ -25,7 +26,6 @@ from harness.analysis.headline import (
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
-from harness.analysis.demand import log_demand, mean_tokens_asked
 from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals

@@ -152,16 +152,16 @@ def test_an_engines_knee_does_not_move_with_another_engines_scatter():
 def test_the_integral_over_a_streams_effect_matches_a_brute_force_one():
     """kneefit integrates u by convolving each point's binomial term with u's density on a fine grid; a 40,001-node
     sum over u gives the same log likelihood within a tenth of a nat wherever it is within 10 nats of its peak,
-    at the steepest and shallowest slopes, small and large spreads, with and without the demand's gain (9-node
+    at the steepest and shallowest slopes, small and large spreads, with and without the load's gain (9-node
     Gauss-Hermite, the former rule, was off by whole nats where b * s is large)."""
     from scipy.stats import t as student_t
 
     from harness.analysis import kneefit
     lt, rng = math.log(9), np.random.default_rng(0)
     lr = np.log(3 * np.exp(rng.normal(0, 0.15, 5)))
-    demand, n = rng.normal(0, 0.15, 5), np.full(5, 25.0)
+    load, n = rng.normal(0, 0.15, 5), np.full(5, 25.0)
     met = np.round(n / (1 + np.exp(-(lt - 25 * (lr - math.log(3))))))
-    data = kneefit._Data(lr, demand, met, n)
+    data = kneefit._Data(lr, load, met, n)
     knees, spreads, gains = np.linspace(math.log(2), math.log(4.5), 25), np.array([0.0, 0.05, 0.2, 0.5]), \
         np.array([0.0, 1.5])
     slopes = [0, 12, 24]
@@ -173,7 +173,7 @@ def test_the_integral_over_a_streams_effect_matches_a_brute_force_one():
             w = student_t.pdf(u / s, kneefit.TAIL_DF) if s else np.ones(1)
             w /= w.sum()
             for gi, g in enumerate(gains):
-                d = knees[:, None] - lr[None, :] - g * demand[None, :]
+                d = knees[:, None] - lr[None, :] - g * load[None, :]
                 eta = lt + kneefit.SLOPES[bi] * (d[:, :, None] - u[None, None, :])
                 lf = -met[None, :, None] * np.logaddexp(0, -eta) - (n - met)[None, :, None] * np.logaddexp(0, eta)
                 top = lf.max(axis=2, keepdims=True)
@@ -182,43 +182,43 @@ def test_the_integral_over_a_streams_effect_matches_a_brute_force_one():
     assert near.sum() > 100 and np.abs(ours - brute)[near].max() < 0.1
 
 
-def demand_points(rng, knee: float, demands: np.ndarray, gain: float = 1.0, n: int = 40) -> list[Judged]:
-    """Points around the knee whose streams' demand shifts their load by `gain` x their log demand."""
+def load_points(rng, knee: float, loads: np.ndarray, gain: float = 1.0, n: int = 40) -> list[Judged]:
+    """Points around the knee whose streams' load shifts their load by `gain` x their log load."""
     out = []
-    for i, x in enumerate(demands):
+    for i, x in enumerate(loads):
         rate = snap(knee * math.exp(rng.normal(0, 0.08)))
         p = curve(rate * math.exp(gain * x), knee)
-        out.append(Judged(rate, f"p{i}", (rng.random(n) < p).astype(float), np.arange(n), log_demand=float(x)))
+        out.append(Judged(rate, f"p{i}", (rng.random(n) < p).astype(float), np.arange(n), log_load=float(x)))
     return out
 
 
-def test_a_streams_demand_taken_out_of_its_effect_narrows_the_knee_and_shows_what_it_explains():
-    """Streams whose attainment follows their token demand: told each point's demand, the fit finds the gain
-    near 1, says demand explains most of the stream spread, and its interval is narrower than the same points'
+def test_a_streams_load_taken_out_of_its_effect_narrows_the_knee_and_shows_what_it_explains():
+    """Streams whose attainment follows their offered token load: told each point's load, the fit finds the gain
+    near 1, says load explains most of the stream spread, and its interval is narrower than the same points'
     without it (their scatter then a spread of unknown cause)."""
     rng = np.random.default_rng(21)
-    demands = rng.normal(0, 0.2, 12)
-    told = demand_points(rng, 3.0, demands)
+    loads = rng.normal(0, 0.2, 12)
+    told = load_points(rng, 3.0, loads)
     blind = [Judged(p.offered_rps, p.key, p.met, p.index) for p in told]
     with_x, without = fit({"paged": told}, 0.9), fit({"paged": blind}, 0.9)
     w_told, w_blind = (f.estimates["paged"].ci[1] / f.estimates["paged"].ci[0] for f in (with_x, without))
     assert w_told < w_blind, (w_told, w_blind)
     gain, (lo, hi) = with_x.gain("paged")
     assert lo <= 1.0 <= hi and with_x.explained_share("paged") > 0.5
-    assert without.explained_share("paged") == 0.0  # no demand told: nothing explained
+    assert without.explained_share("paged") == 0.0  # no load told: nothing explained
     est = with_x.estimates["paged"]
     assert est.ci[0] <= 3.0 <= est.ci[1]
 
 
-def test_two_engines_on_the_same_streams_share_their_demand_and_the_fit_says_so():
+def test_two_engines_on_the_same_streams_share_their_load_and_the_fit_says_so():
     rng = np.random.default_rng(22)
-    demands = rng.normal(0, 0.2, 10)
-    pts = {"paged": demand_points(rng, 3.0, demands), "static-oracle": demand_points(rng, 2.0, demands)}
+    loads = rng.normal(0, 0.2, 10)
+    pts = {"paged": load_points(rng, 3.0, loads), "static-oracle": load_points(rng, 2.0, loads)}
     f = fit(pts, 0.9)
     h = headline(f, None, 1.5, pts)
     assert h.paired_streams == 10 and h.to_json()["paired_streams"] == 10
     assert 0.3 < h.to_json()["paired_correlation"] <= 1.0
-    assert set(h.to_json()["demand_explained_share"]) == {"paged", "static-oracle"}
+    assert set(h.to_json()["load_explained_share"]) == {"paged", "static-oracle"}
 
 
 def test_one_outlier_stream_moves_the_knee_less_than_a_normal_spread_would():

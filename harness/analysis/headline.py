@@ -28,7 +28,7 @@ PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); eve
 
 METHOD = ("90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
           "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
-          "each point a stream whose token demand shifts its load by a fitted gain, with a heavy-tailed random "
+          "each point a stream whose offered token load (its requests' tokens per second of its window) shifts its load by a fitted gain, with a heavy-tailed random "
           "shift for the rest (the engine's stream-to-stream spread estimated from its points), judged requests "
           "weighted by the engine's design effect; the decision gives both engines the same streams (paired), "
           "and the knees' ratio is read from {draws} draws of each")
@@ -123,8 +123,8 @@ class Headline:
                 "stream_spread": {e: round(self.fit.spread_s[e], 3) for e in pair},
                 "paired_streams": self.paired_streams,
                 "paired_correlation": round(self.fit.paired_correlation(*pair), 3),
-                "demand_explained_share": {e: round(self.fit.explained_share(e), 3) for e in pair},
-                "demand_gain": {e: [round(self.fit.gain(e)[0], 3), *self.fit.gain(e)[1]] for e in pair}}
+                "load_explained_share": {e: round(self.fit.explained_share(e), 3) for e in pair},
+                "load_gain": {e: [round(self.fit.gain(e)[0], 3), *self.fit.gain(e)[1]] for e in pair}}
 
 
 def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:

@@ -101,9 +101,9 @@ class Judged:
     met: np.ndarray
     index: np.ndarray
     use: str = "steady"
-    # the log of its judged window's mean tokens asked (prompt + output) over the workload's mean: the stream's
-    # own demand, the same for every engine offered that stream (kneefit.py takes it out of the stream's effect)
-    log_demand: float = 0.0
+    # the stream's offered token load over the judged window, as a log over the rate's at the workload's mean
+    # (analysis/token_load.py): the same for every engine offered that stream; kneefit.py takes it out of its effect
+    log_load: float = 0.0
 
     @property
     def attainment(self) -> float:
@@ -123,7 +123,7 @@ def knee_points(points: list[Judged]) -> list[Judged]:
     for p in points:
         if p.use == "over_knee":
             half = len(p.met) // 2
-            out.append(Judged(p.offered_rps, p.key, p.met[half:], p.index[half:], p.use, p.log_demand))
+            out.append(Judged(p.offered_rps, p.key, p.met[half:], p.index[half:], p.use, p.log_load))
         elif p.use != "unsteady":
             out.append(p)
     return out if out else list(points)
@@ -138,7 +138,7 @@ def pooled(points: list[Judged]) -> list[Judged]:
         use = "over_knee" if all(p.use == "over_knee" for p in mine) else mine[0].use
         out.append(mine[0] if len(mine) == 1 else Judged(rate, mine[0].key, np.concatenate([p.met for p in mine]),
                                                           np.concatenate([p.index for p in mine]), use,
-                                                          float(np.mean([p.log_demand for p in mine]))))
+                                                          float(np.mean([p.log_load for p in mine]))))
     return out
 
 

@@ -6,12 +6,14 @@ requests meet the SLO with probability
 
     p(r) = sigmoid(logit(t) - b * (log r + g * x + u - log knee))
 
-where t is the attainment target, `knee` the engine's sustained rate (p = t there, for a stream of the workload's
-mean demand), b the slope (how fast attainment tips as the load grows, per unit of log rate), x the stream's own
-token demand over the point's window (the log of its requests' mean prompt + output tokens asked, over the
-workload's mean: `Judged.log_demand`, known before any engine runs), g its gain (how much of a shift in log load
-a shift in log demand is: 1 where a quarter more tokens loads the engine as a quarter higher rate would; fitted,
-flat on GAINS) and u what is left of the stream's own effect, one draw per stream from a Student-t of scale s and
+where t is the attainment target, `knee` the engine's sustained rate (p = t there, for a stream that offers the
+workload's mean token load at that rate), b the slope (how fast attainment tips as the load grows, per unit of log
+rate), x the stream's own offered token load over the point's judged window (the log of the tokens its requests
+asked, prompt and output, per second of the window, over what the rate would offer at the workload's mean:
+`Judged.log_load`, harness/analysis/token_load.py; a stream's bursts and long requests both raise it, and it is
+known from the requests alone, before any engine runs), g its gain (how much of a shift in log load a shift in x
+is: 1 where a quarter more tokens loads the engine as a quarter higher rate would; fitted, flat on GAINS) and u
+what is left of the stream's own effect, one draw per stream from a Student-t of scale s and
 TAIL_DF degrees of freedom (heavy-tailed: one stream that met 19 % where its neighbours met all moves the knee as
 a rare stream, not as a spread every stream has). Within a point, requests that arrive in one burst share a fate:
 its judged and met counts are divided by the engine's design effect (knee.py `design_effect`) before they enter
@@ -19,11 +21,15 @@ the binomial likelihood. Each engine has its own knee, slope, gain and spread, f
 attainment tips differs by engine, and so does how much one stream's attainment scatters from the next.
 
 Pairing. The decision gives the headline's two engines the same streams (each at its own rate): their points on
-one stream share x exactly, so the part of the stream effect that demand explains (g * x) is taken out of both
-engines' points alike, and the ratio's interval narrows by what that part was. What demand leaves (u) may still be
-shared in truth; the fits treat it as independent, which can only widen a ratio's interval. The correlation the
-fit implies between two engines' stream effects on one stream (`KneeFit.paired_correlation`) and each engine's
-share of its stream variance that demand explains (`KneeFit.explained_share`) are read from the same draws.
+one stream share x (as far as their judged windows coincide), so the part of the stream effect that the offered
+token load explains (g * x) is taken out of both engines' points alike, and the ratio's interval narrows by what
+that part was. What the load leaves (u) may still be shared in truth; the fits treat it as independent, which can
+only widen a ratio's interval. The correlation the fit implies between two engines' stream effects on one stream
+(`KneeFit.paired_correlation`) and each engine's share of its stream variance that the load explains
+(`KneeFit.explained_share`) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200
+streams of mixed-churn offered to paged and static-oracle at their knees) the two engines' stream effects
+correlated 0.64 [0.53, 0.74]; the offered token load explained 34 % and 42 % of them, and left a correlation of
+0.11 [0.00, 0.20]; the tokens asked alone (no bursts) explained under 8 %.
 
 The integral over u. For one point, the likelihood as a function of d = log knee - log r - g * x is the binomial
 likelihood at slope b convolved with u's density of scale s: it is computed once per point and slope on a fine
@@ -43,11 +49,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.ndimage import convolve1d
 from scipy.special import logsumexp
-from scipy.stats import t as student_t
 
 from harness.analysis.knee import (
     CONFIDENCE,
@@ -68,10 +74,10 @@ SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit
 # where fits sit cuts their intervals short
 SPREADS = np.round(np.linspace(0.0, 1.0, 21), 3)
 # s's prior: a half-t of 4 degrees of freedom and scale 0.25 (Gelman 2006's weakly informative prior for a scale: its
-# scale the size of effect one expects, a quarter in log load, the most adjacent streams' demand differs; half its
+# scale the size of effect one expects, a quarter in log load, the most adjacent streams' token load differs; half its
 # mass under 0.19, 1.6 % over 1, where the grid ends)
 SPREAD_PRIOR_DF, SPREAD_PRIOR_SCALE = 4, 0.25
-GAINS = np.round(np.linspace(0.0, 1.5, 7), 3)  # g: a shift in log demand as a shift in log load (1: proportional)
+GAINS = np.round(np.linspace(0.0, 1.5, 7), 3)  # g: a shift in x as a shift in log load (1: proportional)
 TAIL_DF = 4  # u's Student-t degrees of freedom (Lange, Little and Taylor 1989's robust default)
 REACH = 8.0  # u's density is cut at this many scales (t4 keeps 0.4 % of its mass beyond 6, 0.1 % beyond 8)
 # the fine grid of d, where u's density is averaged over (s = 0 reads the binomial term at each d exactly): against
@@ -111,9 +117,9 @@ class KneeFit:
     estimates: dict[str, KneeEstimate]
     log_knees: dict[str, np.ndarray]  # per engine, DRAWS posterior draws of log knee
     spread_s: dict[str, float]  # per engine, the posterior median of s, its leftover stream spread in log load
-    gains: dict[str, np.ndarray]  # per engine, the draws of g (the demand's gain), beside its knee's
+    gains: dict[str, np.ndarray]  # per engine, the draws of g (the offered token load's gain), beside its knee's
     spreads: dict[str, np.ndarray]  # per engine, the draws of s
-    demand_var: dict[str, float]  # per engine, the variance of its points' log demand
+    load_var: dict[str, float]  # per engine, the variance of its points' x (log offered token load)
 
     def ratio(self, a: str, b: str) -> tuple[float, tuple[float, float]]:
         """a's knee over b's: the posterior median and central interval of the draws' ratios."""
@@ -122,21 +128,21 @@ class KneeFit:
         return float(np.median(draws)), (lo, hi)
 
     def gain(self, engine: str) -> tuple[float, tuple[float, float]]:
-        """The demand's gain g: its posterior median and central interval."""
+        """The offered token load's gain g: its posterior median and central interval."""
         g = self.gains[engine]
         lo, hi = central(g, CONFIDENCE)
         return float(np.median(g)), (lo, hi)
 
     def explained_share(self, engine: str) -> float:
-        """The share of the engine's stream-to-stream variance in log load that its streams' demand explains:
-        g^2 var(x) over that plus u's variance (the posterior median)."""
-        shown = self.gains[engine] ** 2 * self.demand_var[engine]
+        """The share of the engine's stream-to-stream variance in log load that its streams' offered token load
+        explains: g^2 var(x) over that plus u's variance (the posterior median)."""
+        shown = self.gains[engine] ** 2 * self.load_var[engine]
         return float(np.median(shown / np.maximum(shown + u_variance(self.spreads[engine]), 1e-12)))
 
     def paired_correlation(self, a: str, b: str) -> float:
-        """The correlation the fit implies between two engines' stream effects on one stream (their demand is the
-        same; what it leaves is taken as independent): the posterior median."""
-        var_x = (self.demand_var[a] + self.demand_var[b]) / 2
+        """The correlation the fit implies between two engines' stream effects on one stream (their offered token
+        load is the same; what it leaves is taken as independent): the posterior median."""
+        var_x = (self.load_var[a] + self.load_var[b]) / 2
         ga, gb = self.gains[a], self.gains[b]
         va, vb = ga ** 2 * var_x + u_variance(self.spreads[a]), gb ** 2 * var_x + u_variance(self.spreads[b])
         return float(np.median(ga * gb * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
@@ -149,17 +155,17 @@ def u_variance(scale: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Data:
-    """An engine's points as the likelihood reads them: log rates, log demands and effective counts."""
+    """An engine's points as the likelihood reads them: log rates, log offered token loads and effective counts."""
 
     log_rate: np.ndarray
-    demand: np.ndarray
+    load: np.ndarray
     met: np.ndarray
     judged: np.ndarray
 
     @classmethod
     def of(cls, points: list[Judged]) -> _Data:
         d = design_effect(points)
-        return cls(np.log([p.offered_rps for p in points]), np.array([p.log_demand for p in points]),
+        return cls(np.log([p.offered_rps for p in points]), np.array([p.log_load for p in points]),
                    np.array([p.met.sum() / d for p in points]), np.array([len(p.met) / d for p in points]))
 
 
@@ -170,14 +176,18 @@ def spread_log_weights(spreads: np.ndarray) -> np.ndarray:
         return np.zeros(1)
     gaps = np.diff(spreads)
     w = np.concatenate([[gaps[0] / 2], (gaps[:-1] + gaps[1:]) / 2, [gaps[-1] / 2]])
-    w = w * student_t.pdf(spreads / SPREAD_PRIOR_SCALE, SPREAD_PRIOR_DF)
+    z = spreads / SPREAD_PRIOR_SCALE
+    w = w * (1 + z * z / SPREAD_PRIOR_DF) ** (-(SPREAD_PRIOR_DF + 1) / 2)  # the half-t's shape
     return np.log(w / w.sum())
 
 
-def kernel(scale: float, step: float) -> np.ndarray:
-    """u's density on a grid of `step`, cut at REACH scales, summing to 1 (an average over u)."""
+@lru_cache(maxsize=256)
+def kernel(scale: float, step: float, df: float) -> np.ndarray:
+    """u's density on a grid of `step`, cut at REACH scales, summing to 1 (an average over u): the Student-t's
+    shape, its constant left to the normalization."""
     half = max(1, math.ceil(REACH * scale / step))
-    k = student_t.pdf(np.arange(-half, half + 1) * step / scale, TAIL_DF)
+    z = np.arange(-half, half + 1) * step / scale
+    k = (1 + z * z / df) ** (-(df + 1) / 2)
     return k / k.sum()
 
 
@@ -188,21 +198,19 @@ def binomial_log(data: _Data, slope: float, d: np.ndarray, target: float, rows: 
     return -data.met[:, None] * np.logaddexp(0.0, -eta) - (data.judged - data.met)[:, None] * np.logaddexp(0.0, eta)
 
 
-def marginal(f: np.ndarray, y0: float, scale: float, reads: tuple[float, float]) -> tuple[np.ndarray, float, float]:
-    """log of the binomial likelihood (rows of `f`, on the fine grid from y0) averaged over u of this scale, where
-    it is read (d in `reads`): the fine grid averaged into cells a CELLS_PER_SPREAD-th of the scale wide and
-    convolved with u's density there. Returns the log likelihood, where its grid starts and its step."""
-    if scale == 0:
-        return f, y0, FINE_STEP
+def marginal(lik: np.ndarray, top: np.ndarray, y0: float, scale: float,
+             reads: tuple[float, float]) -> tuple[np.ndarray, float, float]:
+    """log of the binomial likelihood (rows of `lik`, exp(log likelihood - top) on the fine grid from y0) averaged
+    over u of this scale, where it is read (d in `reads`): the fine grid averaged into cells a
+    CELLS_PER_SPREAD-th of the scale wide and convolved with u's density there. Returns the log likelihood, where
+    its grid starts and its step."""
     per = max(1, int(scale / CELLS_PER_SPREAD / FINE_STEP))
     reach = REACH * scale + 2 * per * FINE_STEP
     first = max(0, int((reads[0] - reach - y0) / FINE_STEP))
-    cells = (min(f.shape[1], math.ceil((reads[1] + reach - y0) / FINE_STEP) + 1) - first) // per
-    part = f[:, first:first + cells * per]
-    top = part.max(axis=1, keepdims=True)
-    binned = np.exp(part - top).reshape(len(f), cells, per).mean(axis=2)
+    cells = (min(lik.shape[1], math.ceil((reads[1] + reach - y0) / FINE_STEP) + 1) - first) // per
+    binned = lik[:, first:first + cells * per].reshape(len(lik), cells, per).mean(axis=2)
     step = per * FINE_STEP
-    avg = convolve1d(binned, kernel(scale, step), axis=1, mode="constant")
+    avg = convolve1d(binned, kernel(scale, step, TAIL_DF), axis=1, mode="constant")
     return np.log(np.maximum(avg, 1e-300)) + top, y0 + (first + (per - 1) / 2) * FINE_STEP, step
 
 
@@ -219,19 +227,22 @@ def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: n
                    gains: np.ndarray = GAINS) -> np.ndarray:
     """log P(points | knee, b, s, g) on the grid: (knees x SLOPES x spreads x gains), u integrated out per point."""
     # d at every point, knee and gain: points x knees x gains
-    d = log_knees[None, :, None] - data.log_rate[:, None, None] - gains[None, None, :] * data.demand[:, None, None]
+    d = log_knees[None, :, None] - data.log_rate[:, None, None] - gains[None, None, :] * data.load[:, None, None]
     pad = REACH * float(np.max(spreads)) + 4 * FINE_STEP * CELLS_PER_SPREAD
     y0 = float(d.min()) - pad
     y = y0 + FINE_STEP * np.arange(math.ceil((float(d.max()) + pad - y0) / FINE_STEP) + 1)
     out = np.empty((len(log_knees), len(SLOPES), len(spreads), len(gains)))
     for bi, b in enumerate(SLOPES):
-        f = binomial_log(data, b, y, target) if np.any(spreads > 0) else None
+        if np.any(spreads > 0):
+            f = binomial_log(data, b, y, target)
+            top = f.max(axis=1, keepdims=True)  # each point's peak: the rest is a share of it (one exp per slope)
+            lik = np.exp(f - top)
         for si, s in enumerate(spreads):
             if s == 0:  # no integral: the binomial term itself, at each d exactly
                 flat = binomial_log(data, b, d.reshape(len(d), -1), target, rows=True)
                 out[:, bi, si, :] = flat.reshape(d.shape).sum(axis=0)
                 continue
-            log_l, start, step = marginal(f, y0, float(s), (float(d.min()), float(d.max())))
+            log_l, start, step = marginal(lik, top, y0, float(s), (float(d.min()), float(d.max())))
             out[:, bi, si, :] = read_at(log_l, start, step, d).sum(axis=0)
     return out
 
@@ -260,9 +271,9 @@ class _Draws:
 
 def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: np.random.Generator) -> _Draws:
     """(g, s) from their joint marginal (knee and b summed out), then the knee given them (b summed out). An
-    engine whose points all ask the workload's mean demand has no gain to fit: g is 0."""
+    engine whose points carry no offered token load (a run recorded before it was read) has no gain to fit: g is 0."""
     data = _Data.of(points)
-    gains = GAINS if np.any(data.demand != 0) else np.zeros(1)
+    gains = GAINS if np.any(data.load != 0) else np.zeros(1)
     grid = knee_grid(points)
     ll = log_likelihood(data, grid, target, spreads, gains) + spread_log_weights(spreads)[None, None, :, None]
     given = logsumexp(ll, axis=1)  # knee x s x g
@@ -283,7 +294,7 @@ def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SP
     return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
                    {e: float(np.median(d.spreads)) for e, d in draws.items()},
                    {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
-                   {e: float(np.var([p.log_demand for p in pts[e]])) for e in pts})
+                   {e: float(np.var([p.log_load for p in pts[e]])) for e in pts})
 
 
 def softmax(log_w: np.ndarray) -> np.ndarray:

@@ -16,7 +16,6 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
 from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
-from harness.analysis.demand import log_demand, mean_tokens_asked
 from harness.analysis.headline import (
     Headline,
     bracket_ends,
@@ -41,6 +40,7 @@ from harness.analysis.rundir import (
     time_spent,
 )
 from harness.analysis.size_classes import run_rule
+from harness.analysis.token_load import log_token_load, mean_tokens_asked
 from harness.analysis.steady import halves, knee_use
 from harness.analysis.summary_records import Summary
 from harness.results import read_rows
@@ -150,7 +150,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
 
 
 def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: SweepPoint, slo: SLO,
-                  meta: RunRecord | None = None, reference_tokens: float | None = None) -> tuple[dict, Judged]:
+                  meta: RunRecord | None = None, mean_tokens: float | None = None) -> tuple[dict, Judged]:
     """One sweep point: the client's figures over its judged requests, the engine's state over its judged
     spans (what bound it), whether its two halves agree (steady), and its verdicts for the intervals."""
     in_window = smp[in_point(smp, window, meta)]
@@ -187,9 +187,9 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
              "missed": round(metrics["requests"] * (1 - (metrics["slo_attainment"] or 0.0))),
              # the operating-point gate's figures with their intervals (compare: where two runs judged this key)
              **point_intervals(rows, in_window, judged_s, window.key or f"{window.offered_rps:g}")}
-    demand = log_demand(rows, reference_tokens)
-    point["log_demand"] = round(demand, 4)
-    return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use, demand)
+    load = log_token_load(rows, judged_s, window.offered_rps, mean_tokens)
+    point["log_token_load"] = round(load, 4)
+    return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use, load)
 
 
 def waiting_for_memory(smp: pd.DataFrame) -> float | None:
@@ -229,7 +229,7 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     if not windows or "offered_rps" not in req:
         return None
     slo, grace = cfg.slo, cfg.grace_s
-    reference = mean_tokens_asked(cfg.workload, int(cfg.seed or 0), int(cfg.max_seq_len or 2048)) \
+    mean_tokens = mean_tokens_asked(cfg.workload, int(cfg.seed or 0), int(cfg.max_seq_len or 2048)) \
         if cfg.workload else None
     points, judged, ids = [], [], []
     for w in windows:
@@ -237,7 +237,7 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         inside = pd.Series(False, index=ev.index)
         for lo, hi in spans(w, grace):
             inside |= (ev.t_s >= lo) & (ev.t_s <= hi)
-        point, j = point_figures(rows, smp, ev[inside], w, slo, meta, reference)
+        point, j = point_figures(rows, smp, ev[inside], w, slo, meta, mean_tokens)
         points.append(point)
         judged.append(j)
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()

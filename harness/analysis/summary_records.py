@@ -199,7 +199,7 @@ class HeadlineBlock(Record):
     resolvable_ratio_with_20_more_minutes: Num | None = None
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
     paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
-    demand_explained_share: dict[str, Num] | None = None  # each engine's stream variance its demand explains
+    load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
 
 
 class PhaseTimes(Record):

@@ -28,7 +28,8 @@ PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); eve
 
 METHOD = ("90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
           "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
-          "each point a stream whose offered token load (its requests' tokens per second of its window) shifts its load by a fitted gain, with a heavy-tailed random "
+          "each point a stream whose offered token load (its requests' tokens per second of its window) shifts "
+          "its load by a fitted gain, with a heavy-tailed random "
           "shift for the rest (the engine's stream-to-stream spread estimated from its points), judged requests "
           "weighted by the engine's design effect; the decision gives both engines the same streams (paired), "
           "and the knees' ratio is read from {draws} draws of each")

@@ -40,9 +40,9 @@ from harness.analysis.rundir import (
     time_spent,
 )
 from harness.analysis.size_classes import run_rule
-from harness.analysis.token_load import log_token_load, mean_tokens_asked
 from harness.analysis.steady import halves, knee_use
 from harness.analysis.summary_records import Summary
+from harness.analysis.token_load import log_token_load, mean_tokens_asked
 from harness.results import read_rows
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of

@@ -40,7 +40,7 @@ import json
 import math
 import multiprocessing
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,8 @@ def remembered(likelihood):
     memo: dict[tuple, np.ndarray] = {}
 
     def cached(data, log_knees, target, *args, **kwargs):
-        key = (data.log_rate.tobytes(), data.met.tobytes(), data.judged.tobytes(), log_knees.tobytes(), target,
+        key = (data.log_rate.tobytes(), data.load.tobytes(), data.met.tobytes(), data.judged.tobytes(),
+               log_knees.tobytes(), target,
                repr(args), repr(sorted(kwargs.items())))
         if key not in memo:
             if len(memo) > 64:
@@ -87,8 +88,13 @@ class Params:
 
     k_static_rps: float = 2.0
     slope_b: float = 25.0
-    spread_s: float = 0.08
+    spread_s: float = 0.08  # paged's stream spread: the sd of a stream's whole shift in log load
+    spread_ratio: float = 1.0  # static-oracle's spread over paged's
     slope_ratio: float = 1.0  # static-oracle's true slope over paged's
+    paired: bool = True  # the decision's n-th turn of each engine reads the same stream (the bench's paired streams)
+    explained: float = 0.38  # the share of a stream's shift its offered token load explains (twin: 0.34 and 0.42)
+    residual_rho: float = 0.11  # what the load leaves, correlated between two engines on one stream (twin: 0.11)
+    load_sd: float = 0.28  # the sd of a point's log offered token load (25 requests of mixed-churn's lengths)
     judged: int = 50
     early_judged: int = 10
     burst_mean: float = 1.5
@@ -113,21 +119,45 @@ class Engine:
     name: str
     knee_rps: float
     slope_b: float
+    spread_s: float = 0.08
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A stream's truth: its log offered token load (known to the fit) and the shared part of what it leaves."""
+
+    load: float
+    shared: float  # a standard normal: the part of the leftover shift two engines on this stream share
 
 
 @dataclass
 class Run:
-    """One synthetic run as it goes: its points, a serial for fresh stream keys, its random draws."""
+    """One synthetic run as it goes: its points, a serial for fresh stream keys, its streams, its random draws."""
 
     prm: Params
     rng: np.random.Generator
     points: dict[str, list[Judged]]
     serial: int = 0
+    streams: dict[str, Stream] = field(default_factory=dict)
 
     def key(self, rate_rps: float) -> str:
-        """A fresh stream for every point: u is drawn per point, so no two points may share a key."""
+        """A fresh stream for a search point: no other point reads it."""
         self.serial += 1
         return f"g{grid_index(rate_rps)}r{self.serial}"
+
+    def stream(self, key: str) -> Stream:
+        if key not in self.streams:
+            self.streams[key] = Stream(float(self.rng.normal(0.0, self.prm.load_sd)), float(self.rng.normal()))
+        return self.streams[key]
+
+    def shift(self, engine: Engine, key: str) -> tuple[float, float]:
+        """(the stream's log offered token load, the engine's whole shift in log load on it): the load's part
+        explains `explained` of the engine's spread; the rest correlates `residual_rho` between two engines."""
+        prm, st = self.prm, self.stream(key)
+        gain = math.sqrt(prm.explained) * engine.spread_s / prm.load_sd
+        rest = engine.spread_s * math.sqrt(1 - prm.explained)
+        rho = prm.residual_rho
+        return st.load, gain * st.load + rest * (math.sqrt(rho) * st.shared + math.sqrt(1 - rho) * self.rng.normal())
 
 
 def attainment_p(engine: Engine, rate_rps: float, shift_u: float) -> float:
@@ -153,20 +183,21 @@ def clear_miss_at(met: np.ndarray, early: int, d: float) -> int | None:
     return None
 
 
-def measure(run: Run, engine: Engine, rate_rps: float, left_s: float) -> tuple[Judged, float]:
-    """One point on a fresh stream: its judged verdicts and the seconds it took. Judging stops at a clear miss
-    or when the time left is spent (the bench's stop_by); the design effect for the clear-miss test is the
-    engine's, from its earlier points and this one's first `early_judged` verdicts."""
+def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str | None = None) -> tuple[Judged, float]:
+    """One point on stream `key` (a fresh one by default): its judged verdicts and the seconds it took. Judging
+    stops at a clear miss or when the time left is spent (the bench's stop_by); the design effect for the
+    clear-miss test is the engine's, from its earlier points and this one's first `early_judged` verdicts."""
     prm = run.prm
-    p = attainment_p(engine, rate_rps, run.rng.normal(0.0, prm.spread_s))
+    key = key or run.key(rate_rps)
+    load, shift = run.shift(engine, key)
+    p = attainment_p(engine, rate_rps, shift)
     n = max(1, min(prm.judged, int((left_s - prm.warmup_s) * rate_rps)))
     met = bursty_verdicts(run.rng, p, n, prm.burst_mean)
-    key = run.key(rate_rps)
     early = min(prm.early_judged, n)
     d = design_effect([*run.points[engine.name], Judged(rate_rps, key, met[:early], np.arange(early))])
     stop = clear_miss_at(met, early, d)
     met = met[:stop] if stop is not None else met
-    point = Judged(rate_rps, key, met, np.arange(len(met)))
+    point = Judged(rate_rps, key, met, np.arange(len(met)), log_load=load)
     run.points[engine.name].append(point)
     return point, prm.warmup_s + len(met) / rate_rps + prm.drain_s
 
@@ -231,6 +262,7 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
     fit, why it stopped, and the seconds it used."""
     prm = run.prm
     left_s, turns, turn, last = prm.decision_s, {PAGED: 0, STATIC: 0}, 0, None
+    served = {PAGED: 0, STATIC: 0}  # decision turns each engine has had: its next paired stream
     while True:
         kf = fit(run.points, TARGET)
         _, _, _, decided, precise = headline(kf, prm.decide_confidence)
@@ -242,7 +274,9 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         switch_s = prm.switch_s if last not in (None, engine) else 0.0
         if not fits(prm, rate, left_s - switch_s - prm.drain_s, prm.judged):
             return kf, "time spent", prm.decision_s - left_s
-        _, took_s = measure(run, engines[engine], rate, left_s - switch_s)
+        key = f"p{served[engine]}" if prm.paired else None  # paired: each engine's n-th turn reads stream n
+        _, took_s = measure(run, engines[engine], rate, left_s - switch_s, key)
+        served[engine] += 1
         left_s -= took_s + switch_s
         turn, last = turn + 1, engine
 
@@ -251,13 +285,14 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     """One synthetic run at a true ratio, from its own seed (the same whatever else runs beside it)."""
     ratio_key = round(true_ratio * 1000)
     run = Run(prm, np.random.default_rng([seed, ratio_key, index]), {PAGED: [], STATIC: []})
-    engines = {PAGED: Engine(PAGED, true_ratio * prm.k_static_rps, prm.slope_b),
-               STATIC: Engine(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio)}
+    engines = {PAGED: Engine(PAGED, true_ratio * prm.k_static_rps, prm.slope_b, prm.spread_s),
+               STATIC: Engine(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio, prm.spread_s * prm.spread_ratio)}
     searches = {e: search(run, engines[e]) for e in (PAGED, STATIC)}
     search_points = {e: len(run.points[e]) for e in (PAGED, STATIC)}
     kf, stop, used_s = decide(run, engines, searches)
     ratio, lo, hi, decided, precise = headline(kf, prm.decide_confidence)
-    return {"true_ratio": true_ratio, "ratio": ratio, "lo": lo, "hi": hi, "covered": lo <= true_ratio <= hi,
+    return {"true_ratio": true_ratio, "spread": prm.spread_s, "paired": prm.paired, "ratio": ratio, "lo": lo,
+            "hi": hi, "covered": lo <= true_ratio <= hi,
             "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
             "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
             "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
@@ -274,7 +309,8 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
     and where the misses fall (true ratio above the interval or below it)."""
     n = len(runs)
     cover = sum(r["covered"] for r in runs) / n
-    return {"true_ratio": true_ratio, "runs": n, "coverage": round(cover, 4),
+    return {"true_ratio": true_ratio, "spread": runs[0]["spread"], "paired": runs[0]["paired"], "runs": n,
+            "coverage": round(cover, 4),
             "coverage_se": round(math.sqrt(cover * (1 - cover) / n), 4),
             "median_hi_lo": round(float(np.median([r["hi"] / r["lo"] for r in runs])), 4),
             "decided_share": round(sum(r["decided"] for r in runs) / n, 4),
@@ -291,12 +327,14 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
             "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1)}
 
 
-def study(prm: Params, ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed: int = 0, jobs: int = 1,
-          progress=None) -> dict:
-    """Every true ratio's runs, summarized: {"rows": [...]} (the issue's contract), one row per true ratio. The
-    runs go round the ratios (run 0 of each, then run 1...), so that a study cut short still has every ratio;
-    `progress(results, total)` sees the runs as they finish."""
-    tasks = [(prm, r, seed, i) for i in range(runs) for r in ratios]
+def study(prm: Params | list[Params], ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed: int = 0,
+          jobs: int = 1, progress=None) -> dict:
+    """Every setting's and true ratio's runs, summarized: {"rows": [...]} (the issue's contract), one row per
+    (spread, pairing, true ratio). The runs go round the cells (run 0 of each, then run 1...), so that a study cut
+    short still has every cell; run i of every cell draws from the same seed (common random numbers between the
+    cells); `progress(results, total)` sees the runs as they finish."""
+    prms = prm if isinstance(prm, list) else [prm]
+    tasks = [(p, r, seed, i) for i in range(runs) for p in prms for r in ratios]
     results: list[dict] = []
     if jobs > 1:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
@@ -311,7 +349,10 @@ def study(prm: Params, ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed
 
 
 def rows_of(results: list[dict], ratios: tuple[float, ...]) -> dict:
-    return {"rows": [summarize(r, mine) for r in ratios if (mine := [x for x in results if x["true_ratio"] == r])]}
+    cells = sorted({(x["spread"], x["paired"]) for x in results}, key=lambda c: (c[0], not c[1]))
+    of = {c: [x for x in results if (x["spread"], x["paired"], x["true_ratio"]) == c] for c in
+          {(x["spread"], x["paired"], x["true_ratio"]) for x in results}}
+    return {"rows": [summarize(r, of[(s, paired, r)]) for s, paired in cells for r in ratios if (s, paired, r) in of]}
 
 
 def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
@@ -329,7 +370,8 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
     return show
 
 
-COLUMNS = [("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
+COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"),
+           ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
            ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
@@ -339,7 +381,7 @@ COLUMNS = [("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverag
 
 
 def table(result: dict, prm: Params) -> str:
-    """The readable form: the settings, then one line per true ratio."""
+    """The readable form: the settings (the first cell's: spread and pairing are columns), then one line per cell."""
     head = "  ".join(f"{h:>10}" for _, h, _ in COLUMNS)
     settings = ", ".join(f"{k}={v}" for k, v in asdict(prm).items())
     lines = [f"knee study ({100 * CONFIDENCE:.0f} % intervals): {settings}", head]
@@ -361,7 +403,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ratios", default=",".join(map(str, RATIOS)), help="true ratios paged / static-oracle")
     ap.add_argument("--k-static", type=float, default=d.k_static_rps, help="static-oracle's true knee, req/s")
     ap.add_argument("--slope", type=float, default=d.slope_b, help="b: logit attainment's fall per unit of log rate")
-    ap.add_argument("--spread", type=float, default=d.spread_s, help="s: sd of a stream's shift in log load")
+    ap.add_argument("--spread", type=float, default=d.spread_s, help="s: sd of a stream's shift in log load (paged's)")
+    ap.add_argument("--spreads", default=None,
+                    help="several spreads, comma-separated (e.g. 0.04,0.1,0.2,0.35,0.5): a row for each, instead of "
+                         "--spread")
+    ap.add_argument("--spread-ratio", type=float, default=d.spread_ratio, help="static-oracle's spread over paged's")
+    ap.add_argument("--pairing", choices=("on", "off", "both"), default="on",
+                    help="on: the decision's n-th turn of each engine reads the same stream (the bench's); off: "
+                         "every point a stream of its own; both: a row for each")
+    ap.add_argument("--explained", type=float, default=d.explained,
+                    help="the share of a stream's shift its offered token load explains (known to the fit)")
+    ap.add_argument("--residual-rho", type=float, default=d.residual_rho,
+                    help="the correlation between two engines' leftover shifts on one stream")
+    ap.add_argument("--load-sd", type=float, default=d.load_sd, help="sd of a point's log offered token load")
     ap.add_argument("--slope-ratio", type=float, default=d.slope_ratio, help="static-oracle's true slope over paged's")
     ap.add_argument("--judged", type=int, default=d.judged, help="judged requests a point takes")
     ap.add_argument("--early-judged", type=int, default=d.early_judged, help="a clear miss stops at this many")
@@ -385,8 +439,17 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def params_of(a: argparse.Namespace) -> Params:
+def params_of(a: argparse.Namespace) -> list[Params]:
+    """One Params per (spread, pairing) cell the flags ask for."""
+    one = one_params(a)
+    spreads = [float(x) for x in a.spreads.split(",")] if a.spreads else [a.spread]
+    pairings = {"on": [True], "off": [False], "both": [True, False]}[a.pairing]
+    return [replace(one, spread_s=s, paired=p) for s in spreads for p in pairings]
+
+
+def one_params(a: argparse.Namespace) -> Params:
     return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
+                  spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
                   judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop,
@@ -395,10 +458,10 @@ def params_of(a: argparse.Namespace) -> Params:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    prm = params_of(a)
+    prms = params_of(a)
     ratios = tuple(float(x) for x in a.ratios.split(","))
-    result = study(prm, ratios, a.runs, a.seed, a.jobs, progress_to(a.partial, ratios))
-    print(json.dumps(result) if a.json else table(result, prm))
+    result = study(prms, ratios, a.runs, a.seed, a.jobs, progress_to(a.partial, ratios))
+    print(json.dumps(result) if a.json else table(result, prms[0]))
     return 0
 
 

@@ -29,7 +29,7 @@ def knee_study():
 
 def test_json_rows_keep_the_contract_and_a_clear_ratio_is_decided(knee_study, capsys):
     # a short decision phase keeps it fast; at a true ratio of 1.7 the search's brackets and a few turns decide
-    assert knee_study.main(["--runs", "3", "--ratios", "1.0,1.7", "--json", "--decision-s", "120", "--seed", "3"]) == 0
+    assert knee_study.main(["--runs", "3", "--ratios", "1.0,1.7", "--json", "--decision-s", "240", "--seed", "3"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["true_ratio"] for r in rows] == [1.0, 1.7]
     for row in rows:
@@ -58,3 +58,21 @@ def test_help_states_every_default(knee_study):
     ap = knee_study.parser()
     flags = [a for a in ap._actions if a.dest != "help"]
     assert ap.format_help().count("(default:") == len(flags)
+
+
+def test_spreads_and_pairing_give_a_row_each_and_paired_turns_read_one_stream(knee_study, capsys):
+    assert knee_study.main(["--runs", "1", "--ratios", "1.3", "--json", "--decision-s", "90", "--search-s", "60",
+                            "--spreads", "0.1,0.5", "--pairing", "both", "--seed", "4"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["spread"], r["paired"]) for r in rows] == [(0.1, True), (0.1, False), (0.5, True), (0.5, False)]
+    prm = knee_study.Params(spread_s=0.3, decision_s=90, search_s=60)
+    run = knee_study.Run(prm, np.random.default_rng(1), {"paged": [], "static-oracle": []})
+    engines = {e: knee_study.Engine(e, k, 25.0, 0.3) for e, k in (("paged", 3.0), ("static-oracle", 2.0))}
+    searches = {e: knee_study.search(run, engines[e]) for e in engines}
+    knee_study.decide(run, engines, searches)
+    decided = {e: [p for p in run.points[e] if p.key.startswith("p")] for e in engines}
+    shared = {p.key: p.log_load for p in decided["paged"]}
+    both = [p for p in decided["static-oracle"] if p.key in shared]
+    assert both and all(p.log_load == shared[p.key] for p in both)  # one stream: one offered token load
+    searched = [p.key for e in engines for p in run.points[e] if not p.key.startswith("p")]
+    assert len(searched) == len(set(searched))  # a search point's stream is its own

@@ -156,6 +156,7 @@ def test_a_screened_engine_takes_no_share_of_the_headline_engines_time():
     s = searching(FakeVisits(lambda rate: 1.0), verdict=NOTHING)
     assert s.units_left(visit_of("paged").run) == 2 and s.units_left(visit_of("static-oracle").run) == 1
     assert s.units_left(visit_of("hf").run) == 1
+    assert s.setups_after(visit_of("paged").run) == 3  # every later engine is still set up
 
 
 # -- the decision's turns

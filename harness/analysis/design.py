@@ -88,10 +88,13 @@ class Design:
         ]
 
 
-def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True) -> float:
-    """An engine's search time: what is left, less the set-up of the engines after it, over the engines
-    left (this one included) and `DECISION_SHARES` for the decision (where there is a headline to decide)."""
-    return max(0.0, (left_s - setup_s * (engines_left - 1)) / (engines_left + DECISION_SHARES * int(decision)))
+def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True,
+            setups_after: int | None = None) -> float:
+    """An engine's search time: what is left, less the set-up of the engines after it (`setups_after`, by default
+    the searches after it), over the searches left (this one included) and `DECISION_SHARES` for the decision
+    (where there is a headline to decide)."""
+    after = engines_left - 1 if setups_after is None else setups_after
+    return max(0.0, (left_s - setup_s * after) / (engines_left + DECISION_SHARES * int(decision)))
 
 
 def guard_s(e2e_median_s: float | None) -> float:

@@ -63,7 +63,8 @@ class KneeSearching:
         reference stops once its ratio to the reference is decided."""
         run, d = visit.run, self.design
         st = self.visits.searched(run)
-        budget_s = share_s(self.clock.left_s, self.units_left(run), self.setup_s(), self.headline_possible())
+        budget_s = share_s(self.clock.left_s, self.units_left(run), self.setup_s(), self.headline_possible(),
+                           setups_after=self.setups_after(run))
         if self.cfg.search_s is not None:
             budget_s = min(budget_s, self.cfg.search_s)
         stop_by = time.time() - run.t0 + budget_s
@@ -195,6 +196,12 @@ class KneeSearching:
         here = len(budgets) - budgets.index(run.budget) if run.engine not in self.targets else 1
         return here + sum((len(budgets) - int(self.screened_at(e, self.cfg.kv_budget))) if e not in self.targets
                           else 1 - int(self.screened_at(e, self.cfg.kv_budget)) for e in later)
+
+    def setups_after(self, run: EngineRun) -> int:
+        """Engine-budget set-ups still to come after this one, screened engines' included."""
+        order, budgets = self.order, self.budgets
+        here = len(budgets) - budgets.index(run.budget) - 1 if run.engine not in self.targets else 0
+        return here + sum(len(budgets) if e not in self.targets else 1 for e in order[order.index(run.engine) + 1:])
 
     def setup_s(self) -> float:
         """An engine's set-up as measured so far (the first one's is a guess)."""

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from harness.analysis.design import Design
+from harness.analysis.design import TURN_SHARE, Design
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeEstimate, fit
 from harness.analysis.placement import next_rate, reach
 from harness.run.engine_run import EngineRun, Searched
-from harness.run.search import TURN_SHARE, KneeSearching, likely_rival, turns_of
+from harness.run.search import PER_VISIT, KneeSearching, likely_rival, turns_of
 from harness.run.verdicts import Verdict
 from harness.units import KvBudget
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, key_of, paired_key, snap
@@ -214,3 +214,4 @@ def test_a_turn_ends_at_its_time_bound_not_at_its_judged_count():
     bound = visits.calls[0]["stop_by_s"] - began
     assert bound <= 4.0 + TURN_SHARE * 237.0 + 1.0 and bound < s.design.min_judged / 0.229
     assert s.turn_cost(visit.run, 0.229, restart=False) <= 4.0 + TURN_SHARE * 237.0 + 1e-9
+    assert TURN_SHARE <= 1 / (2 * PER_VISIT)  # the rule: one round of both engines' visits fits after a turn

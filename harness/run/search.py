@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from engines.registry import REGISTRY, Kind
-from harness.analysis.design import Design, share_s
+from harness.analysis.design import TURN_SHARE, Design, share_s
 from harness.analysis.headline import PAGED, reference_of
 from harness.analysis.knee import KneeSearch, knee_points, pooled
 from harness.analysis.operating import OPERATING_JUDGED, OPERATING_REPLICATION, operating_key, operating_rate
@@ -30,10 +30,6 @@ from workloads.streams import STEPS_PER_OCTAVE, grid_rate, paired_key, paired_tu
 
 SEARCH_START = 0.75  # the knee search's first rate, as a share of the engine's calibrated saturation rate
 PER_VISIT = 2  # turns an engine takes per visit in the decision: a restart shared by a point above and one below
-# a decision turn's judged arrivals take at most this share of the time left: one ABBA round (PER_VISIT turns of
-# each engine) would fit in the time left after it were every turn that long, so no one turn takes the time of the
-# turns that pair it
-TURN_SHARE = 1 / (2 * PER_VISIT)
 
 SETUP_GUESS_S = 45.0  # an engine's set-up (server, debugging pass, calibration) before any has been measured
 

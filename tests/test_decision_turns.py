@@ -126,10 +126,13 @@ def test_a_screen_measures_one_point_under_the_rivals_interval_and_a_clear_miss_
     s = searching(visits, search_s=128.0, verdict=rival_verdict())
     s.search(visit_of("hf"), lambda *a: None, calibrated_rps=0.084)
     assert [c["rate"] for c in visits.calls] == [grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(2.2)))]
+    assert [c["key"] for c in visits.calls] == [key_of(visits.calls[0]["rate"])]  # a search's stream
     assert visits.calls[0]["rate"] <= 2.2 and visits.calls[0]["stop_by_s"] < 200
     screened = s.record.meta["screens"]["hf"]
     assert screened["ruled_out"] and screened["rival"] == "static-oracle" and screened["judged"] == 25
     assert any("hf: ruled out" in line and "search done" in line for line in s.console.lines)
+    kept = visits.searched(visit_of("hf").run).search  # kept: the decision steps down from it, were hf the rival
+    assert kept.measured == [(visits.calls[0]["rate"], 0.08)]
 
 
 def test_a_screen_that_does_not_clearly_miss_goes_on_to_a_search_from_its_point():

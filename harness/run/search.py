@@ -66,8 +66,6 @@ class KneeSearching:
         stop_by = time.time() - run.t0 + budget_s
         self.operating_point(visit, show, stop_by)
         screened = self.screen(visit, show, stop_by) if self.screened(run) else None
-        if screened is not None and screened[1]:
-            return
         # the first rate: 0.75x the calibrated one, raised where need be to the rate at which a clear miss's judged
         # requests arrive within half the engine's share, so that the search measures a point (a naive engine
         # calibrated at 0.084 req/s once searched its 128 s and ended with none); a calibration that found nothing
@@ -77,6 +75,8 @@ class KneeSearching:
                                max_points=d.max_points)
         if screened is not None:  # the screen's point is the search's first
             st.search.record(screened[0], self.visits.attainment(run, screened[0]))
+            if screened[1]:  # ruled out: the search is kept (the decision steps down from it were it the rival)
+                return
         self.console.plain(f"{run.engine}: searching for {budget_s:.0f} s")
         while (rate := st.search.next_rate()) is not None:
             if not self.fits(run, rate, stop_by):
@@ -122,7 +122,8 @@ class KneeSearching:
         est = v.fit.estimates.get(rival) if rival is not None and v.fit is not None else None
         if est is None or est.ci[0] <= 0:
             return None
-        rate = grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(est.ci[0]) + 1e-9))  # at or under it
+        # the grid rate at or under it (within the grid's own rounding to a millionth)
+        rate = grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(est.ci[0]) + 1e-6))
         if not self.fits(run, rate, stop_by):
             why = self.unfit(run, rate, stop_by)
             self.console.plain(f"{run.engine}: not screened: {why}")

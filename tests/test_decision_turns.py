@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from harness.analysis.design import TURN_SHARE, Design
+from harness.analysis.design import GUARD_S, TURN_SHARE, Design
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeEstimate, fit
 from harness.analysis.placement import next_rate, reach
@@ -218,3 +218,40 @@ def test_a_turn_ends_at_its_time_bound_not_at_its_judged_count():
     assert bound <= 4.0 + TURN_SHARE * 237.0 + 1.0 and bound < s.design.min_judged / 0.229
     assert s.turn_cost(visit.run, 0.229, restart=False) <= 4.0 + TURN_SHARE * 237.0 + 1e-9
     assert TURN_SHARE <= 1 / (2 * PER_VISIT)  # the rule: one round of both engines' visits fits after a turn
+
+
+def test_a_point_ends_at_its_time_bound_with_fewer_judged_requests_than_its_count(tmp_path, monkeypatch):
+    """The point runner itself, on a fake clock: every request met the SLO at once, the point asked for 50 judged
+    requests at 0.229 req/s (218 s of arrivals), and its time bound came first."""
+    from harness.analysis.capacity import SLO
+    from harness.run import points
+    from harness.run.points import PointJob, PointRunner
+    from workloads.schedule import ScheduleWriter
+    from workloads.spec import load_spec
+    from workloads.streams import Streams
+
+    now = [100.0]
+    monkeypatch.setattr(points.time, "sleep", lambda s: now.__setitem__(0, now[0] + max(s, 0.01)))
+    streams = Streams(load_spec("mixed-churn"), 0)
+
+    class Done:  # every request sent so far ended 0.2 s after it arrived, within the SLO
+        def read(self):
+            rows = []
+            for seg in runner.segments:
+                for r in streams.arrivals(seg, now[0] - 0.2):
+                    rows.append({"request_id": r.request_id, "status": "ok", "ttft_s": 0.05, "tpot_s": 0.01,
+                                 "e2e_s": 0.2, "end_s": r.arrival_s + 0.2, "output_tokens": r.max_tokens})
+            return rows
+
+    class Nothing:
+        def read(self):
+            return []
+
+    runner = PointRunner(ScheduleWriter(tmp_path / "schedule.jsonl"), Done(), Nothing(), streams, SLO(2.0, 0.25, 0.9),
+                         clock=lambda: now[0], supervise=lambda: None)
+    job = PointJob(0, 0.229, paired_key(0), 0, min_judged=50, max_judged=50, early_judged=10, stop_by_s=160.0,
+                   warmup_guess_s=3.0)
+    res = runner.run(job)
+    assert 0 < res.judged < 50 and res.attainment == 1.0
+    assert res.segments[-1]["judged_end_s"] <= 160.0 + points.TICK_S
+    assert res.segments[-1]["end_s"] <= 160.0 + points.TICK_S + GUARD_S[1]  # then its tail guard, and no more

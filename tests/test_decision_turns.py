@@ -255,3 +255,46 @@ def test_a_point_ends_at_its_time_bound_with_fewer_judged_requests_than_its_coun
     assert 0 < res.judged < 50 and res.attainment == 1.0
     assert res.segments[-1]["judged_end_s"] <= 160.0 + points.TICK_S
     assert res.segments[-1]["end_s"] <= 160.0 + points.TICK_S + GUARD_S[1]  # then its tail guard, and no more
+
+
+def test_the_decision_visits_abba_and_turn_n_of_each_engine_reads_one_paired_stream():
+    """decide() on fakes: visits alternate (the rival's first, two turns each), every turn a paired stream, turn n
+    of paged and of static-oracle the same key, no key twice for one engine, every rate within a grid step of
+    the engine's lowest met and highest missed rates."""
+    rng = np.random.default_rng(5)
+
+    def pts(knee):
+        return [judged(snap(knee * f), int(25 * (0.97 if f < 1 else 0.3)) + int(rng.integers(0, 2)), 25)
+                for f in (0.6, 0.8, 1.25, 1.6)]
+
+    points = {"paged": pts(3.5), "static-oracle": pts(2.4)}
+    headline = SimpleNamespace(engine="paged", against="static-oracle", stop="time spent", ratio=1.4,
+                               ratio_ci=(1.1, 1.8), bracketed={}, decided=True, precise=False, precision=1.5,
+                               figure=lambda k: None)
+    v = Verdict(points, {}, {}, headline, fit(points, 0.9))
+    visits = FakeVisits(lambda rate: 0.9)
+    s = searching(visits, left_s=400.0, verdict=v)
+    s.record.decision_log = lambda: []
+    visits.revisit = lambda run: SimpleNamespace(run=run)
+    visits.end_visit = lambda visit: None
+    measure = visits.measure
+
+    def spend(visit, rate, show, **kw):  # each turn takes 30 s of the run's time
+        s.clock.left_s -= 30.0
+        measure(visit, rate, show, **kw)
+
+    visits.measure = spend
+    runs = {e: visit_of(e).run for e in ("paged", "static-oracle")}
+    for run in runs.values():
+        visits.searched(run).search = object()
+    s.decide(runs, lambda label, total: (lambda *a: None))
+    engines = [c["engine"] for c in visits.calls]
+    assert engines[:8] == ["static-oracle"] * 2 + ["paged"] * 2 + ["static-oracle"] * 2 + ["paged"] * 2
+    keys = {e: [c["key"] for c in visits.calls if c["engine"] == e] for e in runs}
+    n = min(len(k) for k in keys.values())
+    assert n >= 4 and keys["paged"][:n] == keys["static-oracle"][:n] == [paired_key(i) for i in range(n)]
+    for e in runs:
+        lowest_met, highest_missed = reach(points[e], 0.9)
+        rates = [c["rate"] for c in visits.calls if c["engine"] == e]
+        assert all(grid_rate(grid_index(lowest_met) - 1) <= r <= grid_rate(grid_index(highest_missed) + 1)
+                   for r in rates)

@@ -99,9 +99,9 @@ class Design:
             "the decision measures the headline's two engines in alternating visits (ABBA), turn n of each on the "
             "same paired stream (one request sequence, each engine at its own rate), each turn placed around the "
             "engine's fitted knee, alternately above and below it, never more than a grid step below the lowest "
-            "rate that met nor above the highest that missed, its judged arrivals at most "
-            f"{TURN_SHARE:.0%} of the time left; it stops once the ratio's interval is at most {self.precision:g} "
-            f"wide (hi / lo) on at least {MIN_POINTS} points per engine, or when the next turn does not fit in the "
+            f"rate that met nor above the highest that missed, its judged arrivals at most {100 * TURN_SHARE:g} % of "
+            f"the time left; it stops once the ratio's interval is at most {self.precision:g} wide (hi / lo) on at "
+            f"least {MIN_POINTS} points per engine, or when the next turn does not fit in the "
             "time left (whether it is decided does not stop it: stopping on the first look that excludes 1.0 would "
             "decide too often where there is no difference)",
         ]

@@ -70,12 +70,15 @@ $(MODEL_DIR)/config.json: $(STAMP)
 	$(BIN)/fragbench model build --preset tiny-llama --out $(MODEL_DIR)
 
 # The default CPU comparison: the naive engine, two contiguous ones and the paged one on mixed-churn. Each
-# engine is calibrated on this machine, then its own knee search places the offered rates so that the rate it
-# sustains within the SLO lies between two measured points, each point judged at steady state on requests no
-# other point judged; then the decision phase measures the headline's two engines (paged against the best
-# contiguous one) until the ratio's 90 % interval excludes 1.0 and is at most PRECISION wide, or BENCH_TIME is
-# spent. Every other number (requests a point judges, warm-up, bracket width, time shares) follows from the
-# two by the rules the report prints (harness/analysis/design.py).
+# engine is calibrated on this machine. Paged and the contiguous engine likeliest to be its rival (static-oracle
+# here, by the rule harness/run/search.likely_rival states) are searched first: each knee search places the
+# offered rates so that the rate the engine sustains within the SLO lies between two measured points, each point
+# judged at steady state on requests no other point judged. Every other engine is screened: one point at the
+# rival's lower interval end, and a clear miss there rules it out with a bound (else it is searched too). The
+# decision phase then measures the headline's two engines (paged against the best contiguous one), turn n of each
+# on the same paired stream, until the ratio's 90 % interval is at most PRECISION wide (whether it excludes 1.0
+# does not stop it), or BENCH_TIME is spent. Every other number (requests a point judges, warm-up, a turn's time
+# bound, time shares) follows from the two by the rules the report prints (harness/analysis/design.py).
 # static-max runs as a naive static server does (admitted without a memory check, so its max-length
 # reservations OOM for capacity); static-oracle reserves exactly prompt + max_tokens, so its extents differ in
 # size, free out of order and strand holes: it admits on free bytes (all a GPU server can see) and meets OOMs

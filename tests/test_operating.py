@@ -69,6 +69,19 @@ def test_the_shared_point_is_the_highest_stream_both_runs_sustained():
     assert shared_point(base, unsteady) is None
 
 
+def test_a_paired_stream_is_shared_only_at_one_rate():
+    """A paired key (the decision's turn n) is read at whatever rate its turn placed it: one key at two rates
+    judged the same requests under two loads, which is no shared point."""
+    base = block(point("g3", 2.0, 1.0), point("p0", 2.4, 1.0))
+    new = block(point("g3", 2.0, 1.0), point("p0", 2.2, 1.0))
+    b, n = shared_point(base, new)
+    assert b.key == n.key == "g3"
+    new["points"].append(point("p1", 2.4, 1.0))
+    base["points"].append(point("p1", 2.4, 0.95))
+    b, n = shared_point(base, new)
+    assert (b.key, b.offered_rps) == (n.key, n.offered_rps) == ("p1", 2.4)
+
+
 def test_the_shared_point_lies_below_both_runs_sustained_rate_intervals():
     """A stream inside one run's knee interval is not an operating point: there one run may queue and the
     other not (two runs of one commit put paged's TTFT p50 at 0.13 and 0.64 s at 3.83/s, inside its knee's

@@ -236,18 +236,20 @@ def look(pts):
     return Verdict({"paged": pts}, {}, {}, None, fit({"paged": pts}, 0.9))
 
 
-def test_an_open_bracket_gets_a_new_rate_and_a_bracketed_knee_fresh_streams_around_it():
+def test_an_open_bracket_gets_a_new_rate_and_a_bracketed_knee_paired_streams_around_it():
     d = decider(Design.of(900, 1.5, 0.9))
     # no rate met the SLO: a lower rate first, by the search's step
-    [rate, rep] = d.turn_plan(_Run(), look([judged(2.5, 0.6, 60)]), 0)
-    assert rate < 2.5 and rep == 0
+    [rate, key] = d.turn_plan(_Run(), look([judged(2.5, 0.6, 60)]))
+    assert rate < 2.5 and key == "p0"
     pts = [judged(1.0, 1.0, 60), judged(1.6, 0.95, 60), judged(2.56, 0.3, 60)]
     d.visits.searched(None).points = [{"offered_rps": p.offered_rps, "key": p.key} for p in pts]
     v = look(pts)
     est = v.fit.estimates["paged"]
-    (up, rep_up), (down, _) = d.turn_plan(_Run(), v, 0), d.turn_plan(_Run(), v, 1)
+    up, key_up = d.turn_plan(_Run(), v)
+    d.visits.searched(None).points.append({"offered_rps": up, "key": key_up})  # the turn taken
+    down, key_down = d.turn_plan(_Run(), v)
     assert down < est.rps < up
-    assert rep_up == (1 if up in (1.0, 1.6, 2.56) else 0)  # a rate measured before gets its next realization
+    assert (key_up, key_down) == ("p0", "p1")  # each turn its paired stream, never one read before
 
 
 def test_the_rival_is_a_contiguous_engine_whose_open_bracket_may_reach_above_the_bracketed_leader():

@@ -12,6 +12,13 @@ workload, and every engine offered that rate draws the same ones (common random 
 - Replications: key `g<k>r<r>` is the r-th independent realization of grid rate k (a stream of its own seed,
   or a trace slice of its own), so that a point measured again as a replication judges requests no earlier
   realization judged: the variation between realizations (bursts, lengths) lands in the interval.
+- Paired streams: key `p<n>` is a request sequence of no rate (its lengths, cancellations and arrival gaps in
+  units of the mean), read by the n-th decision turn of each of the headline's two engines, each at its own
+  offered rate (`Streams.arrivals` scales the gaps): turn n of paged and turn n of its rival judge the same
+  requests (as far as their warm-ups allow), so that what a stream asks of an engine (more tokens, a burst)
+  falls on both and cancels in their ratio. A trace gives paired key n the middle of slice
+  n x `PAIRED_STRIDE` mod `TRACE_SLICES`: the first `TRACE_SLICES` paired keys start in distinct slices, and
+  a grid key, which starts at a slice's start, reads half a slice before it reaches a paired key's rows.
 - A `Segment` is a stretch of one stream at one rate: requests `first`, `first + 1`, ... arriving from
   `start_s` on, the stream's own arrival gaps rescaled to the rate, until `end_s`. A point of a knee search
   is one or more segments; an extended point continues its stream where it stopped.
@@ -34,6 +41,10 @@ STEPS_PER_OCTAVE = 16  # grid rates 2^(k/16): 4.4 % apart, finer than any bracke
 TRACE_SLICES = 64
 ENDLESS = 10**12  # a stream's length: it is read lazily, as far as its points go
 CALIBRATION = "cal"  # the calibration's streams: never judged, never shared with a grid rate
+PAIRED = "p"  # the decision's paired streams: `p<n>`, turn n of each headline engine
+# a paired key's trace slice steps by this (odd, so the first TRACE_SLICES keys take distinct slices; about
+# TRACE_SLICES over the golden ratio, so that each new key starts far from the keys before it)
+PAIRED_STRIDE = 39
 
 
 def grid_index(rate_rps: float) -> int:
@@ -55,8 +66,23 @@ def key_of(rate_rps: float, replication: int = 0) -> str:
     return f"g{grid_index(rate_rps)}" + (f"r{replication}" if replication else "")
 
 
+def paired_key(turn: int) -> str:
+    """The paired stream of the decision's `turn`-th turn of each headline engine (module docstring)."""
+    return f"{PAIRED}{turn}"
+
+
+def paired_turn(key: str | None) -> int | None:
+    """The decision turn a paired key names; None for a key of another kind."""
+    key = key or ""
+    return int(key[len(PAIRED):]) if key.startswith(PAIRED) and key[len(PAIRED):].isdigit() else None
+
+
 def replication_of(key: str | None) -> int:
-    """The replication a stream key names (0: the rate's first stream, or a key of another kind)."""
+    """The replication a stream key names (0: the rate's first stream, the search's, or a calibration key). A
+    paired key `p<n>` is an independent realization, never the search's: n + 1."""
+    turn = paired_turn(key)
+    if turn is not None:
+        return turn + 1
     head, _, rep = (key or "").partition("r")
     return int(rep) if head.startswith("g") and rep.isdigit() else 0
 
@@ -67,8 +93,11 @@ def stream_seed(seed: int, key: str) -> int:
 
 def _first_row(spec: WorkloadSpec, key: str) -> int:
     rows = len(trace_rows(spec))
+    turn = paired_turn(key)
+    if turn is not None:  # the middle of its own slice (module docstring)
+        return ((turn * PAIRED_STRIDE) % TRACE_SLICES * 2 + 1) * rows // (2 * TRACE_SLICES)
     grid = key.startswith("g") and key[1:].lstrip("-").isdigit()
-    index = int(key[1:]) if grid else stream_seed(0, key)  # a calibration key: a slice of its own hash
+    index = int(key[1:]) if grid else stream_seed(0, key)  # a replication or calibration key: its own hash
     return (index % TRACE_SLICES) * rows // TRACE_SLICES
 
 

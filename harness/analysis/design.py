@@ -1,26 +1,32 @@
 """The measurement's design, derived from what the user asks (a precision for the headline ratio, a total
 time) by rules the report prints, not tuned so that a figure comes out: how many requests a point judges,
-when it stops, how narrow a bracket the search bisects to, how the time is shared.
+when it stops, how long a decision turn may take, how the time is shared.
 
-- A point judges at least `min_judged` requests: the fewest at which a point every one of whose requests
-  met the SLO can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9), times the workload's
-  index of dispersion D (the variance over the mean of its arrival counts in windows that hold that many
-  arrivals on average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty
-  stream's requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
-- It goes on (more requests at the same rate, before the search moves past it) while its Wilson 90 %
-  interval, at the effective size (judged requests over the engine's design effect, harness/analysis/knee.py),
-  holds the target, up to `max_judged` (4 x min_judged) in the search and twice that in the decision; a point
-  whose interval lies wholly under the target stops as soon as it has `early_judged` judged requests (a clear
-  miss needs no more).
-- Each engine's bracket is bisected until hi / lo <= 1 + tolerance, with (1 + tolerance) =
-  precision^(1 / (2 sqrt 2)): two engines' brackets, in quadrature, take half of the ratio's log-width asked
-  (1.154 at precision 1.5), leaving the other half to sampling.
+- A point judges `min_judged` requests: the fewest at which a point every one of whose requests met the SLO
+  can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9), times the workload's index of
+  dispersion D (the variance over the mean of its arrival counts in windows that hold that many arrivals on
+  average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty stream's
+  requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
+- The number is fixed (`max_judged` is `min_judged`: the knee is fitted from every point, and one more stream
+  tells more than a longer one), save that a point whose Wilson 90 % interval at the effective size (judged
+  requests over the engine's design effect, harness/analysis/knee.py) lies wholly under the target stops as
+  soon as it has `early_judged` judged requests (a clear miss needs no more), and that no point runs past its
+  time bound: its engine's share in a search, a share of the time left in the decision (harness/run/search.py's
+  TURN_SHARE). A point cut short judges fewer requests, and its interval says so.
+- Each engine's search brackets its knee (a rate that met below one that missed) and stops; with
+  `--knee-tolerance` it bisects the bracket until hi / lo <= 1 + tolerance.
+- Who is searched: the paged reference first, then the contiguous engine likeliest to be its rival
+  (harness/run/search.likely_rival). Every other engine is screened: one point at the grid rate at or under the
+  rival's lower interval end; a clear miss there rules it out (its knee a bound under the rival's interval) and
+  ends its search; otherwise it is searched as the others are.
 - Time: the whole budget (`--time`) counts from the bench's start. Before each engine's search, what is left
-  (less the set-up the engines still to come will spend, as measured on those done) is shared equally
-  between that engine, the engines after it, and `DECISION_SHARES` shares for the decision (`bench`: the
-  headline's two engines measured in alternating rounds, their bracket ends replicated on independent
-  realizations, until the ratio's interval is decided and as narrow as asked, or the time is spent). No point
-  runs past its engine's share: a slow engine's point judges fewer requests, and its interval says so.
+  (less the set-up every engine still to come will spend, as measured on those done) is shared equally between
+  the searches still to run (this one, and later engines that are not screened) and `DECISION_SHARES` shares
+  for the decision; a share caps a search, and what a search or a screen leaves unused goes on to the ones after
+  it and to the decision, which gets all that is left. The decision measures the headline's two engines in
+  alternating visits (ABBA), turn n of each on the same paired stream, until the ratio's interval is as narrow
+  as asked on enough points (harness/analysis/placement.done: whether it is decided does not enter the stop),
+  or the next turn does not fit in the time left.
 """
 
 from __future__ import annotations
@@ -33,9 +39,14 @@ from harness.analysis.steady import Z90, fewest_to_pass
 
 EARLY_JUDGED = 10  # a point clearly under the target may stop with this many judged requests
 GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to this range
-# the decision's shares of the time: its rounds visit two engines each and replicate both bracket ends, so that
-# three realizations of each fit beside the searches (a round costs about what one engine's search does)
+# the decision's shares of a search's cap: the headline's two engines are the only ones searched in full, and the
+# decision measures both of them again, so it is reserved as much as their two searches (it gets every second
+# the searches and screens leave besides)
 DECISION_SHARES = 2
+# a decision turn's judged arrivals take at most this share of the time left: one ABBA round (two turns of each
+# engine) would fit in the time left after it were every turn that long, so that no one turn takes the time of
+# the turns that pair it (a fresh-clone run's first turn, at 0.229 req/s, took the decision's whole 237 s)
+TURN_SHARE = 1 / 4
 
 
 @dataclass(frozen=True)
@@ -78,20 +89,31 @@ class Design:
             f"{self.early_judged}",
             ("each engine's search brackets its knee and stops" if self.tolerance is None else
              f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (--knee-tolerance)"),
-            f"the {self.time_s:g} s budget is shared equally, before each engine's search, between it, the engines "
-            f"after it and {DECISION_SHARES} shares for the decision; no point runs past its engine's share; the "
-            "decision measures the headline's two engines in alternating turns (ABBA), each turn one point on a "
-            "fresh stream placed around the engine's fitted knee, alternately above and below it, until the "
-            f"ratio's interval is at most {self.precision:g} wide (hi / lo) on at least {MIN_POINTS} points per "
-            "engine, or the time is spent (whether it is decided does not stop it: stopping on the first look "
-            "that excludes 1.0 would decide too often where there is no difference)",
+            f"the {self.time_s:g} s budget is shared equally, before each engine's search, between the searches "
+            f"still to run (the paged engine, its likely rival, and any engine a screen did not rule out) and "
+            f"{DECISION_SHARES} shares for the decision, less the set-up of every engine still to come; a share caps "
+            "a search, and what it leaves goes on; no point runs past its engine's share",
+            "every engine other than the paged one and its likely rival (measured second) is screened: one point at "
+            "the grid rate at or under the rival's lower interval end; a clear miss there (its Wilson interval "
+            "under the target) rules it out, its knee a bound under the rival's, and ends its search",
+            "the decision measures the headline's two engines in alternating visits (ABBA), turn n of each on the "
+            "same paired stream (one request sequence, each engine at its own rate), each turn placed around the "
+            "engine's fitted knee, alternately above and below it, never more than a grid step below the lowest "
+            f"rate that met nor above the highest that missed, its judged arrivals at most {100 * TURN_SHARE:g} % of "
+            f"the time left; it stops once the ratio's interval is at most {self.precision:g} wide (hi / lo) on at "
+            f"least {MIN_POINTS} points per engine, or when the next turn does not fit in the "
+            "time left (whether it is decided does not stop it: stopping on the first look that excludes 1.0 would "
+            "decide too often where there is no difference)",
         ]
 
 
-def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True) -> float:
-    """An engine's search time: what is left, less the set-up of the engines after it, over the engines
-    left (this one included) and `DECISION_SHARES` for the decision (where there is a headline to decide)."""
-    return max(0.0, (left_s - setup_s * (engines_left - 1)) / (engines_left + DECISION_SHARES * int(decision)))
+def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True,
+            setups_after: int | None = None) -> float:
+    """An engine's search time: what is left, less the set-up of the engines after it (`setups_after`, by default
+    the searches after it), over the searches left (this one included) and `DECISION_SHARES` for the decision
+    (where there is a headline to decide)."""
+    after = engines_left - 1 if setups_after is None else setups_after
+    return max(0.0, (left_s - setup_s * after) / (engines_left + DECISION_SHARES * int(decision)))
 
 
 def guard_s(e2e_median_s: float | None) -> float:

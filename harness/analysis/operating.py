@@ -8,11 +8,12 @@ requests at the same load in every pair of default runs; where a pair has no suc
 budget or model the table does not hold) it falls back to the rule below.
 
 Two sweeps visit different rates, but every rate lies on one grid and each grid rate (and each replication of
-it) has its own stream (workloads.streams.key_of): two points at one key judged the same requests. The nightly
-gate compares each engine at the highest key both runs judged below the knee (steady, SLO met in both) at a rate
-no higher than either run's sustained-rate interval reaches down to: the same offered load, the same requests,
-a load the engine sustains in both runs with confidence. Figures pooled over a sweep's path are not comparable
-that way (views/compare.py keeps them ungated).
+it) has its own stream (workloads.streams.key_of): two points at one key and one rate judged the same requests
+at the same load (a paired stream, the decision's, is read at whatever rate its turn placed it: the rate is
+part of the pairing). The nightly gate compares each engine at the highest such point both runs judged below
+the knee (steady, SLO met in both) at a rate no higher than either run's sustained-rate interval reaches down
+to: the same offered load, the same requests, a load the engine sustains in both runs with confidence. Figures
+pooled over a sweep's path are not comparable that way (views/compare.py keeps them ungated).
 
 Each point's figures carry a 90 % interval from a circular block bootstrap: over its completed requests in
 arrival order for latency and throughput (neighbours share the queue they met: blocks keep them together),
@@ -124,22 +125,25 @@ def shared_point(base: CapacityBlock, new: CapacityBlock) -> tuple[CapacityPoint
 
     The fixed operating point where both runs measured it (`operating_point.keys`), else:
 
-    The highest-rate stream key both runs measured below the knee, at a rate no higher than the lower end of
-    either run's sustained-rate interval: a load both runs sustain with confidence. A stream inside a knee's
-    interval may queue in one run and not in the other (b1 and b3 of one commit at paged's 3.83/s: TTFT p50
-    0.13 and 0.64 s, TPOT p50 +16 % with intervals apart); its latency is then a queueing figure, which the
-    sustained rate already gates. Ties in rate go to the first realization (the lowest key)."""
+    The highest-rate stream both runs measured (one key at one rate) below the knee, at a rate no higher than
+    the lower end of either run's sustained-rate interval: a load both runs sustain with confidence. A stream
+    inside a knee's interval may queue in one run and not in the other (b1 and b3 of one commit at paged's
+    3.83/s: TTFT p50 0.13 and 0.64 s, TPOT p50 +16 % with intervals apart); its latency is then a queueing
+    figure, which the sustained rate already gates. Ties in rate go to the first realization (the lowest key)."""
     fixed = fixed_point(base, new)
     if fixed is not None:
         return fixed
     ceiling = min(lower_end(base), lower_end(new))
 
-    def sustained(block: CapacityBlock) -> dict[str, CapacityPoint]:
+    def sustained(block: CapacityBlock) -> dict[tuple[str, float], CapacityPoint]:
+        # by key and rate: a grid key has one rate, but a paired stream (workloads/streams.paired_key) is read at
+        # whatever rate its turn placed it, and two points of one key at two rates did not judge one load
         target = block.slo.attainment
-        return {p.key: p for p in block.points if p.key and below_knee(p, target) and p.offered_rps <= ceiling}
+        return {(p.key, p.offered_rps): p for p in block.points
+                if p.key and below_knee(p, target) and p.offered_rps <= ceiling}
 
     b, n = sustained(base), sustained(new)
-    keys = sorted(set(b) & set(n), key=lambda k: (-b[k].offered_rps, k))
+    keys = sorted(set(b) & set(n), key=lambda k: (-k[1], k[0]))
     return (b[keys[0]], n[keys[0]]) if keys else None
 
 

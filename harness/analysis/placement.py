@@ -4,8 +4,16 @@ Once an engine's knee is bracketed (knee.KneeSearch: a rate that met the SLO bel
 further point goes near the knee as the fit now estimates it (kneefit.py), alternating sides: one above, the
 next below, `spread` apart in log rate, so that the points straddle the crossing where they tell most about it
 (a point far from the knee says little about where the curve crosses the target) and still see the slope. Each
-point is a fresh stream (a new realization of its rate) with a fixed number of judged requests, so that every
-point weighs alike and the stream-to-stream spread is sampled as often as the rate is.
+point is a fresh stream (the decision's paired stream of its turn, workloads/streams.paired_key) with a fixed
+number of judged requests, so that every point weighs alike and the stream-to-stream spread is sampled as often
+as the rate is.
+
+A turn stays where the points leave the crossing in doubt: never more than a grid step below the lowest rate
+that met the target, nor above the highest that missed it (`reach`). Below every rate that met, a point meets
+too and tells nothing of the crossing; it also takes longest (its judged requests arrive slowest). A fit whose
+slope came out shallow has a wide interval, and half its half-width can reach far past the points: in a
+fresh-clone run static-oracle's search bracketed its knee between 2.83 and 7.34 req/s, and the decision's first
+turn went to 0.229 req/s (100 % met; its 35 judged requests took the decision's whole 237 s).
 
 The stop: the headline precise (hi / lo at most the precision asked), each of its two engines resting on at least
 `MIN_POINTS` points; else when the time is spent. Whether it is decided does not enter the stop: a rule that
@@ -20,8 +28,9 @@ from __future__ import annotations
 
 import math
 
+from harness.analysis.knee import Judged, knee_points, pooled
 from harness.analysis.kneefit import KneeEstimate
-from workloads.streams import STEPS_PER_OCTAVE, grid_rate, snap
+from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, snap
 
 # points a headline knee rests on before the decision may stop: the fit has three unknowns that the two engines
 # share (slope, stream spread) or hold alone (the knee), and a stream spread estimated from fewer than about twice
@@ -36,13 +45,33 @@ def spread(estimate: KneeEstimate) -> float:
     return max(GRID_STEP, half / 2)
 
 
-def next_rate(estimate: KneeEstimate, turn: int) -> float:
-    """The grid rate of an engine's `turn`-th placed point: above the knee on even turns, below on odd ones."""
+def reach(points: list[Judged], target: float) -> tuple[float | None, float | None]:
+    """(lowest rate that met, highest that missed) among the points a knee rests on, each rate's replications
+    pooled; None where no rate met (or none missed)."""
+    rows = pooled(knee_points(points))
+    met = [p.offered_rps for p in rows if len(p.met) and p.attainment >= target]
+    missed = [p.offered_rps for p in rows if not len(p.met) or p.attainment < target]
+    return min(met, default=None), max(missed, default=None)
+
+
+def clamped(rate: float, lowest_met: float | None, highest_missed: float | None) -> float:
+    """`rate`, kept within a grid step of where the points leave the crossing in doubt (module docstring)."""
+    if lowest_met is not None:
+        rate = max(rate, grid_rate(grid_index(lowest_met) - 1))
+    if highest_missed is not None:
+        rate = min(rate, grid_rate(grid_index(highest_missed) + 1))
+    return rate
+
+
+def next_rate(estimate: KneeEstimate, turn: int, lowest_met: float | None = None,
+              highest_missed: float | None = None) -> float:
+    """The grid rate of an engine's `turn`-th placed point: above the knee on even turns, below on odd ones,
+    within a grid step of the lowest rate that met and the highest that missed (`reach`)."""
     side = 1 if turn % 2 == 0 else -1
     rate = snap(estimate.rps * math.exp(side * spread(estimate)))
     if rate == snap(estimate.rps):  # the grid rounded it onto the knee's own rate: one step to its side
         rate = grid_rate(round(STEPS_PER_OCTAVE * math.log2(rate)) + side)
-    return rate
+    return clamped(rate, lowest_met, highest_missed)
 
 
 def done(precise: bool, points: dict[str, int]) -> bool:

@@ -74,7 +74,8 @@ def register(sub) -> None:
                             "search, then the decision phase; the design's rules share it out (report: Capacity)")
     sweep.add_argument("--precision", type=float, default=1.5,
                        help="the headline ratio's 90 %% interval asked, as hi / lo (default 1.5): the decision phase "
-                            "measures until the interval excludes 1.0 and is this narrow, or the time is spent")
+                            "measures until the interval is this narrow (each engine on enough points), or the time "
+                            "is spent; whether it excludes 1.0 does not stop it")
     sweep.add_argument("--point-duration", type=float, default=None,
                        help="seconds of judged arrivals per point, at least (default: none in a search; 20 s a rate "
                             "with --rates)")
@@ -85,8 +86,9 @@ def register(sub) -> None:
                        help="seconds one engine's knee search may spend per budget, at most (default: its share of "
                             "--time)")
     sweep.add_argument("--knee-tolerance", type=float, default=None,
-                       help="bisect until the lowest failing rate is within 1 + this of the passing one (default: "
-                            "precision^(1/(2 sqrt 2)) - 1, 0.154 at 1.5)")
+                       help="bisect each bracket until the lowest failing rate is within 1 + this of the passing one "
+                            "(default: none: each search brackets its knee and stops; the knee is fitted from every "
+                            "point)")
     sweep.add_argument("--calibrate-duration", type=float, default=12.0,
                        help="seconds per calibration window (default 12)")
     bench.set_defaults(func=run)

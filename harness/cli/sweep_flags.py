@@ -13,7 +13,8 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
     group = parser.add_argument_group("capacity sweep (the vLLM paper's Figure 12)")
     group.add_argument("--sweep", action="store_true",
                        help=f"offer the workload at several request rates per {per} and find the highest each "
-                            "sustains within the SLO; the rates come from a calibration unless --rates gives them")
+                            "sustains within the SLO, or a bound on it (bench: an engine its one screening point "
+                            "rules out); the rates come from a calibration unless --rates gives them")
     group.add_argument("--rates", type=rate_list,
                        help="offered requests/s, comma-separated, the same for every engine (skips the calibration "
                             "and the knee search)")

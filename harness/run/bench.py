@@ -26,7 +26,7 @@ from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
 from harness.run.record import RunRecord
-from harness.run.search import KneeSearching
+from harness.run.search import KneeSearching, likely_rival
 from harness.run.servers import ServerFailed
 from harness.run.stats_poller import Sampler
 from harness.run.supervisor import Supervisor
@@ -97,10 +97,17 @@ class Bench:
 
     def order(self) -> list[str]:
         """The engines in the order they are measured: in a knee search the paged reference first (every other
-        engine's search may stop once its ratio to it is decided), then the rest as given, targets last."""
-        engines = [*self.cfg.engines, *self.targets]
-        ref = reference_of(self.cfg.engines) if self.cfg.sweep and not self.cfg.rates else None
-        return [ref, *(e for e in engines if e != ref)] if ref else engines
+        engine's search may stop once its ratio to it is decided), then the contiguous engine likeliest to be its
+        rival (search.likely_rival: every other engine is screened against it), then the rest as given, targets
+        last."""
+        cfg = self.cfg
+        engines = [*cfg.engines, *self.targets]
+        ref = reference_of(cfg.engines) if cfg.sweep and not cfg.rates else None
+        if ref is None:
+            return engines
+        rival = likely_rival(cfg.engines, cfg.workload, cfg.kv_budget, cfg.model)
+        first = [ref, *([rival] if rival else [])]
+        return [*first, *(e for e in engines if e not in first)]
 
     @property
     def budgets(self) -> list[KvBudget]:

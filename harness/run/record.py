@@ -114,6 +114,11 @@ class RunRecord:
     def operating_point(self, engine: str, rate_rps: float, keys: list[str]) -> None:
         self.meta.setdefault("operating_point", {})[engine] = {"offered_rps": rate_rps, "keys": keys}
 
+    def screen(self, engine: str, screened: dict) -> None:
+        """An engine's screen (harness/run/search.py): the rival and its interval then, the rate, what the point
+        judged and whether it ruled the engine out (or why no point fitted)."""
+        self.meta.setdefault("screens", {})[engine] = screened
+
     def points(self, engine: str) -> list[dict]:
         """The engine's sweep points (every budget's), the list run.json holds: a point appended is recorded."""
         return self.meta["sweep"]["points"].setdefault(engine, [])

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.analysis.capacity import SLO
+from harness.analysis.knee import design_effect
+from harness.analysis.steady import wilson
 from harness.results import JournalTail
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
@@ -23,7 +25,7 @@ from harness.run.record import RunRecord
 from harness.run.servers import ServerFailed
 from harness.run.supervisor import Supervisor
 from workloads.schedule import ScheduleWriter
-from workloads.streams import Streams, key_of
+from workloads.streams import Streams, key_of, paired_turn
 
 
 @dataclass
@@ -87,11 +89,13 @@ class Visits:
             run.searched[run.budget] = Searched(points=[p for p in points if p.get("kv_budget") == str(run.budget)])
         return run.searched[run.budget]
 
-    def measure(self, visit: Visit, rate: float, show: Show, replication: int = 0, **rules) -> PointResult:
-        """One point (a new rate, a replication of one measured: an independent realization of its stream, or more
-        of a point already measured) on the visit's server, its record in run.json as it is produced."""
+    def measure(self, visit: Visit, rate: float, show: Show, replication: int = 0, key: str | None = None,
+                **rules) -> PointResult:
+        """One point (a new rate, a replication of one measured: an independent realization of its stream, a
+        paired stream given by its `key`, or more of a point already measured) on the visit's server, its record
+        in run.json as it is produced."""
         run, st = visit.run, self.searched(visit.run)
-        key = key_of(rate, replication)
+        key = key or key_of(rate, replication)
         at = st.of_key(key)
         if at is None:
             mine = self.record.points(run.engine)
@@ -119,7 +123,8 @@ class Visits:
         att = float(st.judged[at][0].mean()) if len(st.judged[at][0]) else None
         visit.missed = att is None or att < self.slo.attainment
         known = len(st.judged[at][0])
-        rep = f" (replication {replication})" if replication else ""
+        rep = f" (stream {key})" if paired_turn(key) is not None else f" (replication {replication})" \
+            if replication else ""
         self.console.plain(f"{run.engine}: {rate:g} req/s{rep}: {res.judged} judged after a {res.warmup_s:.1f} s "
                            f"warm-up, SLO attainment {'n/a' if att is None else f'{100 * att:.0f} %'} of the {known} "
                            "verdicts known on this stream; "
@@ -137,6 +142,15 @@ class Visits:
         st = self.searched(run)
         met = np.concatenate([st.judged[i][0] for i in st.of_rate(rate) if i in st.judged] or [np.zeros(0)])
         return float(met.mean()) if len(met) else None
+
+    def wilson(self, run: EngineRun, rate: float) -> tuple[float, int, tuple[float, float]]:
+        """At `rate`, its replications' verdicts together: met, judged, and their Wilson 90 % interval at the
+        effective size (the engine's design effect over its points, as a point's own early stop reckons it)."""
+        st = self.searched(run)
+        mine = [i for i in st.of_rate(rate) if i in st.judged]
+        met = np.concatenate([st.judged[i][0] for i in mine] or [np.zeros(0)])
+        d = design_effect(st.judged_points())
+        return float(met.sum()), len(met), wilson(float(met.sum()) / d, len(met) / d)
 
     def revisit(self, run: EngineRun) -> Visit | None:
         """The engine's server again (a target is still running), a sampler and a load generator on it."""

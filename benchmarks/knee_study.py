@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.analysis import kneefit, placement
+from harness.analysis.design import TURN_SHARE
 from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.steady import wilson
@@ -66,7 +67,7 @@ def remembered(likelihood):
 
     def cached(data, log_knees, target, *args, **kwargs):
         key = (data.log_rate.tobytes(), data.load.tobytes(), data.met.tobytes(), data.judged.tobytes(),
-               log_knees.tobytes(), target,
+               log_knees.tobytes(), target, kneefit.TAIL_DF,
                repr(args), repr(sorted(kwargs.items())))
         if key not in memo:
             if len(memo) > 64:
@@ -183,7 +184,8 @@ def clear_miss_at(met: np.ndarray, early: int, d: float) -> int | None:
     return None
 
 
-def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str | None = None) -> tuple[Judged, float]:
+def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str | None = None,
+            most_s: float = math.inf) -> tuple[Judged, float]:
     """One point on stream `key` (a fresh one by default): its judged verdicts and the seconds it took. Judging
     stops at a clear miss or when the time left is spent (the bench's stop_by); the design effect for the
     clear-miss test is the engine's, from its earlier points and this one's first `early_judged` verdicts."""
@@ -191,7 +193,7 @@ def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str |
     key = key or run.key(rate_rps)
     load, shift = run.shift(engine, key)
     p = attainment_p(engine, rate_rps, shift)
-    n = max(1, min(prm.judged, int((left_s - prm.warmup_s) * rate_rps)))
+    n = max(1, int(min(prm.judged, (left_s - prm.warmup_s) * rate_rps, most_s * rate_rps)))
     met = bursty_verdicts(run.rng, p, n, prm.burst_mean)
     early = min(prm.early_judged, n)
     d = design_effect([*run.points[engine.name], Judged(rate_rps, key, met[:early], np.arange(early))])
@@ -235,15 +237,17 @@ def headline(kf: KneeFit, decide_confidence: float = CONFIDENCE) -> tuple[float,
     return ratio, lo, hi, both and not d_lo <= 1.0 <= d_hi, hi <= PRECISION * lo
 
 
-def turn_rate(kf: KneeFit, engine: str, searches: dict[str, KneeSearch], turns: dict[str, int]) -> float:
+def turn_rate(kf: KneeFit, engine: str, searches: dict[str, KneeSearch], turns: dict[str, int],
+              points: list[Judged]) -> float:
     """An engine's next rate: its search's next while its knee is not bracketed (the bench brackets first),
-    else placement's, alternating sides around the fitted knee."""
+    else placement's, alternating sides around the fitted knee, kept where its points leave the crossing in
+    doubt (placement.reach)."""
     if not kf.estimates[engine].bracketed:
         ks = replace(searches[engine], max_points=10**6)
         rate = ks.next_rate()
         if rate is not None:
             return rate
-    rate = placement.next_rate(kf.estimates[engine], turns[engine])
+    rate = placement.next_rate(kf.estimates[engine], turns[engine], *placement.reach(points, TARGET))
     turns[engine] += 1
     return rate
 
@@ -270,12 +274,13 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         if stops(prm.stop, decided, precise, counts):
             return kf, "precise", prm.decision_s - left_s
         engine = ABBA[turn % len(ABBA)]
-        rate = turn_rate(kf, engine, searches, turns)
+        rate = turn_rate(kf, engine, searches, turns, run.points[engine])
         switch_s = prm.switch_s if last not in (None, engine) else 0.0
         if not fits(prm, rate, left_s - switch_s - prm.drain_s, prm.judged):
             return kf, "time spent", prm.decision_s - left_s
         key = f"p{served[engine]}" if prm.paired else None  # paired: each engine's n-th turn reads stream n
-        _, took_s = measure(run, engines[engine], rate, left_s - switch_s, key)
+        # a turn's judged arrivals take at most TURN_SHARE of the time left, as the bench's do
+        _, took_s = measure(run, engines[engine], rate, left_s - switch_s, key, most_s=TURN_SHARE * left_s)
         served[engine] += 1
         left_s -= took_s + switch_s
         turn, last = turn + 1, engine

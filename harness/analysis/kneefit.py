@@ -313,9 +313,10 @@ def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> 
 
 
 def informs(point: Judged) -> bool:
-    """A point that tells where the knee lies: not the fixed operating point, which is placed at half the knee by
-    design (analysis/operating.py) and met by every run."""
-    return point.replication != OPERATING_REPLICATION
+    """A point that tells where the knee lies: not the fixed operating point (its grid rate's replication
+    OPERATING_REPLICATION), which is placed at half the knee by design (analysis/operating.py) and met by every
+    run."""
+    return not (point.key.startswith("g") and point.replication == OPERATING_REPLICATION)
 
 
 def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:

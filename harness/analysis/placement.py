@@ -32,9 +32,10 @@ from harness.analysis.knee import Judged, knee_points, pooled
 from harness.analysis.kneefit import KneeEstimate
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, snap
 
-# points a headline knee rests on before the decision may stop: the fit has three unknowns that the two engines
-# share (slope, stream spread) or hold alone (the knee), and a stream spread estimated from fewer than about twice
-# as many points as unknowns is a guess (the bracket's two ends plus four placed around the knee)
+# points that inform a headline knee (the operating point does not: kneefit.informs) before the decision may stop:
+# the bracket's two ends and four placed around the knee, two on each side, so that the slope is seen from both
+# sides twice (each engine's fit has four unknowns, its knee, slope, stream spread and the offered token load's
+# gain: fewer points than about twice that leave the spread and gain to their priors, which the interval then shows)
 MIN_POINTS = 6
 GRID_STEP = math.log(2) / STEPS_PER_OCTAVE  # one grid step in log rate: the finest two points can differ
 

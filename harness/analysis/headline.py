@@ -8,9 +8,10 @@ fit (harness/analysis/kneefit.py), whether it is decided and precise, what it re
 - `stop`: `precise` where the decision's stop rule holds (harness/analysis/placement.done), else `time spent`.
 - Roles: the paged engine is the `headline`'s, the contiguous engine it is measured against the `rival`, every
   other engine `screened` (measured within a bounded time, its knee a figure or a bound at this SLO).
-- `resolution`: how long a run would need: the interval's log-width falls as 1 / sqrt(judged requests), so
-  reaching the precision asked takes (width / log precision)^2 times the judged requests, each costing
-  1 / rate seconds of arrivals at its point.
+- `resolution`: how long a run would need: more points like the ones measured (each a fresh stream of the same
+  judged size) shrink the interval's log-width as 1 / sqrt(their number), whether each stream's binomial draw or
+  the spread between streams governs it, so reaching the precision asked takes (width / log precision)^2 times
+  the points' arrival time.
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
 
 
 def time_to_resolve(h: Headline, points: dict[str, list[Judged]], precision: float) -> float | None:
-    """Seconds of arrivals more, at points like the ones measured, for the ratio's interval to narrow to the
-    precision."""
+    """Seconds of arrivals more, at points like the ones measured (fresh streams of the same judged size), for the
+    ratio's interval to narrow to the precision."""
     pts = [p for e in (h.engine, h.against) for p in knee_points(points[e])]
     if not pts or h.ratio_ci[0] <= 0:
         return None

@@ -109,9 +109,10 @@ def evidence_sentence(summary: Summary) -> str | None:
                else "its time was spent"))
     spread = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.stream_spread or {}).items())
     share = h.run_to_run_share if h.has("run_to_run_share") else 0.0
-    line += (f". Streams differ from one another in the load they put on an engine by about {spread} (each fit's "
-             f"estimate, as the sd of log load); that spread makes up {100 * share:.0f} % "
-             "of the interval's log-width")
+    line += pairing_words(h)
+    line += (f". Beyond what their offered token load explains, streams differ from one another in the load they put "
+             f"on an engine by about {spread} (each fit's estimate of that leftover shift's scale, in log load); "
+             f"that spread makes up {100 * share:.0f} % of the interval's log-width")
     within = h.ratio_ci_within_runs
     if within:
         line += f" (these streams' sampling alone: [{within[0]:.2f}, {within[1]:.2f}])"
@@ -134,8 +135,23 @@ def evidence_sentence(summary: Summary) -> str | None:
     roles = {e: c.role for e, c in cap.items()}
     screened = [e for e, r in roles.items() if r == "screened"]
     if screened:
-        line += (". Screened (searched within a bounded time, not decided on): " + ", ".join(screened))
+        line += (". Screened (one point at the rival's lower end first, searched on only where that point did not rule "
+                 "the engine out; not decided on): " + ", ".join(screened))
     return line + "." + time_words(summary.time_spent)
+
+
+def pairing_words(h: HeadlineBlock) -> str:
+    """What the pairing rests on: the streams both engines judged, what their offered token load explained, and
+    the correlation the fit implies between the two engines' stream effects on one stream."""
+    if h.paired_streams is None:
+        return ""
+    explained = ", ".join(f"{e} {100 * v:.0f} %" for e, v in (h.load_explained_share or {}).items())
+    return (f". Paired streams: the decision gave both engines the same streams, each at its own rate; "
+            f"{h.paired_streams:g} streams were judged by both. A stream's offered token load (its requests' tokens "
+            f"per second of its window) explained {explained} of each engine's stream-to-stream spread, and the fit "
+            f"takes it out of every point; it implies a correlation of {h.paired_correlation:.2f} between the two "
+            "engines' stream effects on one stream (what the load leaves is taken as independent, which can only "
+            "widen the interval)")
 
 
 def time_words(spent: TimeSpent | None) -> str:

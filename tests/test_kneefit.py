@@ -249,3 +249,12 @@ def test_the_spread_reaches_past_a_half_and_the_operating_point_does_not_count_a
     fixed = Judged(snap(1.5), operating_key(snap(1.5)), np.ones(30), np.arange(30))
     est = fit({"paged": [fixed, *pts]}, 0.9).estimates["paged"]
     assert est.points == len(pts) and est.streams == len(pts) + 1
+
+
+def test_a_point_over_its_knee_is_halved_once_for_its_bracket():
+    """A point over its knee counts by its second half (knee.knee_points); the bracket read from the points a knee
+    rests on must not halve it again. A fresh run's static-oracle: 3.08 req/s missed by its second half, its
+    last quarter met, and the knee read as a bound past every rate (the decision then had no turn to place)."""
+    over = Judged(3.0, key_of(3.0), np.array([1.0] * 20 + [0.0] * 10 + [1.0] * 10), np.arange(40), "over_knee")
+    met = Judged(2.0, key_of(2.0), np.ones(40), np.arange(40))
+    assert fit({"static-oracle": [met, over]}, 0.9).estimates["static-oracle"].bracketed

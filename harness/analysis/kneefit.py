@@ -253,9 +253,10 @@ def knee_grid(points: list[Judged]) -> np.ndarray:
 
 
 def bracketed(points: list[Judged], target: float) -> bool:
-    """A rate (its replications pooled) that met the target below one that missed it, among the points a knee
-    rests on: the knee measured, not a bound past (every rate met) or under (none did) the rates measured."""
-    search = KneeSearch(0.0, target, measured=[(p.offered_rps, p.attainment) for p in pooled(knee_points(points))])
+    """A rate (its replications pooled) that met the target below one that missed it, among `points`, the points a
+    knee rests on (knee.knee_points: already halved where a point was over its knee, so not halved again here):
+    the knee measured, not a bound past (every rate met) or under (none did) the rates measured."""
+    search = KneeSearch(0.0, target, measured=[(p.offered_rps, p.attainment) for p in pooled(points)])
     lo, hi = search.bracket()
     return lo is not None and hi is not None
 

@@ -244,7 +244,8 @@ class KneeSearching:
             h = v.headline
             engine = (h.against, h.engine)[visits % 2]
             if engine not in runs or (visit := self.afford(runs[engine], v)) is None:
-                self.console.say(v.line("time spent"))
+                planned = engine in runs and self.turn_plan(runs[engine], v) is not None
+                self.console.say(v.line("time spent" if planned else f"no turn left to place for {engine}"))
                 break
             visits += 1
             try:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -101,11 +102,13 @@ def check_cuda_allocator(args) -> tuple[str, dict]:
 
 
 def check_nvml(args) -> tuple[str, dict]:
+    """What the samples read of the device (DeviceFigures, a frozen record): every figure answered."""
     snap = device_snapshot()
-    missing = [k for k, v in snap.items() if v is None]
+    figures = asdict(snap)
+    missing = [k for k, v in figures.items() if v is None]
     assert not missing, f"empty: {missing}"
-    used, reserved = snap["device_used_bytes"] / MIB, snap["torch_reserved_bytes"] / MIB
-    return f"device used {used:.0f} MiB, torch reserved {reserved:.0f} MiB", snap
+    used, reserved = snap.device_used_bytes / MIB, snap.torch_reserved_bytes / MIB
+    return f"device used {used:.0f} MiB, torch reserved {reserved:.0f} MiB", figures
 
 
 def check_greedy_equal(args) -> tuple[str, dict]:

@@ -22,6 +22,7 @@ from engines.memory.cuda import CudaMemory, device_info, device_snapshot
 from engines.memory.snapshot import load_data, write_state
 from engines.memory.snapshot_replay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
 from engines.offline import generate
+from engines.procs import kill_tree, spawn
 from engines.sequence import SamplingParams
 from harness.fetch import request
 from harness.run.servers import start_server, tail
@@ -45,6 +46,27 @@ BF16_TIE_LOGITS = 0.125  # bf16 keeps 8 bits of mantissa: logits of ~10 are 0.06
 REAL_SHAPE = {"preset": "llama-3-8b", "layers": 4, "dtype": "bfloat16"}
 # paged decode against static on the GPU: the paged gather may cost, not halve the rate
 PAGED_DECODE_FLOOR = 0.5
+# An item's inner run (a bench, a server's start) ends this long before the item's own limit (gpu_check's
+# --limit-s): the item then fails with the run's last words, where past its limit it is ended without them
+ANSWER_MARGIN_S = 20
+
+
+def inner_limit_s(args) -> float:
+    """What one inner run of an item may take: the item's limit less the margin in which it says why it failed."""
+    return args.limit_s - ANSWER_MARGIN_S
+
+
+def run_bounded(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """A command (a bench, which starts servers of its own) in a group of its own that dies with the item; one
+    past timeout_s is ended with every process below it, and the item fails saying so."""
+    proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise AssertionError(f"{' '.join(cmd[2:5])} gave no answer in {timeout_s:.0f} s") from None
+    kill_tree(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def check_device(args) -> tuple[str, dict]:
@@ -203,7 +225,7 @@ def check_bench(args) -> tuple[str, dict]:
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "hf,paged", "--model", args.model,
            "--device", "cuda", "--memory", "cuda", "--kv-budget", "8MiB", "--duration", "20", "--grace", "5",
            "--out", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     run = sorted(p for p in out.iterdir() if p.is_dir())[-1] if any(p.is_dir() for p in out.iterdir()) else out
     samples = pd.read_parquet(next(run.rglob("samples.parquet")))
@@ -233,12 +255,12 @@ def churn_bodies(count: int) -> list[dict]:
     return bodies
 
 
-def drive_churn(url: str, bodies: list[dict]) -> int:
+def drive_churn(url: str, bodies: list[dict], timeout_s: float = 300) -> int:
     """Every body to /v1/completions, CHURN_CONCURRENCY at a time: the answers that ran their full length. A
     failed request is counted, not raised: the server's recording is still worth keeping and replaying."""
     def one(body: dict) -> bool:
         try:
-            answer = json.loads(request(f"{url}/v1/completions", body, timeout_s=300))
+            answer = json.loads(request(f"{url}/v1/completions", body, timeout_s=timeout_s))
         except OSError:
             return False
         return answer["usage"]["completion_tokens"] == body["max_tokens"]
@@ -288,13 +310,13 @@ def check_churn_replay(args, alloc_conf: str | None = None) -> tuple[str, dict]:
     out = Path(args.out) / ("churn" if alloc_conf is None else "churn-expandable")
     recorded, log = out / "hf_churn_snapshot.pickle", out / "server.log"
     out.mkdir(parents=True, exist_ok=True)
-    server = start_server("hf", args.model, "64MiB", log, timeout_s=300, alloc_conf=alloc_conf,
+    server = start_server("hf", args.model, "64MiB", log, timeout_s=inner_limit_s(args), alloc_conf=alloc_conf,
                           extra=["--device", "cuda", "--memory", "cuda", "--max-seq-len", "512",
                                  "--record-memory-history", str(recorded)])
     try:
-        completed = drive_churn(server.url, churn_bodies(CHURN_REQUESTS))
+        completed = drive_churn(server.url, churn_bodies(CHURN_REQUESTS), inner_limit_s(args))
     finally:
-        server.stop(timeout_s=120)  # SIGTERM: the server writes its history once the engine has stopped
+        server.stop(timeout_s=inner_limit_s(args))  # SIGTERM: the server writes its history once the engine has stopped
     assert recorded.exists(), f"the server wrote no memory history: {tail(log)}"
     kept = keep_as_fixture(recorded, fixture_path(out, args.keep_fixture and alloc_conf is None))
     assert completed == CHURN_REQUESTS, f"{completed} of {CHURN_REQUESTS} requests ran their full length"
@@ -416,7 +438,7 @@ def check_vllm(args) -> tuple[str, dict]:
     out = Path(args.out) / "vllm"
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "paged,vllm", "--model", args.model,
            "--device", "cuda", "--kv-budget", "64MiB", "--duration", "20", "--grace", "5", "--out", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     import pandas as pd
 

@@ -32,3 +32,88 @@ def test_1_the_nvml_item_reads_the_device_figures_record(fake_cuda, monkeypatch)
     monkeypatch.setattr(cuda, "nvml", lambda: (_ for _ in ()).throw(OSError("no NVML")))
     with pytest.raises(AssertionError, match="empty: \\['device_used_bytes'\\]"):
         items.check_nvml(None)
+
+
+# -- 5: a timed-out item left its bench and servers running
+HANGING_ITEM = """
+import subprocess, sys, time
+same_group = subprocess.Popen(["sleep", "300"])  # a bench the item started
+own_session = subprocess.Popen(["sleep", "301"], start_new_session=True)  # a server that bench started
+open(sys.argv[1], "w").write(f"{same_group.pid} {own_session.pid}")
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_5_an_item_past_its_limit_leaves_no_process_behind(monkeypatch, tmp_path):
+    import sys
+    from argparse import Namespace
+
+    import scripts.gpu_check as gpu_check
+
+    pids = tmp_path / "pids"
+    monkeypatch.setattr(gpu_check, "ITEMS", {"hang": gpu_check.Item("hanging item", None, 3)})
+    monkeypatch.setattr(gpu_check, "child_command",
+                        lambda key, args, result: [sys.executable, "-c", HANGING_ITEM, str(pids)])
+    result = gpu_check.run_child("hang", Namespace(out=str(tmp_path)))
+    assert result.verdict == "fail" and "no answer in 3 s" in result.detail
+    left = [int(p) for p in pids.read_text().split()]
+    assert len(left) == 2 and not [p for p in left if alive(p)], "processes of the item still running"
+
+
+class Refusing:
+    """subprocess.Popen for the items' inner runs: records the timeout it is waited with, and the run fails."""
+
+    waited: list[float] = []
+
+    def __init__(self, cmd, **kw):
+        self.args, self.returncode, self.pid = cmd, 1, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def communicate(self, input=None, timeout=None):
+        Refusing.waited.append(timeout)
+        return "", "refused"
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+    def kill(self):
+        pass
+
+
+@pytest.mark.parametrize("key", ["bench", "vllm"])
+def test_5_an_items_inner_run_ends_before_the_item_does(key, monkeypatch, tmp_path):
+    """The bench's and vLLM's inner runs were waited 420 s under items limited to 240 s and 300 s: the item was
+    ended first, its answer lost and the bench left running."""
+    import subprocess
+    from argparse import Namespace
+
+    import engines.procs
+    import scripts.gpu_check as gpu_check
+
+    Refusing.waited = []
+    monkeypatch.setattr(subprocess, "Popen", Refusing)
+    monkeypatch.setattr(engines.procs.subprocess, "Popen", Refusing)
+    monkeypatch.setattr(items, "kill_tree", lambda proc: None, raising=False)
+    monkeypatch.setattr(items.importlib.util, "find_spec", lambda name: object())  # vLLM "installed"
+    limit = gpu_check.ITEMS[key].limit_s
+    args = Namespace(out=str(tmp_path), model="m", limit_s=limit, keep_fixture=False)
+    with pytest.raises(AssertionError, match="refused"):
+        gpu_check.ITEMS[key].check(args)
+    assert Refusing.waited and all(t < limit for t in Refusing.waited), (Refusing.waited, limit)

@@ -157,15 +157,20 @@ def torch_seen() -> tuple[str, str | None, bool, str] | None:
 
 
 def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
-    """The environment's torch where it has CUDA and sees the GPU (kept: no download); else `version`, installed
+    """The environment's torch where it has CUDA, sees the GPU and is within pyproject.toml's floor (kept: no
+    download; an image's torch 2.4 or 2.5 is not: every engine would fail at model load); else `version`, installed
     here (isolated from pip's configuration: a find-links folder's CPU wheel of the same version must not
     shadow the CUDA build) and checked once more."""
     seen = torch_seen()
+    floor = next(r for r in needs(ROOT / "pyproject.toml", []) if r.name == "torch")
     if seen is not None and seen[1] and seen[2]:
-        return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
+        if floor.specifier.contains(Version(seen[0]).base_version):
+            return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
+        print(f"make setup: torch {seen[0]} at {seen[3]} is outside pyproject.toml's {floor} (the reasons are "
+              f"there): torch {version} goes into the venv beside it", flush=True)
     if wheels and (lacking := plan([Requirement(f"torch=={version}")], {}, wheels_in(wheels), follow=False).missing):
-        raise Stop(f"the environment's torch has no CUDA (or sees no GPU) and no wheel in {wheels} satisfies "
-                   f"{lacking[0]}: put its CUDA wheel there (nothing was installed)")
+        raise Stop(f"the environment's torch has no CUDA (or sees no GPU, or is outside {floor}) and no wheel in "
+                   f"{wheels} satisfies {lacking[0]}: put its CUDA wheel there (nothing was installed)")
     # a torch without CUDA in the venv is replaced; one outside it (the system's) is shadowed, never touched
     in_venv = seen is not None and Path(seen[3]).resolve().is_relative_to(Path(sys.prefix).resolve())
     over = [] if seen is None else ["--force-reinstall"] if in_venv else ["--ignore-installed"]

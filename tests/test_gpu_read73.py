@@ -117,3 +117,34 @@ def test_5_an_items_inner_run_ends_before_the_item_does(key, monkeypatch, tmp_pa
     with pytest.raises(AssertionError, match="refused"):
         gpu_check.ITEMS[key].check(args)
     assert Refusing.waited and all(t < limit for t in Refusing.waited), (Refusing.waited, limit)
+
+
+# -- 6: torch>=2.4 was below what the code needs
+@pytest.mark.parametrize("image_torch", ["2.4.1+cu121", "2.5.1+cu124"])
+def test_6_an_images_cuda_torch_below_the_floor_is_not_kept(image_torch, monkeypatch):
+    """get_per_process_memory_fraction (2.6), SDPA's enable_gqa (2.5), transformers 5's own floor (2.6): an image's
+    CUDA torch 2.4 or 2.5 was kept, and every engine failed at model load. The tested torch goes into the venv."""
+    import scripts.setup_missing as setup
+
+    calls = []
+    monkeypatch.setattr(setup, "pip", lambda args, wheels: calls.append(args))
+    answers = [(image_torch, "12.4", True, "/usr/lib/python3/dist-packages/torch/__init__.py"),
+               ("2.13.0+cu130", "13.0", True, "/venv/torch/__init__.py")]
+    monkeypatch.setattr(setup, "torch_seen", lambda: answers.pop(0))
+    assert setup.ensure_cuda_torch("2.13.0", None) == "torch 2.13.0+cu130 (CUDA 13.0) installed"
+    [call] = calls
+    assert "torch==2.13.0" in call and "--ignore-installed" in call  # the system's torch shadowed, not touched
+    assert torch.cuda.get_per_process_memory_fraction  # what the floor is for, in the torch the suite runs
+
+
+def test_6_the_readme_states_pyprojects_torch_floor():
+    import re
+
+    import scripts.setup_missing as setup
+    from tests.conftest import ROOT
+
+    torch_req = next(r for r in setup.needs(ROOT / "pyproject.toml", []) if r.name == "torch")
+    floor = str(torch_req.specifier).removeprefix(">=")
+    assert floor == "2.6"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert re.findall(r"torch >= ([\d.]+)", readme) == [floor]

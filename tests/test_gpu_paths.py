@@ -518,9 +518,12 @@ def test_under_memory_cuda_the_alloc_conf_is_in_the_servers_environment_before_c
     with pytest.raises(servers.ServerFailed):
         servers.start_server("hf", "m", "16MiB", tmp_path / "hf.log", extra=["--memory", "cuda"],
                              alloc_conf="expandable_segments:True,max_split_size_mb:128")
-    assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:128"
+    assert seen["env"]["PYTORCH_ALLOC_CONF"] == seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == \
+        "expandable_segments:True,max_split_size_mb:128"
     # use_real_alloc_conf writes os.environ itself: the `environ` fixture puts it back after the test (on a GPU,
     # every later CUDA test in this worker would otherwise start its allocator under this setting)
     environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    environ.pop("PYTORCH_ALLOC_CONF", None)
     use_real_alloc_conf("garbage_collection_threshold:0.6")
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.6"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
+        "garbage_collection_threshold:0.6"

@@ -148,3 +148,56 @@ def test_6_the_readme_states_pyprojects_torch_floor():
     assert floor == "2.6"
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert re.findall(r"torch >= ([\d.]+)", readme) == [floor]
+
+
+# -- also: the allocator's settings read in the order the installed torch reads them, in one place
+@pytest.mark.parametrize("torch_version, rounded_kib", [("2.13.0", 1280), ("2.8.0", 1200)])
+def test_also_cuda_memory_rounds_by_the_settings_the_installed_torch_reads(torch_version, rounded_kib, monkeypatch,
+                                                                          environ):
+    """From 2.9 torch reads PYTORCH_ALLOC_CONF first (PYTORCH_CUDA_ALLOC_CONF is its deprecated fallback); before
+    2.9 only PYTORCH_CUDA_ALLOC_CONF. CudaMemory read PYTORCH_CUDA_ALLOC_CONF alone, whatever torch ran."""
+    from engines.memory import allocconf
+    from tests.test_cuda_counts import EmulatedDevice
+
+    monkeypatch.setattr(allocconf, "installed_torch_version",
+                        lambda: tuple(int(x) for x in torch_version.split(".")[:2]))
+    environ["PYTORCH_ALLOC_CONF"] = "roundup_power2_divisions:4"  # 1200 KiB -> the next quarter, 1280 KiB
+    environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:100"  # 1200 KiB stays 1200 KiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=1000 * MiB))
+    dev = EmulatedDevice()
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: dev.fraction)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", dev.set_fraction)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 0)
+    assert cuda.CudaMemory(64 * MiB, "cuda:0").rounded(1200 * 1024) == rounded_kib * 1024
+    assert allocconf.torch_alloc_conf({"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "x"}, (2, 9)) == ""
+    assert allocconf.torch_alloc_conf({}, (2, 9)) is None
+
+
+def test_also_a_servers_allocator_reads_the_setting_bench_gives_it_over_the_users(monkeypatch, tmp_path, environ):
+    """bench set PYTORCH_CUDA_ALLOC_CONF alone in the server's environment: a user's PYTORCH_ALLOC_CONF went along
+    and, read first from torch 2.9, won. The recording of a memory history notes the setting the server ran."""
+    from harness.run import servers
+
+    seen = {}
+
+    class Exited:
+        returncode = 2
+
+        def poll(self):
+            return 2
+
+    def spawn(cmd, **kw):
+        seen.update(env=kw["env"])
+        return Exited()
+
+    environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:False"
+    monkeypatch.setattr(servers, "spawn", spawn)
+    with pytest.raises(servers.ServerFailed):
+        servers.start_server("hf", "m", "16MiB", tmp_path / "hf.log", extra=["--memory", "cuda"],
+                             alloc_conf="expandable_segments:True")
+    from engines.memory.allocconf import torch_alloc_conf
+
+    for version in ((2, 6), (2, 9), (2, 13)):
+        assert torch_alloc_conf(seen["env"], version) == "expandable_segments:True"

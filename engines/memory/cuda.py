@@ -4,11 +4,9 @@ where a GPU path runs or is described; `engines/memory/arena.py` holds the arena
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from engines.memory.allocconf import parse_alloc_conf
+from engines.memory.allocconf import parse_alloc_conf, torch_alloc_conf
 from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
 from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size
@@ -33,16 +31,17 @@ class CudaMemory(DeviceMemory):
     process-wide cap of what is already in use + the KV budget + the headroom a forward needs (so that the
     activations never fail first), restored by `close`.
 
-    The budget itself is a KV cap, counted here in PyTorch's own rounding (engines/memory/blocks.py: 512 B
-    granules, or the power-of-two divisions PYTORCH_CUDA_ALLOC_CONF sets; the one source the emulator uses), so
-    the KV's count is at most what torch.cuda.memory_allocated counts for the same tensors (a block PyTorch
-    leaves unsplit is larger, never smaller) and so at most what it reserves: allocated <= reserved always. An
-    allocation whose rounded size would take the KV past `capacity_bytes` fails with cause `capacity`, whatever
-    the process cap would still allow. One the allocator itself refuses (torch.cuda.OutOfMemoryError) is judged
-    from the allocator's state, as the emulator judges it (OOMEvent.judge): `fragmentation` where the cached free
-    bytes and the room left under the cap would hold it, `capacity` where they would not (the activations, the
-    weights or another process took the slack). Only the KV tensors count toward the budget: cuBLAS's
-    workspace, the weights and what a forward keeps are the cap's, not the budget's."""
+    The budget itself is a KV cap, counted here in PyTorch's own rounding (engines/memory/blocks.py: 512 B granules,
+    or the power-of-two divisions its settings set, read as the installed torch reads them:
+    allocconf.torch_alloc_conf; the one source the emulator uses), so the KV's count is at most what
+    torch.cuda.memory_allocated counts for the same tensors (a block PyTorch leaves unsplit is larger, never
+    smaller) and so at most what it reserves: allocated <= reserved always. An allocation whose rounded size would
+    take the KV past `capacity_bytes` fails with cause `capacity`, whatever the process cap would still allow. One
+    the allocator itself refuses (torch.cuda.OutOfMemoryError) is judged from the allocator's state, as the emulator
+    judges it (OOMEvent.judge): `fragmentation` where the cached free bytes and the room left under the cap would
+    hold it, `capacity` where they would not (the activations, the weights or another process took the slack). Only
+    the KV tensors count toward the budget: cuBLAS's workspace, the weights and what a forward keeps are the cap's,
+    not the budget's."""
 
     def __init__(self, capacity_bytes: int, device: str | torch.device = "cuda", headroom_bytes: int = 0):
         if not torch.cuda.is_available():
@@ -50,7 +49,7 @@ class CudaMemory(DeviceMemory):
         self.device = cuda_device(device)
         self.capacity_bytes = capacity_bytes
         # the settings the real allocator read when CUDA started: its rounding (roundup_power2_divisions) is ours
-        self.conf = parse_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+        self.conf = parse_alloc_conf(torch_alloc_conf())
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES
         total = torch.cuda.get_device_properties(self.device).total_memory
         in_use = torch.cuda.memory_reserved(self.device)

@@ -320,11 +320,11 @@ def test_an_oom_in_a_forward_is_judged_by_the_engines_memory(tiny_model):
     from engines.sequence import SamplingParams
 
     engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
-    forward_oom_once(engine, "CUDA out of memory. Tried to allocate 5.00 MiB")
+    forward_oom_once(engine, "CUDA out of memory. Tried to allocate 20.00 MiB")
     engine.memory.device_oom = lambda requested, owner: OOMEvent(requested, 9 * MiB, MiB, "fragmentation", owner)
     generate(engine, [[5 + i for i in range(n)] for n in (3, 17, 40, 8)], SamplingParams(4))
     (_, event, _), = engine.oom_events
-    assert (event.cause, event.owner, event.requested_bytes) == ("fragmentation", "activations", 5 * MiB)
+    assert (event.cause, event.owner, event.requested_bytes) == ("fragmentation", "activations", 20 * MiB)
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])

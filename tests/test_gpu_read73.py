@@ -11,6 +11,7 @@ import torch
 import engines.memory.cuda as cuda
 import engines.memory.nvml
 import scripts.gpu_items as items
+from tests.test_cuda_counts import device  # noqa: F401 (the emulated CUDA device, a fixture)
 from tests.test_gpu_paths import fake_cuda  # noqa: F401 (a CUDA device as torch.cuda describes it, a fixture)
 
 MiB = 2**20
@@ -201,3 +202,41 @@ def test_also_a_servers_allocator_reads_the_setting_bench_gives_it_over_the_user
 
     for version in ((2, 6), (2, 9), (2, 13)):
         assert torch_alloc_conf(seen["env"], version) == "expandable_segments:True"
+
+
+# -- 3: a forward's OOM was judged on the segment torch asked for, read as the request
+def test_3_a_small_activation_refused_with_its_bytes_in_holes_is_fragmentation(device):  # noqa: F811
+    """A 3 MiB activation, 10 MiB free in 2 MiB holes and 8 MiB under the cap: torch says "Tried to allocate
+    20.00 MiB" (the segment a 1-10 MiB request carves), and 18 MiB free read as capacity against 20 MiB."""
+    from engines.oom import segment_asked
+
+    memory = cuda.CudaMemory(64 * MiB, "cuda:0")
+    pieces = [device.empty(2 * MiB) for _ in range(10)]  # one 20 MiB segment, split ten ways
+    del pieces[::2]  # five 2 MiB holes: the segment stays, split
+    room = device.allocator.capacity_bytes - device.allocator.reserved
+    others = device.empty(room - 8 * MiB)  # noqa: F841 (held: the rest of the forward)
+    with pytest.raises(torch.OutOfMemoryError) as refused:
+        device.empty(3 * MiB)
+    assert "Tried to allocate 20.00 MiB" in str(refused.value)
+    assert segment_asked(refused.value) == 20 * MiB
+    event = memory.device_oom(segment_asked(refused.value), "activations")
+    assert (event.cached_free_bytes, event.device_free_bytes) == (10 * MiB, 8 * MiB)
+    assert event.cause == "fragmentation" and event.requested_bytes <= 3 * MiB
+    # a request the bytes free cannot hold is still capacity: 262 MiB with 18 MiB free
+    assert memory.device_oom(262 * MiB, "activations").cause == "capacity"
+
+
+@pytest.mark.parametrize("message, segment", [
+    ("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0", 2 * MiB),
+    ("CUDA out of memory. Tried to allocate 262.00 MiB. GPU 0", 262 * MiB),
+    ("CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0", 2002 * MiB),  # 1.955 GiB up to whole 2 MiB
+    ("something else", 0),
+])
+def test_3_the_segment_asked_is_read_as_torch_prints_it(message, segment):
+    from engines.memory.blocks import segment_size, smallest_request_for_segment
+    from engines.oom import segment_asked
+
+    assert segment_asked(RuntimeError(message)) == segment
+    for request in (512, MiB, MiB + 512, 3 * MiB, 10 * MiB - 512, 10 * MiB, 19 * MiB, 261 * MiB):
+        low = smallest_request_for_segment(segment_size(request))
+        assert low <= request and segment_size(low) == segment_size(request)

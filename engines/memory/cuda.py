@@ -9,7 +9,7 @@ import torch
 from engines.memory.allocconf import parse_alloc_conf, torch_alloc_conf
 from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
-from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size
+from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size, smallest_request_for_segment
 from engines.memory.nvml import memory_info, nvml
 
 # What a forward takes from the same per-process cap as the KV: cuBLAS's workspace (":4096:8", eight 4 MiB
@@ -79,14 +79,22 @@ class CudaMemory(DeviceMemory):
         try:
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError:
-            raise OutOfMemory(self.device_oom(size, owner)) from None
+            raise OutOfMemory(self._judged(size, owner)) from None
         alloc = Allocation(0, size, nbytes, owner, tensor)
         self._live[id(alloc)] = alloc
         self._allocated += size
         self._requested += nbytes
         return alloc
 
-    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
+    def device_oom(self, segment_bytes: int, owner: str) -> OOMEvent:
+        """A forward's torch.cuda.OutOfMemoryError, given the segment its message says the allocator tried to
+        allocate (engines/oom.segment_asked): judged on the smallest request that asks for that segment (a 20 MiB
+        segment is asked for a request just over 1 MiB), since the message names no request. A 3 MiB activation
+        refused with 10 MiB free in 2 MiB holes and 8 MiB under the cap is fragmentation, not capacity against
+        20 MiB."""
+        return self._judged(smallest_request_for_segment(segment_bytes), owner)
+
+    def _judged(self, rounded_bytes: int, owner: str) -> OOMEvent:
         """A torch.cuda.OutOfMemoryError (a KV tensor's, or a forward's activations'), judged from the allocator's
         state as it failed: its cached free bytes (reserved less everything allocated, KV or not) and the room
         left under the cap (and on the device); the snapshot kept for the first."""
@@ -95,8 +103,8 @@ class CudaMemory(DeviceMemory):
         reserved = stats.get("reserved_bytes.all.current", 0)
         cached_free = max(0, reserved - stats.get("allocated_bytes.all.current", 0))
         device_free = max(0, min(int(self._cap_bytes()) - reserved, torch.cuda.mem_get_info(self.device)[0]))
-        return OOMEvent.judge(self.rounded(requested_bytes), cached_free, device_free,
-                              self._largest_free_block(), owner, "allocator")
+        return OOMEvent.judge(rounded_bytes, cached_free, device_free, self._largest_free_block(), owner,
+                              "allocator")
 
     def _keep_snapshot(self) -> None:
         if self.first_oom_snapshot is None:

@@ -96,31 +96,47 @@ def check_arena_on_device(args) -> tuple[str, dict]:
     return "capacity and fragmentation OOMs on a device buffer", {"causes": causes}
 
 
+# The allocator item's KV budget, and the room its held "forward" leaves the KV under the cap: less than the budget,
+# so that PyTorch's own allocator refuses before the budget does (with the whole slack free, the budget refused
+# first: after 21 allocations on the emulated device, 80 MiB reserved of a 116 MiB cap)
+ALLOCATOR_ITEM_BUDGET_BYTES = 64 * MIB
+ALLOCATOR_ITEM_KV_ROOM_BYTES = 48 * MIB
+
+
 def check_cuda_allocator(args) -> tuple[str, dict]:
-    """Real tensors from PyTorch's caching allocator inside a cap: a real OutOfMemoryError, its snapshot."""
-    memory = CudaMemory(64 * MIB)
+    """Real tensors from PyTorch's caching allocator inside a cap, the cap's slack held by a forward's tensor: a real
+    OutOfMemoryError within the KV budget (the allocator's layer, not the budget's), its snapshot; the cap restored."""
+    memory = CudaMemory(ALLOCATOR_ITEM_BUDGET_BYTES)
     capped = torch.cuda.get_per_process_memory_fraction(memory.device)
+    room = int(memory._cap_bytes()) - torch.cuda.memory_reserved(memory.device)
+    forward = torch.empty(room - ALLOCATOR_ITEM_KV_ROOM_BYTES, dtype=torch.uint8, device=memory.device)
     held = []
     try:
         for i in range(1000):
             held.append(memory.allocate(3 * MIB + 4096 * i, f"s{i}"))
         raise AssertionError("the cap never refused an allocation")
     except OutOfMemory as e:
-        cause = e.event.cause
+        event = e.event
+    assert event.layer == "allocator", (f"the KV budget refused first ({event.cause}, after {len(held)} "
+                                        "allocations): PyTorch's own allocator was never reached")
     stats = memory.stats()
     assert memory.first_oom_snapshot, "no memory_snapshot at the first OOM"
     assert stats.reserved_bytes >= stats.allocated_bytes > 0, stats
+    assert stats.allocated_bytes < memory.capacity_bytes, "refused at the budget, not within it"
     for i in range(0, len(held), 2):  # every other one: the cache keeps the holes
         memory.free(held[i])
     after = memory.stats()
+    del forward
     memory.close()
     restored = torch.cuda.get_per_process_memory_fraction(memory.device)
     assert restored > capped, f"the cap stayed at {capped:.4f} after close"
-    figures = {"cause": cause, "allocations": len(held), "snapshot_segments": len(memory.first_oom_snapshot),
+    figures = {"cause": event.cause, "layer": event.layer, "allocations": len(held),
+               "kv_bytes_at_oom": stats.allocated_bytes, "snapshot_segments": len(memory.first_oom_snapshot),
                "reserved_bytes": after.reserved_bytes, "allocated_bytes": after.allocated_bytes}
-    return (f"OOM ({cause}) after {len(held)} allocations; {len(memory.first_oom_snapshot)} segments in the "
-            f"snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated {after.allocated_bytes / MIB:.0f}",
-            figures)
+    return (f"torch's own OOM ({event.cause}) after {len(held)} allocations, {stats.allocated_bytes / MIB:.0f} MiB "
+            f"of KV within its {memory.capacity_bytes / MIB:.0f} MiB budget; {len(memory.first_oom_snapshot)} "
+            f"segments in the snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated "
+            f"{after.allocated_bytes / MIB:.0f}", figures)
 
 
 def check_nvml(args) -> tuple[str, dict]:

@@ -240,3 +240,11 @@ def test_3_the_segment_asked_is_read_as_torch_prints_it(message, segment):
     for request in (512, MiB, MiB + 512, 3 * MiB, 10 * MiB - 512, 10 * MiB, 19 * MiB, 261 * MiB):
         low = smallest_request_for_segment(segment_size(request))
         assert low <= request and segment_size(low) == segment_size(request)
+
+
+# -- 4: the allocator item's budget refused before torch's own allocator did
+def test_4_the_allocator_item_reaches_torchs_own_refusal(device):  # noqa: F811
+    line, figures = items.check_cuda_allocator(None)
+    assert device.allocator.stats().ooms >= 1, "PyTorch's allocator (emulated) never refused"
+    assert figures["layer"] == "allocator" and figures["kv_bytes_at_oom"] < items.ALLOCATOR_ITEM_BUDGET_BYTES
+    assert line.startswith("torch's own OOM")

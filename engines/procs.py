@@ -55,6 +55,37 @@ def wait_group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
     return True
 
 
+def kill_tree(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGKILL a child spawned in a group of its own, its group and every process below it, then wait for them:
+    a server it started in a session of its own (`spawn`) is below it but not in its group. Our own group is never
+    signalled."""
+    import psutil
+
+    if proc.poll() is not None:  # exited: what is left of its group goes (a group's id is not reused while it lives)
+        _signal_group(proc.pid, signal.SIGKILL)
+        return
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    ours = os.getpgrp()
+    groups = {proc.pid}
+    for p in below:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            groups.add(os.getpgid(p.pid))
+    for pgid in groups - {ours}:
+        _signal_group(pgid, signal.SIGKILL)
+    for p in below:  # one that left its group for ours still goes
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+    psutil.wait_procs(below, timeout=timeout_s)
+    for pgid in groups - {ours}:
+        wait_group_gone(pgid, timeout_s)
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -16,6 +16,7 @@ class ModelNotFound(ValueError):
 
 
 LOGITS_BYTES = 4  # logits are computed in fp32
+MLP_PEAK_WIDTHS = 4  # x @ gate|up (2), act(gate) (1) and act(gate) * up (1) live at once, in MLP widths
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -64,10 +65,11 @@ class ModelShape:
 
     def activation_bytes(self, dtype_bytes: int, batched_tokens: int, max_num_seqs: int) -> int:
         """Peak temporaries of one forward over `batched_tokens`: residual and normed hidden states, q/k/v,
-        the MLP's gate and up projections, and fp32 logits for every running sequence. What a KV budget must
-        leave beside it (the plan; a cuda memory's cap)."""
+        the MLP at its peak (gate|up, 2x its width, then act(gate) and act(gate) * up beside it: 4x), and fp32
+        logits for every running sequence. What a KV budget must leave beside it (the plan; a cuda memory's cap,
+        with the attention's own temporaries: engines/scheduled/model.attention_temporaries_bytes)."""
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_token = 2 * self.hidden_size + q_dim + 2 * kv_dim + 2 * self.intermediate_size
+        per_token = 2 * self.hidden_size + q_dim + 2 * kv_dim + MLP_PEAK_WIDTHS * self.intermediate_size
         return batched_tokens * per_token * dtype_bytes + max_num_seqs * self.vocab_size * LOGITS_BYTES
 
     @property

@@ -29,6 +29,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: the repository's root on the path, as `-m` would have it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engines.procs import kill_tree, spawn  # noqa: E402
 from scripts import gpu_items as items  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,24 +93,29 @@ def run_here(key: str, args) -> Result:
 
 def child_command(key: str, args, result: Path) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", key, "--result", str(result), "--model",
-           args.model, "--out", args.out]
+           args.model, "--out", args.out, "--limit-s", str(ITEMS[key].limit_s)]
     return cmd + (["--keep-fixture"] if args.keep_fixture else [])
 
 
 def run_child(key: str, args) -> Result:
     """One item in a child of its own under its limit; a child that dies or hangs without its result is a FAIL
-    with its last words."""
+    with its last words. The child starts a session of its own, and one past its limit is ended with its whole
+    group and every process below it (a bench and the servers it started): none runs on into the next item."""
     result = Path(args.out) / f"{key}.result.json"
     result.unlink(missing_ok=True)
     started, limit = time.perf_counter(), ITEMS[key].limit_s
+    proc = spawn(child_command(key, args, result), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 cwd=ROOT)
     try:
-        r = subprocess.run(child_command(key, args, result), capture_output=True, text=True, timeout=limit,
-                           cwd=ROOT)
+        _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        kill_tree(proc)
         return Result(key, "fail", f"no answer in {limit} s (its limit)", time.perf_counter() - started)
+    kill_tree(proc)  # what an item left running in its group past its answer goes with it
     if not result.exists():
-        last = (r.stderr.strip().splitlines() or [""])[-1]
-        return Result(key, "fail", f"exited {r.returncode} without a result: {last}", time.perf_counter() - started)
+        last = (err.strip().splitlines() or [""])[-1]
+        return Result(key, "fail", f"exited {proc.returncode} without a result: {last}",
+                      time.perf_counter() - started)
     return Result(**json.loads(result.read_text()))
 
 
@@ -141,6 +147,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="keep the churn recording as tests/fixtures/gpu_hf_churn_snapshot.pickle (default: off)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the item a child runs here
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)  # where the child writes its Result
+    ap.add_argument("--limit-s", type=float, default=None, help=argparse.SUPPRESS)  # the child's item's limit
     return ap.parse_args(argv)
 
 

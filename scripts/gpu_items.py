@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from engines.memory.cuda import CudaMemory, device_info, device_snapshot
 from engines.memory.snapshot import load_data, write_state
 from engines.memory.snapshot_replay import RECORDING_KEY, ReplayResult, load_trace, replay_recorded
 from engines.offline import generate
+from engines.procs import kill_tree, spawn
 from engines.sequence import SamplingParams
 from harness.fetch import request
 from harness.run.servers import start_server, tail
@@ -44,6 +46,27 @@ BF16_TIE_LOGITS = 0.125  # bf16 keeps 8 bits of mantissa: logits of ~10 are 0.06
 REAL_SHAPE = {"preset": "llama-3-8b", "layers": 4, "dtype": "bfloat16"}
 # paged decode against static on the GPU: the paged gather may cost, not halve the rate
 PAGED_DECODE_FLOOR = 0.5
+# An item's inner run (a bench, a server's start) ends this long before the item's own limit (gpu_check's
+# --limit-s): the item then fails with the run's last words, where past its limit it is ended without them
+ANSWER_MARGIN_S = 20
+
+
+def inner_limit_s(args) -> float:
+    """What one inner run of an item may take: the item's limit less the margin in which it says why it failed."""
+    return args.limit_s - ANSWER_MARGIN_S
+
+
+def run_bounded(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """A command (a bench, which starts servers of its own) in a group of its own that dies with the item; one
+    past timeout_s is ended with every process below it, and the item fails saying so."""
+    proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise AssertionError(f"{' '.join(cmd[2:5])} gave no answer in {timeout_s:.0f} s") from None
+    kill_tree(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def check_device(args) -> tuple[str, dict]:
@@ -73,39 +96,57 @@ def check_arena_on_device(args) -> tuple[str, dict]:
     return "capacity and fragmentation OOMs on a device buffer", {"causes": causes}
 
 
+# The allocator item's KV budget, and the room its held "forward" leaves the KV under the cap: less than the budget,
+# so that PyTorch's own allocator refuses before the budget does (with the whole slack free, the budget refused
+# first: after 21 allocations on the emulated device, 80 MiB reserved of a 116 MiB cap)
+ALLOCATOR_ITEM_BUDGET_BYTES = 64 * MIB
+ALLOCATOR_ITEM_KV_ROOM_BYTES = 48 * MIB
+
+
 def check_cuda_allocator(args) -> tuple[str, dict]:
-    """Real tensors from PyTorch's caching allocator inside a cap: a real OutOfMemoryError, its snapshot."""
-    memory = CudaMemory(64 * MIB)
+    """Real tensors from PyTorch's caching allocator inside a cap, the cap's slack held by a forward's tensor: a real
+    OutOfMemoryError within the KV budget (the allocator's layer, not the budget's), its snapshot; the cap restored."""
+    memory = CudaMemory(ALLOCATOR_ITEM_BUDGET_BYTES)
     capped = torch.cuda.get_per_process_memory_fraction(memory.device)
+    room = int(memory._cap_bytes()) - torch.cuda.memory_reserved(memory.device)
+    forward = torch.empty(room - ALLOCATOR_ITEM_KV_ROOM_BYTES, dtype=torch.uint8, device=memory.device)
     held = []
     try:
         for i in range(1000):
             held.append(memory.allocate(3 * MIB + 4096 * i, f"s{i}"))
         raise AssertionError("the cap never refused an allocation")
     except OutOfMemory as e:
-        cause = e.event.cause
+        event = e.event
+    assert event.layer == "allocator", (f"the KV budget refused first ({event.cause}, after {len(held)} "
+                                        "allocations): PyTorch's own allocator was never reached")
     stats = memory.stats()
     assert memory.first_oom_snapshot, "no memory_snapshot at the first OOM"
     assert stats.reserved_bytes >= stats.allocated_bytes > 0, stats
+    assert stats.allocated_bytes < memory.capacity_bytes, "refused at the budget, not within it"
     for i in range(0, len(held), 2):  # every other one: the cache keeps the holes
         memory.free(held[i])
     after = memory.stats()
+    del forward
     memory.close()
     restored = torch.cuda.get_per_process_memory_fraction(memory.device)
     assert restored > capped, f"the cap stayed at {capped:.4f} after close"
-    figures = {"cause": cause, "allocations": len(held), "snapshot_segments": len(memory.first_oom_snapshot),
+    figures = {"cause": event.cause, "layer": event.layer, "allocations": len(held),
+               "kv_bytes_at_oom": stats.allocated_bytes, "snapshot_segments": len(memory.first_oom_snapshot),
                "reserved_bytes": after.reserved_bytes, "allocated_bytes": after.allocated_bytes}
-    return (f"OOM ({cause}) after {len(held)} allocations; {len(memory.first_oom_snapshot)} segments in the "
-            f"snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated {after.allocated_bytes / MIB:.0f}",
-            figures)
+    return (f"torch's own OOM ({event.cause}) after {len(held)} allocations, {stats.allocated_bytes / MIB:.0f} MiB "
+            f"of KV within its {memory.capacity_bytes / MIB:.0f} MiB budget; {len(memory.first_oom_snapshot)} "
+            f"segments in the snapshot; reserved {after.reserved_bytes / MIB:.0f} MiB vs allocated "
+            f"{after.allocated_bytes / MIB:.0f}", figures)
 
 
 def check_nvml(args) -> tuple[str, dict]:
+    """What the samples read of the device (DeviceFigures, a frozen record): every figure answered."""
     snap = device_snapshot()
-    missing = [k for k, v in snap.items() if v is None]
+    figures = asdict(snap)
+    missing = [k for k, v in figures.items() if v is None]
     assert not missing, f"empty: {missing}"
-    used, reserved = snap["device_used_bytes"] / MIB, snap["torch_reserved_bytes"] / MIB
-    return f"device used {used:.0f} MiB, torch reserved {reserved:.0f} MiB", snap
+    used, reserved = snap.device_used_bytes / MIB, snap.torch_reserved_bytes / MIB
+    return f"device used {used:.0f} MiB, torch reserved {reserved:.0f} MiB", figures
 
 
 def check_greedy_equal(args) -> tuple[str, dict]:
@@ -154,14 +195,27 @@ def greedy_agreement(want: list[int], logits: list[torch.Tensor], got: list[int]
 
 
 def check_kernel(args) -> tuple[str, dict]:
-    """The paged engine's decode attention on the GPU (the torch path: gathered rows, SDPA with grouped heads
-    and a padding mask) against a dense reference computed one sequence at a time: equal within 1e-3."""
+    """The paged engine's decode attention on the GPU (the torch path: gathered rows expanded to every head, SDPA
+    with a padding mask, held to SDPA's fused kernels) against a dense reference computed one sequence at a time:
+    equal within 1e-3."""
     worst, path = decode_attention_error(args.model, "cuda")
     assert worst < 1e-3, f"decode attention differs from the dense reference by {worst:.2e}"
     installed = [m for m in ("flashinfer", "flash_attn") if importlib.util.find_spec(m)]
     return (f"{path}: equal to a dense reference within {worst:.1e}"
             + (f" ({', '.join(installed)} installed, not used)" if installed else ""),
             {"max_abs_error": worst, "path": path})
+
+
+def fused_attention_only(device: str):
+    """On a GPU, scaled_dot_product_attention limited to its fused kernels (flash, memory-efficient, cuDNN): a call
+    none of them takes raises ("No available kernel") instead of falling to the math kernel. Elsewhere, nothing."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not str(device).startswith("cuda"):
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])
 
 
 def decode_attention_error(model: str, device: str) -> tuple[float, str]:
@@ -180,7 +234,8 @@ def decode_attention_error(model: str, device: str) -> tuple[float, str]:
     rows = torch.stack([torch.randperm(store.shape[0], device=device)[:300] for _ in lengths])
     mask = (torch.arange(300, device=device)[None, :] < lengths[:, None])[:, None, None, :]
     q = torch.randn(len(lengths), runner.num_heads, runner.head_dim, device=device)
-    got = runner._decode_attention(q, store, Bucket(torch.arange(len(lengths)), rows, lengths, mask))
+    with fused_attention_only(device):  # on a GPU: no math kernel to fall to, so the path must run fused
+        got = runner._decode_attention(q, store, Bucket(torch.arange(len(lengths)), rows, lengths, mask))
     worst = 0.0
     for b, n in enumerate(lengths.tolist()):
         ctx = store[rows[b, :n]]  # [n, 2, KVH, D]
@@ -200,7 +255,7 @@ def check_bench(args) -> tuple[str, dict]:
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "hf,paged", "--model", args.model,
            "--device", "cuda", "--memory", "cuda", "--kv-budget", "8MiB", "--duration", "20", "--grace", "5",
            "--out", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     run = sorted(p for p in out.iterdir() if p.is_dir())[-1] if any(p.is_dir() for p in out.iterdir()) else out
     samples = pd.read_parquet(next(run.rglob("samples.parquet")))
@@ -230,12 +285,12 @@ def churn_bodies(count: int) -> list[dict]:
     return bodies
 
 
-def drive_churn(url: str, bodies: list[dict]) -> int:
+def drive_churn(url: str, bodies: list[dict], timeout_s: float = 300) -> int:
     """Every body to /v1/completions, CHURN_CONCURRENCY at a time: the answers that ran their full length. A
     failed request is counted, not raised: the server's recording is still worth keeping and replaying."""
     def one(body: dict) -> bool:
         try:
-            answer = json.loads(request(f"{url}/v1/completions", body, timeout_s=300))
+            answer = json.loads(request(f"{url}/v1/completions", body, timeout_s=timeout_s))
         except OSError:
             return False
         return answer["usage"]["completion_tokens"] == body["max_tokens"]
@@ -285,13 +340,13 @@ def check_churn_replay(args, alloc_conf: str | None = None) -> tuple[str, dict]:
     out = Path(args.out) / ("churn" if alloc_conf is None else "churn-expandable")
     recorded, log = out / "hf_churn_snapshot.pickle", out / "server.log"
     out.mkdir(parents=True, exist_ok=True)
-    server = start_server("hf", args.model, "64MiB", log, timeout_s=300, alloc_conf=alloc_conf,
+    server = start_server("hf", args.model, "64MiB", log, timeout_s=inner_limit_s(args), alloc_conf=alloc_conf,
                           extra=["--device", "cuda", "--memory", "cuda", "--max-seq-len", "512",
                                  "--record-memory-history", str(recorded)])
     try:
-        completed = drive_churn(server.url, churn_bodies(CHURN_REQUESTS))
+        completed = drive_churn(server.url, churn_bodies(CHURN_REQUESTS), inner_limit_s(args))
     finally:
-        server.stop(timeout_s=120)  # SIGTERM: the server writes its history once the engine has stopped
+        server.stop(timeout_s=inner_limit_s(args))  # SIGTERM: the server writes its history once the engine has stopped
     assert recorded.exists(), f"the server wrote no memory history: {tail(log)}"
     kept = keep_as_fixture(recorded, fixture_path(out, args.keep_fixture and alloc_conf is None))
     assert completed == CHURN_REQUESTS, f"{completed} of {CHURN_REQUESTS} requests ran their full length"
@@ -413,7 +468,7 @@ def check_vllm(args) -> tuple[str, dict]:
     out = Path(args.out) / "vllm"
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "paged,vllm", "--model", args.model,
            "--device", "cuda", "--kv-budget", "64MiB", "--duration", "20", "--grace", "5", "--out", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     import pandas as pd
 

@@ -2,6 +2,7 @@
 no network: what fragbench needs and this interpreter lacks, installed alone.
 
     .venv/bin/python scripts/setup_missing.py [--wheels DIR] [--cuda-torch VERSION] [--pin REQ ...] [--dry-run]
+    python3 scripts/setup_missing.py --requirements resolved|pinned [--pin REQ ...]   (make wheels)
 
 The needs: pyproject.toml's dependencies, its dev extra and its build backend, and each --pin (installed without
 its dependencies, as Otava is). Each is checked against what the interpreter sees: its venv and, in a venv made with
@@ -157,15 +158,20 @@ def torch_seen() -> tuple[str, str | None, bool, str] | None:
 
 
 def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
-    """The environment's torch where it has CUDA and sees the GPU (kept: no download); else `version`, installed
+    """The environment's torch where it has CUDA, sees the GPU and is within pyproject.toml's floor (kept: no
+    download; an image's torch 2.4 or 2.5 is not: every engine would fail at model load); else `version`, installed
     here (isolated from pip's configuration: a find-links folder's CPU wheel of the same version must not
     shadow the CUDA build) and checked once more."""
     seen = torch_seen()
+    floor = next(r for r in needs(ROOT / "pyproject.toml", []) if r.name == "torch")
     if seen is not None and seen[1] and seen[2]:
-        return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
+        if floor.specifier.contains(Version(seen[0]).base_version):
+            return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
+        print(f"make setup: torch {seen[0]} at {seen[3]} is outside pyproject.toml's {floor} (the reasons are "
+              f"there): torch {version} goes into the venv beside it", flush=True)
     if wheels and (lacking := plan([Requirement(f"torch=={version}")], {}, wheels_in(wheels), follow=False).missing):
-        raise Stop(f"the environment's torch has no CUDA (or sees no GPU) and no wheel in {wheels} satisfies "
-                   f"{lacking[0]}: put its CUDA wheel there (nothing was installed)")
+        raise Stop(f"the environment's torch has no CUDA (or sees no GPU, or is outside {floor}) and no wheel in "
+                   f"{wheels} satisfies {lacking[0]}: put its CUDA wheel there (nothing was installed)")
     # a torch without CUDA in the venv is replaced; one outside it (the system's) is shadowed, never touched
     in_venv = seen is not None and Path(seen[3]).resolve().is_relative_to(Path(sys.prefix).resolve())
     over = [] if seen is None else ["--force-reinstall"] if in_venv else ["--ignore-installed"]
@@ -177,6 +183,13 @@ def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
     if not seen[2]:
         raise Stop(f"torch {seen[0]} (CUDA {seen[1]}) sees no GPU: is the driver (nvidia-smi) older than this CUDA?")
     return f"torch {seen[0]} (CUDA {seen[1]}) installed"
+
+
+def wanted_for_wheels(pins: list[str]) -> tuple[list[str], list[str]]:
+    """What a folder of wheels must hold for `make setup WHEELS=DIR` (`make wheels` fills one): pyproject.toml's
+    dependencies, its dev extra and its build backend, and `wheel` (a fresh venv's setuptools before 70.1 builds
+    the editable install with it), resolved with their dependencies; and the pins, without theirs."""
+    return [*(str(r) for r in needs(ROOT / "pyproject.toml", ["dev"])), "wheel"], pins
 
 
 def set_up(args) -> None:
@@ -214,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="a requirement installed without its dependencies, repeatable (default: none)")
     ap.add_argument("--dry-run", action="store_true", help="say what would be installed, install nothing "
                     "(default: off)")
+    ap.add_argument("--requirements", choices=("resolved", "pinned"), default=None,
+                    help="print what a folder of wheels for set-up must hold, one a line, and install nothing: the "
+                    "requirements resolved with their dependencies, or the pins alone (make wheels; default: off)")
     args = ap.parse_args(argv)
+    if args.requirements:
+        resolved, pinned = wanted_for_wheels(args.pin)
+        print("\n".join(resolved if args.requirements == "resolved" else pinned))
+        return 0
     if args.wheels and not Path(args.wheels).is_dir():
         print(f"make setup: error: WHEELS={args.wheels} is not a folder", file=sys.stderr)
         return 2

@@ -20,6 +20,14 @@ MiB = 2**20
 TOTAL = 1000 * MiB
 
 
+def format_size(nbytes: int) -> str:
+    """c10's format_size, as torch's OutOfMemoryError prints a size."""
+    for unit, scale in (("bytes", 1), ("KiB", 2**10), ("MiB", 2**20)):
+        if nbytes <= scale * 1024:
+            return f"{nbytes} bytes" if scale == 1 else f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
 class EmulatedDevice:
     """One CUDA device whose caching allocator is the emulator: torch.empty on it takes a block (freed when the
     tensor dies), the cap is the emulator's, and an allocation it refuses raises torch.OutOfMemoryError."""
@@ -31,8 +39,9 @@ class EmulatedDevice:
     def empty(self, nbytes: int) -> torch.Tensor:
         try:
             block = self.allocator.malloc(nbytes)
-        except AllocatorOOM:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {nbytes / MiB:.2f} MiB") from None
+        except AllocatorOOM as e:  # torch names the segment it asked the device for, not the request
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {format_size(e.info.segment_bytes)}. "
+                                         f"GPU 0 has a total capacity of {format_size(TOTAL)}") from None
         tensor = torch.zeros(nbytes, dtype=torch.uint8)
         weakref.finalize(tensor, self.allocator.free, block)
         return tensor
@@ -126,12 +135,12 @@ def test_a_kv_oom_with_the_bytes_free_in_holes_is_fragmentation(device):
 
 
 def test_an_oom_in_a_forward_is_judged_from_the_allocators_state(device):
-    """The activations' own OOM (the engines call device_oom with what the error tried to allocate): capacity when
-    nothing under the cap would hold it, fragmentation when the cache holds enough in pieces."""
+    """The activations' own OOM (the engines call device_oom with the segment the error tried to allocate):
+    capacity when nothing under the cap would hold it, fragmentation when the cache holds enough in pieces."""
     memory = cuda.CudaMemory(64 * MiB, "cuda:0")
     activations = device.empty(device.allocator.capacity_bytes - 2 * MiB)
     assert memory.device_oom(262 * MiB, "activations").cause == "capacity"
     del activations
     held = [device.empty(3 * MiB) for _ in range(30)]
     del held[::2]
-    assert memory.device_oom(5 * MiB, "activations").cause == "fragmentation"
+    assert memory.device_oom(20 * MiB, "activations").cause == "fragmentation"

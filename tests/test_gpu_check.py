@@ -124,10 +124,10 @@ def test_the_churn_recording_enters_the_repository_only_when_asked(tmp_path, mon
         return SimpleNamespace(url="http://fake", stop=lambda timeout_s: synthetic_snapshot(recorded, 200, 80 * MiB))
 
     monkeypatch.setattr(items, "start_server", server)
-    monkeypatch.setattr(items, "drive_churn", lambda url, bodies: len(bodies))
+    monkeypatch.setattr(items, "drive_churn", lambda url, bodies, timeout_s: len(bodies))
     for keep in (False, True):
         out = tmp_path / f"out-{keep}"
-        args = Namespace(out=str(out), model="m", keep_fixture=keep)
+        args = Namespace(out=str(out), model="m", keep_fixture=keep, limit_s=gpu_check.ITEMS["churn"].limit_s)
         with pytest.raises(AssertionError, match="segment events reproduced"):  # no cap recorded: mismatches
             items.check_churn_replay(args)
         assert fixture.exists() == keep and (out / "churn" / fixture.name).exists() != keep

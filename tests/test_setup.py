@@ -149,3 +149,64 @@ def test_make_tests_ray_is_the_ray_extra_and_installed_once():
     once = subprocess.run(["make", "--no-print-directory", "-n", "-o", "setup", "-o", ".venv/.fragbench-ray", "test",
                            "DEVICE_KIND=cpu"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "pip install" not in once  # a venv that has it: nothing installed before the suite
+
+
+def registry_answers() -> bool:
+    """Whether pip can fetch from the package index here (a small wheel, within a minute)."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
+                            tmp, "wheel"], capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def isolates_network() -> bool:
+    """Whether `unshare -n` (a network namespace of its own: root, or a kernel that allows it) runs here."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.offline_setup
+@pytest.mark.timeout(900)
+def test_make_wheels_fills_a_folder_that_make_setup_installs_from_with_the_network_off(tmp_path):
+    """Where the registry answers, `make wheels WHEELS=DIR` fills the folder; then, with no network at all (unshare
+    -n) and no pip configuration (its find-links folder would add wheels the folder lacks), `make setup
+    WHEELS=DIR` in a copy of this tree sets up. `pip download` of the requirements alone left out `wheel`, and set-up
+    stopped on it. About 45 s to fill (network) and 100 s to set up on the 2-core CI machine: pip installs some 60
+    wheels, torch's among them."""
+    import os
+    import shutil
+
+    if not isolates_network():
+        pytest.skip("unshare -n is not available here (it needs root or user namespaces)")
+    if not registry_answers():
+        pytest.skip("the package registry does not answer here: nothing to fill a folder from")
+    wheels, tree = tmp_path / "wheels", tmp_path / "tree"
+    r = subprocess.run(["make", "--no-print-directory", "wheels", f"WHEELS={wheels}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    names = {p.name.split("-")[0].lower() for p in wheels.glob("*.whl")}
+    assert {"torch", "transformers", "setuptools", "wheel", "apache_otava", "pytest"} <= names, sorted(names)
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv*", "models", "results", "reports",
+                                                              "__pycache__", ".pytest_cache", "gpu-check*"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "VIRTUAL_ENV"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, DEVICE_KIND="cpu")
+    r = subprocess.run(["unshare", "-n", "make", "--no-print-directory", "setup", f"WHEELS={wheels}"], cwd=tree,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    v = subprocess.run([str(tree / ".venv" / "bin" / "python"), "-c",
+                        "import torch, transformers, otava, engines; print(torch.__version__)"], cwd=tree,
+                       capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.strip().startswith("2.13.0"), v.stderr[-1000:]
+    assert list((tree / ".venv").glob(".fragbench-installed-cpu"))
+
+
+def test_make_wheels_without_a_folder_is_bad_input_in_one_line():
+    r = subprocess.run(["make", "--no-print-directory", "-s", "wheels"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[0] == \
+        "make wheels: error: name the folder: make wheels WHEELS=DIR"

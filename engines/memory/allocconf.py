@@ -8,7 +8,9 @@ The same string configures the emulator (`engines/memory/caching.py`, `--memory 
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MiB = 2**20
@@ -18,6 +20,43 @@ POWER2_INTERVALS = 16  # roundup_power2_divisions holds one value per power of t
 POWER2_FIRST_LOG2 = 20  # the first interval starts at 1 MiB
 BOOLEAN_KEYS = ("expandable_segments", "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
                 "pinned_use_cuda_host_register", "pinned_use_hip_host_register", "pinned_use_background_threads")
+
+
+# The variables the real allocator reads its settings from, in the installed torch's order: from 2.9,
+# PYTORCH_ALLOC_CONF where it is set (empty included), else PYTORCH_CUDA_ALLOC_CONF (deprecated, with a warning);
+# before 2.9, PYTORCH_CUDA_ALLOC_CONF alone (c10's AllocatorConfig::instance, CUDAAllocatorConfig)
+GENERIC_VAR_SINCE = (2, 9)
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def installed_torch_version() -> tuple[int, int]:
+    """(major, minor) of the torch this interpreter would import, read from its metadata (importing torch costs
+    1.4 s, and the harness's processes that start servers import none)."""
+    from importlib.metadata import version
+
+    major, minor = version("torch").split(".")[:2]
+    return int(major), int(minor)
+
+
+def alloc_conf_vars(torch_version: tuple[int, int] | None = None) -> tuple[str, ...]:
+    """The variables the installed torch reads, first first."""
+    return ALLOC_CONF_VARS if (torch_version or installed_torch_version()) >= GENERIC_VAR_SINCE \
+        else ALLOC_CONF_VARS[1:]
+
+
+def torch_alloc_conf(environ: Mapping[str, str] | None = None, torch_version: tuple[int, int] | None = None
+                     ) -> str | None:
+    """The settings string the real allocator reads from `environ` (os.environ by default), or None: the first of
+    alloc_conf_vars that is set, set-but-empty included, as c10 reads it."""
+    environ = os.environ if environ is None else environ
+    return next((environ[name] for name in alloc_conf_vars(torch_version) if name in environ), None)
+
+
+def alloc_conf_environ(conf: str) -> dict[str, str]:
+    """What a child's environment needs for its real allocator to read `conf`, whatever its torch: every variable
+    any torch reads set to it (a user's PYTORCH_ALLOC_CONF would otherwise win over a PYTORCH_CUDA_ALLOC_CONF set
+    for the child)."""
+    return dict.fromkeys(ALLOC_CONF_VARS, conf)
 
 
 class AllocConfError(ValueError):

@@ -154,10 +154,11 @@ class DeviceMemory(ABC):
     def close(self) -> None:  # noqa: B027 (most memories change nothing beyond their bytes)
         """Give back what the memory changed beyond its own bytes (the CUDA allocator's process-wide cap)."""
 
-    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
-        """A torch.cuda.OutOfMemoryError outside this memory's own bytes (a forward's activations): `capacity`,
-        nothing under the device was left for it. CUDA memory overrides it with the allocator's own judgement."""
-        return OOMEvent(requested_bytes, 0, 0, "capacity", owner)
+    def device_oom(self, segment_bytes: int, owner: str) -> OOMEvent:
+        """A torch.cuda.OutOfMemoryError outside this memory's own bytes (a forward's activations), given the segment
+        it says it tried to allocate (engines/oom.segment_asked): `capacity`, nothing under the device was left
+        for it. CUDA memory overrides it with the allocator's own judgement."""
+        return OOMEvent(segment_bytes, 0, 0, "capacity", owner)
 
     @abstractmethod
     def rounded(self, nbytes: int) -> int:

@@ -114,6 +114,18 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 
 
+def smallest_request_for_segment(segment_bytes: int) -> int:
+    """The smallest block whose new segment is `segment_bytes` (segment_size's inverse, at its low end): what a
+    torch.cuda.OutOfMemoryError's "Tried to allocate" (the segment, not the request) says of the request. A 2 MiB
+    segment is any small request; a 20 MiB one a request from just over 1 MiB (also one just over 18 MiB: the
+    low end is taken); a larger one a request within the last 2 MiB below it, and never under 10 MiB."""
+    if segment_bytes <= SMALL_BUFFER_BYTES:
+        return MIN_BLOCK_BYTES
+    if segment_bytes == LARGE_BUFFER_BYTES:
+        return SMALL_SIZE_BYTES + MIN_BLOCK_BYTES
+    return max(MIN_LARGE_ALLOC_BYTES, segment_bytes - ROUND_LARGE_BYTES + MIN_BLOCK_BYTES)
+
+
 def merge(dst: Block, src: Block | None, pool: Pool) -> int:
     """Merge free neighbour src into dst (one segment: prev/next never cross one); its size, or 0."""
     if src is None or src.allocated or src.mapped != dst.mapped:

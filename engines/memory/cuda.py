@@ -4,14 +4,12 @@ where a GPU path runs or is described; `engines/memory/arena.py` holds the arena
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from engines.memory.allocconf import parse_alloc_conf
+from engines.memory.allocconf import parse_alloc_conf, torch_alloc_conf
 from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
-from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size
+from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size, smallest_request_for_segment
 from engines.memory.nvml import memory_info, nvml
 
 # What a forward takes from the same per-process cap as the KV: cuBLAS's workspace (":4096:8", eight 4 MiB
@@ -33,16 +31,17 @@ class CudaMemory(DeviceMemory):
     process-wide cap of what is already in use + the KV budget + the headroom a forward needs (so that the
     activations never fail first), restored by `close`.
 
-    The budget itself is a KV cap, counted here in PyTorch's own rounding (engines/memory/blocks.py: 512 B
-    granules, or the power-of-two divisions PYTORCH_CUDA_ALLOC_CONF sets; the one source the emulator uses), so
-    the KV's count is at most what torch.cuda.memory_allocated counts for the same tensors (a block PyTorch
-    leaves unsplit is larger, never smaller) and so at most what it reserves: allocated <= reserved always. An
-    allocation whose rounded size would take the KV past `capacity_bytes` fails with cause `capacity`, whatever
-    the process cap would still allow. One the allocator itself refuses (torch.cuda.OutOfMemoryError) is judged
-    from the allocator's state, as the emulator judges it (OOMEvent.judge): `fragmentation` where the cached free
-    bytes and the room left under the cap would hold it, `capacity` where they would not (the activations, the
-    weights or another process took the slack). Only the KV tensors count toward the budget: cuBLAS's
-    workspace, the weights and what a forward keeps are the cap's, not the budget's."""
+    The budget itself is a KV cap, counted here in PyTorch's own rounding (engines/memory/blocks.py: 512 B granules,
+    or the power-of-two divisions its settings set, read as the installed torch reads them:
+    allocconf.torch_alloc_conf; the one source the emulator uses), so the KV's count is at most what
+    torch.cuda.memory_allocated counts for the same tensors (a block PyTorch leaves unsplit is larger, never
+    smaller) and so at most what it reserves: allocated <= reserved always. An allocation whose rounded size would
+    take the KV past `capacity_bytes` fails with cause `capacity`, whatever the process cap would still allow. One
+    the allocator itself refuses (torch.cuda.OutOfMemoryError) is judged from the allocator's state, as the emulator
+    judges it (OOMEvent.judge): `fragmentation` where the cached free bytes and the room left under the cap would
+    hold it, `capacity` where they would not (the activations, the weights or another process took the slack). Only
+    the KV tensors count toward the budget: cuBLAS's workspace, the weights and what a forward keeps are the cap's,
+    not the budget's."""
 
     def __init__(self, capacity_bytes: int, device: str | torch.device = "cuda", headroom_bytes: int = 0):
         if not torch.cuda.is_available():
@@ -50,7 +49,7 @@ class CudaMemory(DeviceMemory):
         self.device = cuda_device(device)
         self.capacity_bytes = capacity_bytes
         # the settings the real allocator read when CUDA started: its rounding (roundup_power2_divisions) is ours
-        self.conf = parse_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+        self.conf = parse_alloc_conf(torch_alloc_conf())
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES
         total = torch.cuda.get_device_properties(self.device).total_memory
         in_use = torch.cuda.memory_reserved(self.device)
@@ -80,14 +79,22 @@ class CudaMemory(DeviceMemory):
         try:
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError:
-            raise OutOfMemory(self.device_oom(size, owner)) from None
+            raise OutOfMemory(self._judged(size, owner)) from None
         alloc = Allocation(0, size, nbytes, owner, tensor)
         self._live[id(alloc)] = alloc
         self._allocated += size
         self._requested += nbytes
         return alloc
 
-    def device_oom(self, requested_bytes: int, owner: str) -> OOMEvent:
+    def device_oom(self, segment_bytes: int, owner: str) -> OOMEvent:
+        """A forward's torch.cuda.OutOfMemoryError, given the segment its message says the allocator tried to
+        allocate (engines/oom.segment_asked): judged on the smallest request that asks for that segment (a 20 MiB
+        segment is asked for a request just over 1 MiB), since the message names no request. A 3 MiB activation
+        refused with 10 MiB free in 2 MiB holes and 8 MiB under the cap is fragmentation, not capacity against
+        20 MiB."""
+        return self._judged(smallest_request_for_segment(segment_bytes), owner)
+
+    def _judged(self, rounded_bytes: int, owner: str) -> OOMEvent:
         """A torch.cuda.OutOfMemoryError (a KV tensor's, or a forward's activations'), judged from the allocator's
         state as it failed: its cached free bytes (reserved less everything allocated, KV or not) and the room
         left under the cap (and on the device); the snapshot kept for the first."""
@@ -96,8 +103,8 @@ class CudaMemory(DeviceMemory):
         reserved = stats.get("reserved_bytes.all.current", 0)
         cached_free = max(0, reserved - stats.get("allocated_bytes.all.current", 0))
         device_free = max(0, min(int(self._cap_bytes()) - reserved, torch.cuda.mem_get_info(self.device)[0]))
-        return OOMEvent.judge(self.rounded(requested_bytes), cached_free, device_free,
-                              self._largest_free_block(), owner, "allocator")
+        return OOMEvent.judge(rounded_bytes, cached_free, device_free, self._largest_free_block(), owner,
+                              "allocator")
 
     def _keep_snapshot(self) -> None:
         if self.first_oom_snapshot is None:

@@ -19,12 +19,11 @@ its allocator ran under, the device's memory and its PYTORCH_CUDA_ALLOC_CONF bes
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
 
-from engines.memory.allocconf import NO_LIMIT, AllocConf, parse_alloc_conf
+from engines.memory.allocconf import NO_LIMIT, AllocConf, parse_alloc_conf, torch_alloc_conf
 from engines.memory.blocks import (
     LARGE_BUFFER_BYTES,
     MIN_LARGE_ALLOC_BYTES,
@@ -433,7 +432,7 @@ class MemoryRecording:
 
         state = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(None)
-        conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        conf = torch_alloc_conf() or ""
         state[RECORDING_KEY] = {"capacity_bytes": self.capacity_bytes, "device_bytes": self.device_bytes,
                                 "alloc_conf": conf}
         return write_state(state, self.path)

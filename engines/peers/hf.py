@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.memory.arena import Allocation, DeviceMemory, OutOfMemory
-from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context, tried_to_allocate
+from engines.oom import FRAGMENTATION_MAPS, EngineCrash, oom_context, segment_asked
 from engines.peers.transformers_api import generate_cache_argument
 from engines.sequence import FinishReason, SeqStatus, Sequence
 from engines.token_sampling import StepLogits, process, prompt_logprobs
@@ -191,7 +191,7 @@ class HFEngine(Engine):
         except (OutOfMemory, torch.OutOfMemoryError) as err:
             # the KV past its budget (the memory's OOM), or the device's cap under the activations
             oom = err if isinstance(err, OutOfMemory) else \
-                OutOfMemory(self.memory.device_oom(tried_to_allocate(err), "activations"))
+                OutOfMemory(self.memory.device_oom(segment_asked(err), "activations"))
             live = [s for s in batch if not s.is_finished]
             mem = self.memory.stats()
             self.oom_events.append((time.monotonic(), oom.event,

@@ -11,7 +11,7 @@ import torch
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
 from engines.memory.arena import DeviceMemory, OutOfMemory
-from engines.oom import oom_context, tried_to_allocate
+from engines.oom import oom_context, segment_asked
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
@@ -116,7 +116,7 @@ class ScheduledEngine(Engine):
         later, and a sequence alone fails its request. The engine goes on; what its device can hold is what
         it now runs."""
         mem = self.memory.stats()
-        event = self.memory.device_oom(tried_to_allocate(err), "activations")  # judged from the allocator's state
+        event = self.memory.device_oom(segment_asked(err), "activations")  # judged from the allocator's state
         live = self.scheduler.live()
         self.oom_events.append((time.monotonic(), event, oom_context(live, len(self.scheduler.waiting),
                                                                      mem.allocated_bytes, mem.capacity_bytes)))

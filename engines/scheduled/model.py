@@ -7,9 +7,10 @@ side: the store is [layer, row, k|v, kv_head, head_dim]), then attends over each
 nothing more:
 - decodes (one query each) in length buckets: sorted by context length, a bucket holds sequences within
   BUCKET_RATIO of its longest. On the CPU in fp32 a compiled kernel reads each context row where it lies
-  (engines/scheduled/kernels.py); elsewhere the rows are gathered in one copy per layer (K and V together)
-  and attended by `scaled_dot_product_attention` with grouped heads and a padding mask. Padding is bounded by
-  the ratio (not by the batch's longest), so a step costs about the tokens it holds;
+  (engines/scheduled/kernels.py); elsewhere the rows are gathered in one copy per layer (K and V together),
+  expanded to every query head and attended by `scaled_dot_product_attention` with a padding mask: a path a GPU
+  runs fused (the memory-efficient kernel; grouped heads beside a mask fell to the math kernel, fp32 scores).
+  Padding is bounded by the ratio (not by the batch's longest), so a step costs about the tokens it holds;
 - a prefill chunk that is its sequence's whole context attends over its own fresh K/V (causal, nothing to
   gather); one that continues a context (a prefix-cache hit, a recomputed preemption) gathers its rows.
 Step inputs are built from Python ints (the policy's `row_of`), one tensor each; row tensors come from the
@@ -97,14 +98,42 @@ class FusedLayer:
 
 def laid_out(linears) -> torch.Tensor:
     """The linears' weights side by side as one [in, sum of out] matrix; each linear's own weight becomes a view
-    of it, so the model keeps working and its weights are held once (a real model's are gigabytes)."""
-    fused = torch.cat([lin.weight for lin in linears]).t().contiguous()
+    of it, so the model keeps working and its weights are held once (a real model's are gigabytes). Each weight is
+    copied into its slice and its own tensor let go at once: the peak is the group's weights and one fused copy
+    (a cat and a contiguous copy held two beside the original: 1.96 GiB more for Llama-3-8B's lm_head)."""
+    first = linears[0].weight
+    fused = torch.empty(first.shape[1], sum(lin.weight.shape[0] for lin in linears), dtype=first.dtype,
+                        device=first.device)
     at = 0
     for lin in linears:
         n = lin.weight.shape[0]
+        fused[:, at: at + n].copy_(lin.weight.t())
         lin.weight.data = fused[:, at: at + n].t()
         at += n
     return fused
+
+
+@dataclass
+class FusedWeights:
+    """Every weight as the runner multiplies it: each layer's FusedLayer and the [hidden, vocab] head."""
+
+    layers: list[FusedLayer]
+    lm_head: torch.Tensor
+
+
+def fused_weights(hf_model) -> FusedWeights:
+    """The model's weights re-laid for the runner, once per model (kept on it): the factory lays them out before a
+    cuda memory sets its cap (the copies are the weights', not the KV's or a forward's), and the runner reads them."""
+    done = getattr(hf_model, "fragbench_fused", None)
+    if done is not None:
+        return done
+    with torch.no_grad():
+        layers = [FusedLayer.of(layer) for layer in hf_model.model.layers]
+        # a head tied to the embeddings stays theirs (a transposed view: no second copy)
+        tied = hf_model.lm_head.weight is hf_model.model.embed_tokens.weight
+        lm_head = hf_model.lm_head.weight.t() if tied else laid_out([hf_model.lm_head])
+    hf_model.fragbench_fused = FusedWeights(layers, lm_head)
+    return hf_model.fragbench_fused
 
 
 def load_hf_model(model_dir: str | Path, device: str = "cpu"):
@@ -118,14 +147,27 @@ def load_hf_model(model_dir: str | Path, device: str = "cpu"):
 
 def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
                                 pool_tokens: int, max_seq_len: int, batched_tokens: int) -> int:
-    """What one layer's attention allocates beside the activations, at its peak: the decode buckets' gathered
-    K and V (every live token at most once, padded by up to BUCKET_RATIO) and their fp32 scores, or a prefill
-    chunk's gathered context and its score matrix (SDPA's math kernel builds [heads, chunk, context] when a
-    chunk needs a mask), whichever is larger. What a cuda memory's cap must leave beside the KV budget."""
-    gathered = int(BUCKET_RATIO * pool_tokens)
-    decode = gathered * (2 * num_kv_heads * head_dim * dtype_bytes + num_heads * 4)
-    prefill = max_seq_len * 2 * num_kv_heads * head_dim * dtype_bytes + num_heads * batched_tokens * max_seq_len * 4
-    return decode + prefill  # both may be live in one step's layer: buckets first, then the chunks
+    """What one layer's attention allocates beside the activations, at its peak, on the path it takes off the CPU
+    kernel (`expanded`: SDPA over K/V expanded to every query head, which a GPU runs fused, memory-efficient with a
+    mask, flash without; no score matrix is made): the decode buckets' gathered K and V (every live token at most
+    once, padded by up to BUCKET_RATIO), their copies expanded to every head and their padding mask (bool, and
+    SDPA's additive copy of it in the model's dtype); a continuing prefill chunk's gathered and expanded context
+    and its [chunk, context] mask; a whole chunk's own K/V expanded. What a cuda memory's cap must leave beside
+    the KV budget."""
+    kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
+    expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
+    mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
+    decode = int(BUCKET_RATIO * pool_tokens) * (kv_row + expanded_row + mask_entry)
+    prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
+    whole_chunk = batched_tokens * expanded_row
+    return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
+
+
+def expanded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, KVH, L, D] K or V with each head repeated for the `group` query heads that read it: SDPA's fused
+    kernels on a GPU take no grouped heads (enable_gqa) beside a mask, and the math kernel it falls to then
+    upcasts to fp32 and builds every score."""
+    return x.repeat_interleave(group, dim=-3) if group > 1 else x
 
 
 class ModelRunner:
@@ -147,15 +189,13 @@ class ModelRunner:
         # written in one copy and a bucket's context gathered in one
         self.kv_planes = planes.view(self.dtype).view(self.num_layers, planes.shape[1], 2, self.num_kv_heads,
                                                       self.head_dim)
-        with torch.no_grad():
-            self.layers = [FusedLayer.of(layer) for layer in hf_model.model.layers]
-            # [hidden, vocab]; a head tied to the embeddings stays theirs (a transposed view: no second copy)
-            tied = hf_model.lm_head.weight is hf_model.model.embed_tokens.weight
-            self.lm_head = hf_model.lm_head.weight.t() if tied else laid_out([hf_model.lm_head])
+        weights = fused_weights(hf_model)
+        self.layers, self.lm_head = weights.layers, weights.lm_head  # lm_head: [hidden, vocab]
         self.q_dim, self.kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.kernel = decode_attention_kernel() if usable(self.kv_planes) else None
+        self.group = self.num_heads // self.num_kv_heads  # query heads per K/V head
         self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
-            "torch: gather, then scaled_dot_product_attention"
+            "torch: gather, K/V expanded to every head, scaled_dot_product_attention (fused on a GPU)"
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
         self.position_logits: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
 
@@ -258,9 +298,8 @@ class ModelRunner:
             return self.kernel.decode_attention(q.contiguous(), store, b.rows, b.lengths, self.head_dim**-0.5)
         B, L = b.rows.shape
         context = store.index_select(0, b.rows.flatten()).view(B, L, 2, self.num_kv_heads, self.head_dim)
-        keys, values = context.unbind(2)  # [B, L, KVH, D] each
-        out = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=b.mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        keys, values = (expanded(x.transpose(1, 2), self.group) for x in context.unbind(2))  # [B, H, L, D]
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=b.mask)
         return out[:, :, 0]  # [B, H, D]
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: torch.Tensor,
@@ -271,10 +310,9 @@ class ModelRunner:
             keys, values = k[p.first: p.first + p.n], v[p.first: p.first + p.n]
         else:
             keys, values = store.index_select(0, p.rows).unbind(1)  # [C, KVH, D] each
-        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                                             values.transpose(0, 1)[None], attn_mask=p.mask,
-                                             is_causal=p.mask is None,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)  # [1, H, n, D]
+        keys, values = (expanded(x.transpose(0, 1)[None], self.group) for x in (keys, values))  # [1, H, C, D]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=p.mask,
+                                             is_causal=p.mask is None)  # [1, H, n, D]
         return out[0].transpose(0, 1)
 
 

@@ -80,13 +80,15 @@ def engine_from_flags(args: argparse.Namespace):
 
 
 def use_real_alloc_conf(conf: str) -> None:
-    """The real allocator reads PYTORCH_CUDA_ALLOC_CONF when it starts (bench sets it in the server's environment);
-    a server started by hand sets it here, before the model touches CUDA, and in the allocator if it already runs."""
+    """The real allocator reads its settings' variables when it starts (bench sets them in the server's environment);
+    a server started by hand sets them here, before the model touches CUDA, and in the allocator if it already runs."""
     import os
 
     import torch
 
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    from engines.memory.allocconf import alloc_conf_environ
+
+    os.environ.update(alloc_conf_environ(conf))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.memory._set_allocator_settings(conf)
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.memory.allocconf import alloc_conf_environ
 from engines.procs import spawn
 from engines.procs import stop as stop_process
 from harness.fetch import ok
@@ -62,7 +63,7 @@ def start_server(
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if alloc_conf:  # the real caching allocator reads it when CUDA starts in the server's process
-        env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+        env.update(alloc_conf_environ(alloc_conf))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     since = log_path.stat().st_size  # an earlier server's lines (a restart, a calibration) are not this one's

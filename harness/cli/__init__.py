@@ -13,6 +13,7 @@ from harness.cli import (
     generate,
     history,
     load,
+    memory_gate,
     model,
     plan,
     report,
@@ -24,7 +25,7 @@ from harness.cli import (
 from harness.cli.args import Parser, UsageError
 
 VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
-         allocator)
+         allocator, memory_gate)
 
 
 def build_parser() -> Parser:

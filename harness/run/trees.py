@@ -55,7 +55,10 @@ def tree_of(name: str | None) -> Tree:
         return Tree("working tree", ROOT, None, python_for(ROOT))
     path = Path(name)
     if path.is_dir():
-        top = Path(git("rev-parse", "--show-toplevel", cwd=path.resolve()))
+        try:
+            top = Path(git("rev-parse", "--show-toplevel", cwd=path.resolve()))
+        except TreeError as e:
+            raise TreeError(f"{name}: not a git work tree ({e})") from None
         if not (top / "harness").is_dir():
             raise TreeError(f"{name}: not a fragbench work tree (no harness/ at {top})")
         return Tree(name, top, None, python_for(top))

@@ -148,12 +148,25 @@ bench-quick:
 gpu-check: setup model
 	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
-# Nightly: the standard run, the history of every run beside its report, then a comparison with the
-# previous run (exit 1 on a regression).
-nightly: bench
-	$(BIN)/fragbench history results --out reports/history.html
-	@runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
-	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2; else echo "nightly: no previous run to compare with"; fi
+# Nightly: first the deterministic memory gate (seconds: every KV policy on one fixed trace in virtual time, this
+# checkout's code against BASE's), BASE the last revision that passed the nightly (results/nightly-passed) or a ref
+# given as BASE=REV (none passed yet: HEAD against itself); then the standard run, the history of every run beside
+# its report, and a comparison with the previous run (absolute figures gated only where the runs' speed probes say
+# the machine agreed; the same-run ratios always). Exit 0 when both gates pass (HEAD is then recorded as the last
+# revision that passed), 1 when one fails, 2 when one could not run (an unknown BASE, a tree that cannot be set up).
+BASE ?=
+NIGHTLY_PASSED := results/nightly-passed
+nightly: setup
+	@base="$(BASE)"; [ -n "$$base" ] || base=$$(cat $(NIGHTLY_PASSED) 2>/dev/null); \
+	if [ -z "$$base" ]; then base=HEAD; echo "nightly: no revision has passed yet: the memory gate compares HEAD with itself"; fi; \
+	status=0; $(BIN)/fragbench memory-gate $$base --report reports/memory-gate.html || status=$$?; \
+	$(MAKE) --no-print-directory bench || exit $$?; \
+	$(BIN)/fragbench history results --out reports/history.html; \
+	runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
+	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2 || { rc=$$?; [ $$rc -gt $$status ] && status=$$rc; }; \
+	else echo "nightly: no previous run to compare with"; fi; \
+	if [ $$status -eq 0 ]; then git rev-parse HEAD > $(NIGHTLY_PASSED); echo "nightly: PASS ($$(cat $(NIGHTLY_PASSED)) recorded as the last that passed)"; \
+	else echo "nightly: exit $$status"; fi; exit $$status
 
 # The long forms of the reliability checks, with their figures (leaks, 5xx and lost rows must be 0).
 stress: setup model

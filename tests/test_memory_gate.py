@@ -72,18 +72,20 @@ def test_leak_block_keeps_one_block_per_freed_sequence(counted):
 
 
 def gate_cli(*args: str) -> tuple[int, dict]:
-    r = run_cli("memory-gate", *args, "--json", timeout=600)
+    r = run_cli("memory-gate", *args, "--json", timeout=600)  # stdout the JSON alone, --report or not
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
 
-def test_a_a_reports_no_difference_and_a_leak_fails_naming_its_blocks():
+def test_a_a_reports_no_difference_and_a_leak_fails_naming_its_blocks(tmp_path):
     """The checkout against itself (its directory as BASE): no difference anywhere; NEW with paged's leak: paged
     alone FAILs, with the blocks it still holds at the end as the exact difference."""
     rc, same = gate_cli(str(ROOT))
     assert rc == 0 and same["verdict"] == "PASS"
     assert all(p["differences"] == [] for p in same["policies"].values()), same["policies"]
-    rc, leak = gate_cli(str(ROOT), "--new-engine-args", "paged=--inject-kv-fault leak-block --slow-step 1.2")
+    rc, leak = gate_cli(str(ROOT), "--new-engine-args", "paged=--inject-kv-fault leak-block --slow-step 1.2",
+                        "--report", str(tmp_path / "gate.html"))
+    assert "held_blocks_end" in (tmp_path / "gate.html").read_text()
     assert rc == 1 and leak["verdict"] == "FAIL"
     assert {name for name, p in leak["policies"].items() if p["verdict"] == "FAIL"} == {"paged"}
     blocks = {d["figure"]: d for d in leak["policies"]["paged"]["differences"]}["held_blocks_end"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from harness.cli.args import UsageError, usage_errors
 
@@ -19,6 +21,7 @@ def register(sub) -> None:
     gate.add_argument("new", metavar="NEW", nargs="?", help="the same (default: this checkout's working tree)")
     add_gate_flags(gate, DEFAULT_SHARE_MARGIN)
     gate.add_argument("--json", action="store_true", help="print the gate as one JSON object (default: text)")
+    gate.add_argument("--report", metavar="FILE", help="also write the gate as an HTML page to FILE (default: none)")
     gate.set_defaults(func=run)
 
 
@@ -64,7 +67,7 @@ def margin_of(points: float) -> float:
 def run(args: argparse.Namespace) -> int:
     from harness.run.memory_gate_runs import memory_gate
     from harness.run.trees import TreeError, tree_of
-    from harness.views.memory_gate_section import render_text
+    from harness.views.memory_gate_section import render_text, write_page
 
     margin = margin_of(args.share_margin)
     pairs = checked_engine_args(args.new_engine_args)
@@ -72,4 +75,7 @@ def run(args: argparse.Namespace) -> int:
         base, new = tree_of(args.base), tree_of(args.new)
         result = memory_gate(base, new, pairs, margin)
     print(json.dumps(result.json(), indent=2) if args.json else render_text(result))
+    if args.report:
+        page = write_page(result, base.label, new.label, Path(args.report))
+        print(f"report: {page}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
     return 1 if result.verdict == "FAIL" else 0

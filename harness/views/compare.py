@@ -12,7 +12,7 @@ two intervals separate (the new one wholly on the worse side of the old one: a d
 measurable difference") and its point estimate is worse by more than the threshold.
 
 The machine: every gated figure above but the headline ratio scales with the machine's speed (a slow night made
-paged's sustained rate -54 % and its TPOT 5.7x with nothing changed). run.json's speed probe
+paged's sustained rate -54 % and its TPOT 5.4 -> 30.5 ms with nothing changed). run.json's speed probe
 (analysis/speed_probe.py) says whether the two machines agreed; where they did not, or a run has no probe, those
 absolute figures are shown and not gated, and the text says the machine differed. The same-run ratios (the
 headline, and summary.json's `capacity_ratios` of the headline engine to each other engine: two engines measured

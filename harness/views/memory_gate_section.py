@@ -4,6 +4,7 @@ policy's verdict, its figures on both sides and every difference, the one that F
 from __future__ import annotations
 
 from html import escape
+from pathlib import Path
 
 from harness.analysis.memory_gate import GROWING_FAILS, SHARE_GATED, MemoryGate, PolicyGate
 
@@ -55,3 +56,15 @@ def render_html(gate: MemoryGate) -> str:
             cells.append(f"<tr{mark}><td>{name}</td><td>{b}</td><td>{n}</td></tr>")
         parts.append("<table><tr><th>figure</th><th>BASE</th><th>NEW</th></tr>" + "".join(cells) + "</table>")
     return "\n".join(parts)
+
+
+def write_page(gate: MemoryGate, base_label: str, new_label: str, out: Path) -> Path:
+    """The gate as a page of its own."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>memory gate</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
+        "table{border-collapse:collapse}.fail{background:#fde2e1}.diff{background:#fff6d5}</style></head><body>"
+        f"<h1>{escape(base_label)} (BASE) vs {escape(new_label)} (NEW)</h1>"
+        f"<pre>{escape(render_text(gate))}</pre>{render_html(gate)}</body></html>")
+    return out

@@ -24,7 +24,7 @@ from harness.run.servers import READY, ServerFailed, healthy, tail
 from harness.run.trees import ROOT, Tree, run_child
 
 SERVE_TIMEOUT_S = 300
-MIN_TURN_S_PER_SERVER = 75  # a calibration and a knee search's few points per build: less tells nothing
+MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
 
 
 @dataclass(frozen=True)

@@ -97,3 +97,20 @@ def test_bad_input_is_one_line(tmp_path, tiny_model):
                  ["HEAD", "--new-engine-args", "paged=--inject-kv-fault nosuch"]):
         r = run_cli("ab", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_text_and_the_page_name_every_figure_and_the_memory_gate(tmp_path):
+    from harness.analysis.ab import figure
+    from harness.analysis.memory_gate import MemorySide, PolicyMemory, gate
+    from harness.views.ab_page import render_text, write_page
+    from tests.test_memory_gate import FIGURES
+
+    side = MemorySide(trace={"workload": "mixed-churn"}, policies={"paged": PolicyMemory(**FIGURES)})
+    memory = gate(side, side)
+    figures = [figure("paged", "knee", 3.0, 2.0, 0.667, (0.6, 0.75), 0.1),
+               figure("paged", "tpot_p50_s", None, None, None, None, 0.1, "no shared stream")]
+    text = render_text("FAIL", figures, memory, 0.1, [tmp_path / "turn1"])
+    assert "ab: FAIL" in text and "[0.600, 0.750]" in text and "no shared stream" in text
+    assert "memory gate: PASS" in text
+    page = write_page("FAIL", figures, memory, ("HEAD", "working tree"), [tmp_path / "turn1"], tmp_path / "ab.html")
+    assert "tpot_p50_s" in page.read_text() and "Memory gate: PASS" in page.read_text()

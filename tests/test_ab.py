@@ -11,6 +11,7 @@ import pytest
 from harness.analysis.ab import (
     TurnRatio,
     knee_figure,
+    margin_rate,
     operating_figures,
     overall,
     pooled,
@@ -74,6 +75,14 @@ def test_the_knee_ratio_fails_a_slower_new_build_and_holds_one_on_a_a():
     assert knee_figure("paged", [{}], 0.9, 0.1).verdict == "INCONCLUSIVE"
 
 
+def test_the_margin_rate_is_half_the_lower_knee_interval_s_low_end():
+    rng = np.random.default_rng(7)
+    turns = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 2.4)}]
+    rate = margin_rate("paged", turns, 0.9)
+    assert rate is not None and 0.8 < rate <= 0.5 * 2.4  # half of new's lower end (about 2.2), on the grid
+    assert margin_rate("paged", [{side_name("paged", "base"): points(rng, 3.0)}], 0.9) is None
+
+
 def block(tpot: float) -> CapacityBlock:
     point = {"key": "g2", "offered_rps": 1.5, "slo_attainment": 1.0, "steady": True, "ttft_p50_s": 0.1,
              "ttft_p50_s_ci": [0.095, 0.105], "tpot_p50_s": tpot, "tpot_p50_s_ci": [0.97 * tpot, 1.03 * tpot],
@@ -82,7 +91,7 @@ def block(tpot: float) -> CapacityBlock:
                                          "slo": {"attainment": 0.9}, "points": [point]})
 
 
-def test_latency_at_the_shared_point_fails_a_slower_step():
+def test_latency_at_the_fixed_rate_fails_a_slower_step():
     turns = [{"paged.base": block(0.020), "paged.new": block(0.026)} for _ in range(2)]
     figures = {f.figure: f for f in operating_figures("paged", turns, 0.10)}
     assert figures["tpot_p50_s"].verdict == "FAIL" and figures["tpot_p50_s"].ratio == pytest.approx(1.3)

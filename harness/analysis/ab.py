@@ -5,11 +5,12 @@ Each engine's two builds are served side by side and benched as two engines of o
 order reversed every turn and every engine (ABBA). The figures, per engine, each NEW / BASE with its 90 % interval:
 - `knee`: the sustained rate at the SLO, from one joint fit of every turn's points (harness/analysis/kneefit.py:
   the two builds as two engines, each turn's stream keys kept apart), the ratio read from the fit's draws;
-- `ttft_p50_s`, `tpot_p50_s`, `output_tokens_per_s`: at each turn's operating point (analysis/operating.py's
-  shared point: the highest-rate stream both builds judged at steady state within the SLO, under both knee
-  intervals: the same requests at a load both sustain with margin), each turn's ratio with its interval from
-  the two points' block-bootstrap intervals (log scale, independent: wider than a paired interval would be), the
-  turns pooled by inverse variance.
+- `ttft_p50_s`, `tpot_p50_s`, `output_tokens_per_s`: at a rate both builds sustain with margin (`margin_rate`:
+  the operating table's rule, analysis/operating.rule_rate, on the lower end of the two builds' pooled knee
+  intervals so far: half of it, on the grid), measured after each turn's search as a fixed rate on the turn's
+  stream, both builds the same requests (ABBA too); a turn's pair counts where both judged it at steady state
+  within the SLO. Each turn's ratio has its interval from the two points' block-bootstrap intervals (log scale,
+  taken as independent: wider than a paired interval would be), the turns pooled by inverse variance.
 A figure FAILs when its interval lies wholly on the worse side of 1 +- threshold, PASSes when it lies inside
 1 +- threshold, and is INCONCLUSIVE otherwise (or where it could not be measured); the gate FAILs if any figure
 (or the memory gate) fails, else is INCONCLUSIVE if any figure is, else PASSes."""
@@ -20,9 +21,9 @@ import math
 from dataclasses import dataclass, replace
 
 from harness.analysis.knee import Judged
-from harness.analysis.kneefit import fit
-from harness.analysis.operating import shared_point
-from harness.analysis.summary_records import CapacityBlock
+from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.operating import below_knee, rule_rate
+from harness.analysis.summary_records import CapacityBlock, CapacityPoint
 
 Z90 = 1.6449  # the standard normal's 95th percentile: a central 90 % interval is +- Z90 standard errors
 # figure -> whether higher is better
@@ -81,13 +82,28 @@ def turn_keyed(points: list[Judged], turn: int) -> list[Judged]:
     return [replace(p, key=f"t{turn}:{p.key}") for p in points]
 
 
+def pooled_fit(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> KneeFit | None:
+    """One fit of every turn's points of the engine's two builds (`turns`: per turn, side name -> points)."""
+    points = {side_name(engine, s): [] for s in SIDES}
+    for k, per_side in enumerate(turns):
+        for name in points:
+            points[name] += turn_keyed(per_side.get(name, []), k)
+    return fit(points, target)
+
+
+def margin_rate(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> float | None:
+    """The rate both builds sustain with margin: the operating table's rule on the lower of their knee intervals'
+    lower ends (None where a build has no knee yet, or the rate is too low to judge its requests in a minute)."""
+    knees = pooled_fit(engine, turns, target)
+    names = [side_name(engine, s) for s in SIDES]
+    if knees is None or any(n not in knees.estimates for n in names):
+        return None
+    return rule_rate([min(knees.estimates[n].ci[0] for n in names)])
+
+
 def knee_figure(engine: str, turns: list[dict[str, list[Judged]]], target: float, threshold: float) -> ABFigure:
-    """NEW's knee over BASE's from one fit of every turn's points (`turns`: per turn, side name -> points)."""
-    pooled = {side_name(engine, s): [] for s in SIDES}
-    for k, points in enumerate(turns):
-        for name in pooled:
-            pooled[name] += turn_keyed(points.get(name, []), k)
-    knees = fit(pooled, target)
+    """NEW's knee over BASE's from one fit of every turn's points."""
+    knees = pooled_fit(engine, turns, target)
     b, n = side_name(engine, "base"), side_name(engine, "new")
     if knees is None or b not in knees.estimates or n not in knees.estimates:
         return figure(engine, "knee", None, None, None, None, threshold, "no knee measured on one side")
@@ -127,22 +143,29 @@ def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, f
     return geo[0], geo[1], math.exp(log_ratio), (math.exp(log_ratio - Z90 * se), math.exp(log_ratio + Z90 * se))
 
 
+def fixed_pair(engine: str, blocks: dict[str, CapacityBlock]) -> tuple[CapacityPoint, CapacityPoint] | None:
+    """A fixed-rate turn's pair: the highest-rate stream both builds judged at steady state within the SLO."""
+    b, n = blocks.get(side_name(engine, "base")), blocks.get(side_name(engine, "new"))
+    if b is None or n is None:
+        return None
+    mine = {p.key: p for p in b.points if p.key and below_knee(p, b.slo.attainment)}
+    theirs = {p.key: p for p in n.points if p.key and below_knee(p, n.slo.attainment)}
+    keys = sorted(set(mine) & set(theirs), key=lambda k: -mine[k].offered_rps)
+    return (mine[keys[0]], theirs[keys[0]]) if keys else None
+
+
 def operating_figures(engine: str, turns: list[dict[str, CapacityBlock]], threshold: float) -> list[ABFigure]:
-    """TTFT, TPOT and output tokens/s at each turn's shared operating point, NEW / BASE, turns pooled."""
-    shared = []
-    for blocks in turns:
-        b, n = blocks.get(side_name(engine, "base")), blocks.get(side_name(engine, "new"))
-        point = shared_point(b, n) if b is not None and n is not None else None
-        if point is not None:
-            shared.append(point)
+    """TTFT, TPOT and output tokens/s at each fixed-rate turn's pair, NEW / BASE, turns pooled."""
+    shared = [pair for pair in (fixed_pair(engine, blocks) for blocks in turns) if pair is not None]
     out = []
     for name in ("ttft_p50_s", "tpot_p50_s", "output_tokens_per_s"):
         ratios = [r for r in (turn_ratio(b, n, name) for b, n in shared) if r is not None]
         if not ratios:
             out.append(figure(engine, name, None, None, None, None, threshold,
-                              "no stream both builds sustained below both knees in any turn"))
+                              "no rate both builds sustained with margin was measured in any turn"))
             continue
         base, new, ratio, ci = pooled(ratios)
         out.append(figure(engine, name, round(base, 6), round(new, 6), ratio, ci, threshold,
-                          f"{len(ratios)} turn(s) at a shared stream"))
+                          f"{len(ratios)} turn(s), at " + ", ".join(sorted({f"{b.offered_rps:.3g}" for b, _ in shared}))
+                          + " req/s"))
     return out

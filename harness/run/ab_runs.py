@@ -1,7 +1,8 @@
 """`fragbench ab`'s measurement: each engine of each build served from its own work tree, and this checkout's
-bench measuring them as targets of one run per turn (its calibration, knee search, SLO and summary), turn after
-turn, each turn a fresh stream (its own seed) both builds are given, their order reversed every turn and every
-engine (ABBA), until every figure is PASS or FAIL or the time is spent (harness/analysis/ab.py judges them)."""
+bench measuring them as targets of one run per turn (its calibration, knee search, SLO and summary), then, per
+engine, a fixed-rate run at a rate both builds sustain with margin (ab.margin_rate), turn after turn, each turn a
+fresh stream (its own seed) both builds are given, their order reversed every turn and every engine (ABBA), until
+every figure is PASS or FAIL or the time is spent (harness/analysis/ab.py judges them)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.analysis.ab import SIDES, ABFigure, knee_figure, operating_figures, overall, side_name
+from harness.analysis.ab import SIDES, ABFigure, knee_figure, margin_rate, operating_figures, overall, side_name
 from harness.analysis.knee import Judged
 from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames
@@ -24,6 +25,8 @@ from harness.run.servers import READY, ServerFailed, healthy, tail
 from harness.run.trees import ROOT, Tree, run_child
 
 SERVE_TIMEOUT_S = 300
+FIXED_JUDGED = 30  # requests a fixed-rate point judges per build: analysis/operating.py's OPERATING_JUDGED
+SEARCH_SHARE = 0.75  # of a turn's time, the search's; the fixed-rate runs take the rest (about 60 s a server)
 MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
 
 
@@ -43,16 +46,16 @@ class ABPlan:
 class Turns:
     """What the turns measured, per turn: each side's judged points and capacity blocks."""
 
-    dirs: list[Path] = field(default_factory=list)
-    points: list[dict[str, list[Judged]]] = field(default_factory=list)
-    blocks: list[dict[str, CapacityBlock]] = field(default_factory=list)
+    dirs: list[Path] = field(default_factory=list)  # every run: the searches' and the fixed rates'
+    points: list[dict[str, list[Judged]]] = field(default_factory=list)  # per search turn, side name -> points
+    fixed: list[dict[str, CapacityBlock]] = field(default_factory=list)  # per fixed-rate run, side name -> block
     target: float = 0.9
 
     def figures(self, engines: list[str], threshold: float) -> list[ABFigure]:
         out = []
         for e in engines:
             out.append(knee_figure(e, self.points, self.target, threshold))
-            out += operating_figures(e, self.blocks, threshold)
+            out += operating_figures(e, self.fixed, threshold)
         return out
 
 
@@ -96,28 +99,46 @@ def turn_order(engines: list[str], turn: int) -> list[str]:
     return out
 
 
-def bench_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float) -> Path:
-    """One turn: this checkout's bench over every build's server, in the turn's order, on the turn's seed."""
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-turn{turn + 1}"
-    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "", "--sweep", "--time", f"{turn_s:.0f}",
-           "--seed", str(plan.seed0 + turn), "--out", str(plan.out), "--reports", str(plan.out / "reports"),
-           "--run-id", run_id, "--calibrate-duration", "8", "--grace", "5"]
-    for name in turn_order(plan.engines, turn):
+def bench_run(urls: dict[str, str], order: list[str], plan: ABPlan, turn: int, what: list[str], label: str,
+              limit_s: float) -> Path:
+    """This checkout's bench over the builds' servers in `order`, on the turn's seed, `what` its measurement."""
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-turn{turn + 1}{label}"
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "", *what, "--seed", str(plan.seed0 + turn),
+           "--out", str(plan.out), "--reports", str(plan.out / "reports"), "--run-id", run_id, "--grace", "5"]
+    for name in order:
         cmd += ["--target", f"{name}={urls[name]}"]
-    done = run_child(cmd, ROOT, dict(os.environ), 3 * turn_s + 600)  # the bench stops itself at --time, and more
+    done = run_child(cmd, ROOT, dict(os.environ), limit_s)
     if done.returncode != 0:
-        raise ServerFailed(f"turn {turn + 1}'s bench failed: {done.last_line}")
+        raise ServerFailed(f"turn {turn + 1}'s bench ({run_id}) failed: {done.last_line}")
     return plan.out / run_id
 
 
-def read_turn(run_dir: Path, turns: Turns) -> None:
+def search_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float, turns: Turns) -> None:
+    """Every build's knee search, in the turn's order (the bench stops itself at --time; the limit is a guard)."""
+    what = ["--sweep", "--time", f"{turn_s:.0f}", "--calibrate-duration", "8"]
+    run_dir = bench_run(urls, turn_order(plan.engines, turn), plan, turn, what, "", 3 * turn_s + 600)
     meta = RunRecord.read(run_dir)
-    summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
     own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
     turns.dirs.append(run_dir)
     turns.points.append({e: judged for e, (_, judged) in own.items()})
-    turns.blocks.append(dict(summary.capacity))
     turns.target = meta.config.slo.attainment
+
+
+def fixed_turn(urls: dict[str, str], plan: ABPlan, turn: int, turns: Turns, say: Callable[[str], None]) -> None:
+    """Per engine, both builds at the rate they sustain with margin, on the turn's stream, in the turn's order."""
+    blocks: dict[str, CapacityBlock] = {}
+    for engine in plan.engines:
+        rate = margin_rate(engine, turns.points, turns.target)
+        if rate is None:
+            say(f"ab: turn {turn + 1}: {engine} has no rate both builds sustain with margin yet")
+            continue
+        order = [n for n in turn_order(plan.engines, turn) if n.startswith(f"{engine}.")]
+        what = ["--rates", f"{rate:g}", "--point-requests", str(FIXED_JUDGED), "--point-duration", "10"]
+        run_dir = bench_run(urls, order, plan, turn, what, f"-{engine}-at-{rate:.3g}", 1200)
+        summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
+        turns.dirs.append(run_dir)
+        blocks.update(summary.capacity)
+    turns.fixed.append(blocks)
 
 
 def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> tuple[Turns, list[ABFigure]]:
@@ -137,12 +158,13 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
         turn_s = max(least, plan.time_s / 2)  # two turns (ABBA) where the time allows
         while True:
             left = plan.time_s - (time.monotonic() - began)
-            if turns.dirs and left < least:
+            if turns.points and left < least:
                 break
-            k = len(turns.dirs)
+            k = len(turns.points)
             this_s = min(turn_s, max(left, least))
             say(f"ab: turn {k + 1}, {this_s:.0f} s, order {', '.join(turn_order(plan.engines, k))}")
-            read_turn(bench_turn(urls, plan, k, this_s), turns)
+            search_turn(urls, plan, k, SEARCH_SHARE * this_s, turns)
+            fixed_turn(urls, plan, k, turns, say)
             figures = turns.figures(plan.engines, plan.threshold)
             say(f"ab: after turn {k + 1}: {overall([f.verdict for f in figures])}")
             if overall([f.verdict for f in figures]) != "INCONCLUSIVE":

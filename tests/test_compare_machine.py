@@ -116,3 +116,14 @@ def test_a_same_run_ratio_gates_whatever_the_machine(tmp_path):
     r = compare(base, worse, tmp_path)
     flagged = [line for line in r.stdout.splitlines() if "REGRESSION" in line]
     assert r.returncode == 1 and len(flagged) == 1 and flagged[0].startswith("paged/hf"), r.stdout
+
+
+def test_a_same_run_ratio_over_a_bound_is_shown_not_gated(tmp_path):
+    base = fake_run(tmp_path / "base", 1.0, 3.0, 6.0)
+    worse = fake_run(tmp_path / "worse", 1.0, 3.0, 4.0)
+    summary = json.loads((worse / "summary.json").read_text())
+    summary["capacity"]["hf"]["sustained_where"] = "beyond"  # every rate hf was offered met the SLO: a bound
+    (worse / "summary.json").write_text(json.dumps(summary))
+    r = compare(base, worse, tmp_path)
+    row = next(line for line in r.stdout.splitlines() if line.startswith("paged/hf"))
+    assert r.returncode == 0 and "a ratio of bounds, not gated" in row, r.stdout

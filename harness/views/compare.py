@@ -174,7 +174,7 @@ def ratio_rows(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
             continue
         caps = [s.capacity.get(e) for s in (base, new) for e in (ref, other)]
         row = gated_row(key, "capacity_ratio", (b.ratio, b.ratio_ci), (n.ratio, n.ratio_ci), threshold_pct)
-        if unbracketed([c for c in caps[:2]]) or unbracketed([c for c in caps[2:]]):
+        if any(c is None or c.sustained_where in WHERE for c in caps):  # a bound in either run
             row.regressed, row.why = False, "a knee not bracketed in one run: a ratio of bounds, not gated"
         rows.append(row)
     return rows

@@ -4,9 +4,11 @@ middle and end (harness/run/speed_probes.py measures them, between engines, with
 of one commit on one quiet machine read the same; a slow night, another tenant or another machine reads slower in
 the probe as in every engine, so `compare` can tell the machine from the code.
 
-The rule `agreement` states: the two runs' machines agree when, for both probes, NEW's median over BASE's lies
-within the wider of their own spreads (each run's slowest moment over its fastest), and never tighter than
-FLOOR: a probe that moves less than its own run moved between start and end is no evidence of another machine."""
+The rule `agreement` states: the two runs' machines agree when each run was steady (its probes moved less than
+STEADY x between its fastest and slowest moment: a hog from the middle on, a neighbour's job, shows as drift) and,
+for both probes, NEW's median over BASE's lies within the wider of their spreads, never tighter than FLOOR. A
+moment's value is its fastest repetition (what the machine gave when nothing else took it: on this shared 2-core
+machine single repetitions of the compute ranged 12-235 ms within one moment, their minimum 9-21 ms)"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from engines.json_record import Num, Record
 
 PROBES = ("compute_s", "interpreter_s")
 FLOOR = 1.10  # the narrowest spread allowed (x or /): quiet runs of one machine differ by a few % in each probe
+STEADY = 1.25  # a run whose probe moved more than this between its moments ran on a drifting machine
 
 
 class ProbeReading(Record):
@@ -37,8 +40,8 @@ class SpeedProbe(Record):
     readings: list[ProbeReading] = []
 
     def moments(self, probe: str) -> list[float]:
-        """The probe's value at each moment: the median of its repetitions there (a moment's outlier rep is noise)."""
-        return [float(np.median(getattr(r, probe))) for r in self.readings if getattr(r, probe)]
+        """The probe's value at each moment: its fastest repetition there (a slower one met another process)."""
+        return [float(min(getattr(r, probe))) for r in self.readings if getattr(r, probe)]
 
     def median(self, probe: str) -> float | None:
         values = self.moments(probe)
@@ -80,7 +83,7 @@ class Agreement:
 
     def sentence(self) -> str:
         if self.why:
-            return f"machine: not compared ({self.why}): absolute figures shown, not gated"
+            return f"the machine differed or cannot be told ({self.why}): absolute figures shown, not gated"
         head = "the machine agreed" if self.same else "the machine differed"
         tail = "" if self.same else ": absolute figures shown, not gated (not a regression)"
         return f"{head} ({'; '.join(c.text() for c in self.changes)}){tail}"
@@ -91,6 +94,10 @@ def agreement(base: SpeedProbe | None, new: SpeedProbe | None) -> Agreement:
     missing = [name for name, p in (("BASE", base), ("NEW", new)) if p is None or not p.readings]
     if missing:
         return Agreement(False, [], f"{' and '.join(missing)} recorded no speed probe")
+    drifted = [f"{name}'s {probe} moved x{p.spread(probe):.2f} within the run" for name, p in (("BASE", base),
+               ("NEW", new)) for probe in PROBES if p.spread(probe) > STEADY]
+    if drifted:
+        return Agreement(False, [], "; ".join(drifted))
     changes = []
     for probe in PROBES:
         b, n = base.median(probe), new.median(probe)

@@ -133,3 +133,17 @@ def test_a_revision_is_checked_out_beside_the_checkout_once(tmp_path, monkeypatc
         assert trees.tree_of(head).path == tree.path  # reused, not made again
     finally:
         trees.git("worktree", "remove", "--force", str(tree.path))
+
+
+def test_only_the_trees_made_last_are_kept(tmp_path, monkeypatch):
+    from harness.run import trees
+
+    monkeypatch.setattr(trees, "TREES", tmp_path / "trees")
+    monkeypatch.setattr(trees, "KEPT_TREES", 1)
+    first = trees.tree_of("HEAD~1")
+    second = trees.tree_of("HEAD")
+    try:
+        assert not first.path.exists() and second.path.is_dir()
+        assert str(first.path) not in trees.git("worktree", "list")
+    finally:
+        trees.git("worktree", "remove", "--force", str(second.path))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ROOT / ".ab" / "trees"
+KEPT_TREES = 3  # revisions' work trees kept for the next nights (each a checkout of the repository's files)
 SETUP_TIMEOUT_S = 900  # a fresh venv on this 2-core machine: 60-100 s with uv, pip's 150-175 s; a slow night x5
 
 
@@ -80,7 +81,20 @@ def checkout(sha: str) -> Path:
     git("worktree", "prune")
     TREES.mkdir(parents=True, exist_ok=True)
     git("worktree", "add", "--detach", str(path), sha)
+    drop_old(keep=path)
     return path
+
+
+def drop_old(keep: Path) -> None:
+    """The work trees beyond the KEPT_TREES made last removed (a nightly makes one a passing revision): `keep`
+    stays."""
+    most = KEPT_TREES
+    trees = sorted((p for p in TREES.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+    for old in trees[: max(0, len(trees) - (most - 1))]:
+        try:
+            git("worktree", "remove", "--force", str(old))
+        except TreeError:
+            pass  # not a work tree git knows (removed by hand): left as it is
 
 
 def python_for(path: Path) -> str:

@@ -27,6 +27,7 @@ from harness.run.trees import ROOT, Tree, run_child
 SERVE_TIMEOUT_S = 300
 FIXED_JUDGED = 30  # requests a fixed-rate point judges per build: analysis/operating.py's OPERATING_JUDGED
 SEARCH_SHARE = 0.75  # of a turn's time, the search's; the fixed-rate runs take the rest (about 60 s a server)
+MIN_TURNS = 2  # AB then BA, where the time holds them, before a verdict stops the turns
 MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
 
 
@@ -167,7 +168,9 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
             fixed_turn(urls, plan, k, turns, say)
             figures = turns.figures(plan.engines, plan.threshold)
             say(f"ab: after turn {k + 1}: {overall([f.verdict for f in figures])}")
-            if overall([f.verdict for f in figures]) != "INCONCLUSIVE":
+            # ABBA whole before any verdict: one turn alone (A then B) would read a machine that slowed during it
+            # as B's doing (one AB turn read slow-step 1.2 as TPOT 1.95x)
+            if k + 1 >= MIN_TURNS and overall([f.verdict for f in figures]) != "INCONCLUSIVE":
                 break
     finally:
         for proc in servers:

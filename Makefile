@@ -135,7 +135,7 @@ PRECISION ?= 1.5
 # MEMORY=cuda benches hf and paged: contiguous reservations index one arena (they run with MEMORY=arena on a GPU)
 BENCH_ENGINES ?= $(if $(filter cuda,$(MEMORY)),hf$(comma)paged,hf$(comma)static-max$(comma)static-oracle$(comma)paged)$(if $(BENCH_VLLM),$(comma)vllm)
 # TARGETS="vllm=http://127.0.0.1:8000 sglang=http://127.0.0.1:30000" benches servers you already run beside
-# the in-house engines (fragbench never starts or stops them); `make nightly TARGETS=...` keeps their history.
+# the in-house engines (fragbench never starts or stops them).
 TARGETS ?=
 BENCH_ARGS ?= --workload mixed-churn --sweep --time $(BENCH_TIME) --precision $(PRECISION) --calibrate-duration 8 \
 	--grace 5 $(if $(filter static-max,$(subst $(comma), ,$(BENCH_ENGINES))),--engine-args static-max=--no-preflight)
@@ -166,12 +166,25 @@ bench-quick:
 gpu-check: setup model
 	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
-# Nightly: the standard run, the history of every run beside its report, then a comparison with the
-# previous run (exit 1 on a regression).
-nightly: bench
-	$(BIN)/fragbench history results --out reports/history.html
-	@runs=$$(ls -1d results/*/ 2>/dev/null | sort | tail -2); set -- $$runs; \
-	if [ $$# -eq 2 ]; then $(BIN)/fragbench compare $$1 $$2; else echo "nightly: no previous run to compare with"; fi
+# Nightly: `fragbench ab` of this checkout against the last revision that passed the nightly (results/nightly-passed)
+# or a ref given as BASE=REV (none passed yet: HEAD against itself, an A/A): the deterministic memory gate, then
+# both builds served side by side and benched as targets of one run per turn (ABBA, each turn a fresh stream both
+# get), every turn's run a results folder under results/ab; then the history of those runs. It exits as ab does
+# (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), and records HEAD as the last that passed on a PASS.
+# AB_TIME: within 40 minutes on 2 cores, installs included: 2,400 s less set-up (265 s, the slowest fresh clone
+# measured) and the servers' starts and the memory gate (about 20 s) leave 2,115 s; 1,800 s (two turns of 900 s)
+# keeps about 300 s for the turns' overruns (a 150 s turn took 148 s whole, report and twin included; 900 s turns
+# are not measured yet).
+BASE ?=
+AB_TIME ?= 1800
+NIGHTLY_PASSED := results/nightly-passed
+nightly: setup model
+	@base="$(BASE)"; [ -n "$$base" ] || base=$$(cat $(NIGHTLY_PASSED) 2>/dev/null); \
+	if [ -z "$$base" ]; then base=HEAD; echo "nightly: no revision has passed yet: HEAD against itself"; fi; \
+	status=0; $(BIN)/fragbench ab $$base --time $(AB_TIME) --out results/ab --model $(MODEL_DIR) || status=$$?; \
+	$(BIN)/fragbench history results/ab --out reports/history.html; \
+	if [ $$status -eq 0 ]; then git rev-parse HEAD > $(NIGHTLY_PASSED); echo "nightly: PASS ($$(cat $(NIGHTLY_PASSED)) recorded as the last that passed)"; \
+	else echo "nightly: exit $$status"; fi; exit $$status
 
 # The long forms of the reliability checks, with their figures (leaks, 5xx and lost rows must be 0).
 stress: setup model

@@ -36,7 +36,7 @@ class EngineSpec:
     memory: str = "arena"
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF's syntax: the caching emulator's settings
     device: str = "cpu"
-    kv_fault: str | None = None  # fault injection (engines/kv/faults.py): tests of the integrity check only
+    kv_fault: str | None = None  # fault injection (engines/kv/faults.py): tests of the integrity and memory gates only
 
 
 def cfg_shape(spec: EngineSpec, hf_model) -> ModelShape:
@@ -81,7 +81,7 @@ def make_engine(spec: EngineSpec):
     if refused := known.budget.refusal(spec.kv_budget_bytes, max_seq_len, kvb):
         raise EngineConfigError(f"KV budget {spec.kv_budget_bytes} B is {refused}")
     if spec.kv_fault and spec.engine != "paged":
-        raise EngineConfigError(f"--inject-kv-fault {spec.kv_fault} frees a block early: it needs the paged engine, "
+        raise EngineConfigError(f"--inject-kv-fault {spec.kv_fault} is a paged pool's bug: it needs the paged engine, "
                                 f"not {spec.engine}")
     if spec.engine == "hf":
         from engines.peers.hf import HFEngine

@@ -15,6 +15,7 @@ import pytest
 from harness.results import EVENT_COLUMNS, REQUEST_COLUMNS, SAMPLE_COLUMNS
 from harness.views.report import SECTIONS
 from tests.conftest import ROOT, run_cli
+from tests.helpers import speed_probe
 
 SUMMARY_FIELDS = {
     "token_states_share", "reservation_share", "internal_fragmentation_share", "external_fragmentation_share",
@@ -43,7 +44,11 @@ def test_bench_writes_every_result_file(run):
     for name in ("run.json", "requests.parquet", "samples.parquet", "events.parquet", "summary.json"):
         assert (run_dir / name).is_file(), name
     assert report.is_file()
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "complete"
+    readings = meta["speed_probe"]["readings"]  # the machine's speed, between engines
+    assert [r["at"] for r in readings] == ["start", "middle", "end"]
+    assert all(len(r["compute_s"]) == 7 and min(r["compute_s"] + r["interpreter_s"]) > 0 for r in readings)
     for name, columns in (("requests", REQUEST_COLUMNS), ("samples", SAMPLE_COLUMNS), ("events", EVENT_COLUMNS)):
         df = pd.read_parquet(run_dir / f"{name}.parquet")
         assert set(columns) <= set(df.columns), name
@@ -120,7 +125,8 @@ def test_kill_9_mid_run_leaves_a_partial_run_that_reports(tiny_model, tmp_path):
 def fake_run(path: Path, tok_s: float, ttft: float, rps: float = 3.0, ci: tuple = (2.5, 3.6),
              where: str = "within") -> Path:
     path.mkdir(parents=True)
-    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
+    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete",
+                                               "speed_probe": speed_probe()}))  # one machine: absolute figures gate
     engines = {"paged": {"output_tokens_per_s": tok_s, "ttft_p99_s": ttft, "token_states_share": 0.9}}
     capacity = {"paged": {"sustained_rps": rps, "sustained_rps_ci": list(ci), "sustained_where": where}}
     (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete", "engines": engines,

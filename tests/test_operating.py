@@ -10,6 +10,7 @@ from harness.analysis import operating
 from harness.analysis.operating import block_indices, point_intervals
 from harness.analysis.summary_records import CapacityBlock
 from tests.conftest import run_cli
+from tests.helpers import speed_probe
 
 
 def test_block_indices_are_circular_runs_of_neighbours():
@@ -98,7 +99,8 @@ def test_the_shared_point_lies_below_both_runs_sustained_rate_intervals():
 
 def fake_run(path: Path, ttft: float, other_ttft: float = 0.1) -> Path:
     path.mkdir(parents=True)
-    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete"}))
+    (path / "run.json").write_text(json.dumps({"run_id": path.name, "status": "complete",
+                                               "speed_probe": speed_probe()}))  # one machine: absolute figures gate
     cap = {"paged": block(point("g2", 1.5, 1.0), point("g3", 2.0, 0.95, ttft=ttft), point("g6", 4.0, 0.2)),
            "static-oracle": block(point("g1", 1.0, 1.0, ttft=other_ttft), point("g4", 2.6, 0.4))}
     (path / "summary.json").write_text(json.dumps({"run_id": path.name, "status": "complete",

@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from engines.json_record import Num, Record
 from harness.analysis.capacity import SLO
+from harness.analysis.speed_probe import SpeedProbe
 from harness.units import KvBudget
 
 
@@ -152,6 +153,7 @@ class RunRecord(Record):
     targets: dict[str, Target] | None = None
     hardware: Hardware | None = None
     engine_config: dict[str, dict[str, dict]] | None = None  # engine -> budget -> its server's settings, free-form
+    speed_probe: SpeedProbe | None = None  # the machine's speed at start, middle and end (None: an older run)
     _raw: dict = PrivateAttr(default_factory=dict)
 
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from harness.cli import (
+    ab,
     allocator,
     bench,
     check,
@@ -13,6 +14,7 @@ from harness.cli import (
     generate,
     history,
     load,
+    memory_gate,
     model,
     plan,
     report,
@@ -24,7 +26,7 @@ from harness.cli import (
 from harness.cli.args import Parser, UsageError
 
 VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
-         allocator)
+         allocator, memory_gate, ab)
 
 
 def build_parser() -> Parser:

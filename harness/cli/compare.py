@@ -9,10 +9,11 @@ from harness.cli.args import UsageError, run_dir
 
 
 def register(sub) -> None:
-    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 when a gated figure (a sustained rate, the "
-                                          "headline ratio, latency, throughput or memory at an engine's operating "
-                                          "point) regressed: its intervals separate and it is worse by more "
-                                          "than the threshold")
+    cmp_ = sub.add_parser("compare", help="two runs side by side; exit 1 when a gated figure (the headline ratio "
+                                          "and the headline engine's other same-run ratios always; a sustained rate, "
+                                          "latency, throughput or memory at an engine's operating point where the "
+                                          "runs' speed probes say the machine agreed) regressed: its intervals "
+                                          "separate and it is worse by more than the threshold")
     cmp_.add_argument("base", help="the earlier run's directory")
     cmp_.add_argument("new", help="the later run's directory")
     cmp_.add_argument("--threshold", type=float, default=10.0,
@@ -24,15 +25,17 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.views.compare import compare, load_summary, render_html, render_text
+    from harness.analysis.speed_probe import agreement
+    from harness.views.compare import compare, load_probe, load_summary, render_html, render_text
 
     dirs = [run_dir(args.base), run_dir(args.new)]
     base, new = (load_summary(d) for d in dirs)
-    rows = compare(base, new, args.threshold)
+    machine = agreement(*(load_probe(d) for d in dirs))
+    rows = compare(base, new, args.threshold, machine)
     if not rows:
         raise UsageError("the two runs share no engine")
-    print(render_text(rows, args.threshold))
+    print(render_text(rows, args.threshold, machine))
     out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
-                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"))
+                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), machine)
     print(f"report: {out}")
     return 1 if any(r.regressed for r in rows) else 0

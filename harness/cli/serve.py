@@ -27,9 +27,10 @@ def register(sub) -> None:
                      help="fault injection, to test a regression gate: every engine step takes F times its wall time "
                           "(the engine thread sleeps (F - 1) x the step's time after it; F >= 1; bench passes it "
                           "with --engine-args ENGINE='--slow-step F'; default: 1, off)")
-    srv.add_argument("--inject-kv-fault", choices=["early-free"],
+    srv.add_argument("--inject-kv-fault", choices=["early-free", "leak-block"],
                      help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
-                          "next-to-last block back to the pool while the sequence still reads it (default: none)")
+                          "next-to-last block back to the pool while the sequence still reads it; to test the memory "
+                          "gate: leak-block keeps each finished paged sequence's tail block for good (default: none)")
     srv.add_argument("--step-log", metavar="FILE",
                      help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
                           "the rows `simulate --step-model` fits (default: none)")

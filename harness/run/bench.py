@@ -79,11 +79,16 @@ class Bench:
                 self.record.sweep(self.cfg.rates, self.cfg.point_s, self.design,
                                   None if self.cfg.rates else self.searching.settings())
             runs = {}
-            for engine in self.order():
+            order = self.order()
+            self.record.speed_probe("start")  # the machine's speed, with no server up (run/speed_probes.py)
+            for i, engine in enumerate(order):
                 runs[engine] = self.run_engine(engine, shower)
                 self.record.engine_done(engine)
+                if i == (len(order) - 1) // 2:
+                    self.record.speed_probe("middle")
             if self.cfg.sweep and not self.cfg.rates:
                 self.searching.decide(runs, shower)
+            self.record.speed_probe("end")
         run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console.rich),  # --compare-alloc-conf
                      self.console.plain)
         self.record.complete(self.clock.started)

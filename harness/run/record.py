@@ -96,6 +96,14 @@ class RunRecord:
         self.meta.setdefault("engine_t0", {})[engine] = t0
         self.write()
 
+    def speed_probe(self, at: str) -> None:
+        """The machine's speed now (harness/run/speed_probes.py), appended to run.json's `speed_probe`."""
+        from harness.run.speed_probes import DESCRIBED, reading
+
+        probe = self.meta.setdefault("speed_probe", {**DESCRIBED, "readings": []})
+        probe["readings"].append(reading(at))
+        self.write()
+
     def engine_done(self, engine: str) -> None:
         self.meta["engines_done"].append(engine)
         self.write()

@@ -11,6 +11,13 @@ such a knee a ratio of bounds: both are shown, not gated. A gated figure regress
 two intervals separate (the new one wholly on the worse side of the old one: a difference inside either is "no
 measurable difference") and its point estimate is worse by more than the threshold.
 
+The machine: every gated figure above but the headline ratio scales with the machine's speed (a slow night made
+paged's sustained rate -54 % and its TPOT 5.4 -> 30.5 ms with nothing changed). run.json's speed probe
+(analysis/speed_probe.py) says whether the two machines agreed; where they did not, or a run has no probe, those
+absolute figures are shown and not gated, and the text says the machine differed. The same-run ratios (the
+headline, and summary.json's `capacity_ratios` of the headline engine to each other engine: two engines measured
+interleaved in one run, which cancels most of the machine) are gated always.
+
 Not gated (printed, marked "info"): figures pooled over whichever rates a sweep visited (output tokens/s, TTFT
 percentiles, shares, OOM counts). Two sweeps visit different rates by design, so these differ between two runs
 of one commit without anything having changed; they stay in the report and in the comparison, ungated.
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.analysis.operating import OPERATING_FIGURES, shared_point
+from harness.analysis.speed_probe import Agreement, SpeedProbe
 from harness.analysis.summary_records import CapacityBlock, Summary
 
 # figure -> whether higher is better (the ungated figures pooled over a run's points)
@@ -40,7 +48,8 @@ HEADLINE = {
     "crashes": False,
     "cancel_release_p99_s": False,
 }
-GATED = {"sustained_rps": True, "headline_ratio": True, **OPERATING_FIGURES}
+GATED = {"sustained_rps": True, "headline_ratio": True, "capacity_ratio": True, **OPERATING_FIGURES}
+SAME_RUN = ("headline_ratio", "capacity_ratio")  # ratios within one run: gated whatever the machine
 
 
 @dataclass
@@ -68,6 +77,16 @@ def load_summary(run_dir: Path) -> Summary:
 
     path = run_dir / "summary.json"
     return Summary.model_validate(json.loads(path.read_text()) if path.is_file() else summarize(run_dir))
+
+
+def load_probe(run_dir: Path) -> SpeedProbe | None:
+    """A run's speed probe from its run.json (None: a run recorded before the probe, or no run.json)."""
+    from harness.analysis.records import RunRecord
+
+    try:
+        return RunRecord.read(run_dir).speed_probe
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def figures(summary: Summary, engine: str, names: tuple[str, ...] | dict) -> dict[str, object]:
@@ -142,7 +161,41 @@ def operating_rows(engine: str, base: CapacityBlock, new: CapacityBlock, thresho
                       threshold_pct, b.offered_rps) for fig in OPERATING_FIGURES]
 
 
-def compare(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
+def ratio_rows(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
+    """The headline engine's same-run ratio to each other engine both runs fitted (the headline pair's own is the
+    headline ratio's row): higher is better, the headline engine's advantage over that one."""
+    if base.headline is None:
+        return []
+    ref, rows = base.headline.engine, []
+    for key, b in base.capacity_ratios.items():
+        num, _, other = key.partition("/")
+        n = new.capacity_ratios.get(key)
+        if num != ref or other == base.headline.against or n is None:
+            continue
+        caps = [s.capacity.get(e) for s in (base, new) for e in (ref, other)]
+        row = gated_row(key, "capacity_ratio", (b.ratio, b.ratio_ci), (n.ratio, n.ratio_ci), threshold_pct)
+        if any(c is None or c.sustained_where in WHERE for c in caps):  # a bound in either run
+            row.regressed, row.why = False, "a knee not bracketed in one run: a ratio of bounds, not gated"
+        rows.append(row)
+    return rows
+
+
+def machine_blind(rows: list[Row], machine: Agreement | None) -> list[Row]:
+    """Absolute figures where the machines differed (or went unprobed): shown, never a regression."""
+    if machine is None or machine.same:
+        return rows
+    for r in rows:
+        if r.gated and r.metric not in SAME_RUN:
+            r.regressed, r.why = False, f"{r.why}; the machine differed: not gated"
+    return rows
+
+
+def compare(base: Summary, new: Summary, threshold_pct: float, machine: Agreement | None = None) -> list[Row]:
+    """Every row; `machine` (the runs' speed probes compared), where given, decides whether absolute figures gate."""
+    return machine_blind(rows_of(base, new, threshold_pct), machine)
+
+
+def rows_of(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
     rows = []
     for engine in base.engines:
         if engine not in new.engines:
@@ -161,6 +214,7 @@ def compare(base: Summary, new: Summary, threshold_pct: float) -> list[Row]:
     elif same:
         rows.append(gated_row(f"{hb.engine}/{hb.against}", "headline_ratio",
                               (hb.ratio, hb.ratio_ci), (hn.ratio, hn.ratio_ci), threshold_pct))
+    rows += ratio_rows(base, new, threshold_pct)
     for engine in base.engines:
         if engine not in new.engines:
             continue
@@ -175,8 +229,10 @@ def fmt_ci(ci: list[float] | None) -> str:
     return "" if not ci else f"[{ci[0]:.3g}, {ci[1]:.3g}]"
 
 
-def render_text(rows: list[Row], threshold_pct: float) -> str:
-    lines = [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} %)",
+def render_text(rows: list[Row], threshold_pct: float, machine: Agreement | None = None) -> str:
+    lines = [machine.sentence()] if machine is not None else []
+    lines += [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} "
+              "%)",
              f"{'engine':<22}{'figure':<34}{'base [90 %]':>26}{'new [90 %]':>26}{'change':>9}  verdict"]
     for r in (r for r in rows if r.gated):
         change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f}%"
@@ -193,8 +249,10 @@ def render_text(rows: list[Row], threshold_pct: float) -> str:
     return "\n".join(lines)
 
 
-def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float, out: Path) -> Path:
+def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float, out: Path,
+                machine: Agreement | None = None) -> Path:
     esc = html.escape
+    said = f"<p><b>{esc(machine.sentence())}</b></p>" if machine is not None else ""
 
     def num(x):
         return "n/a" if x is None else f"{x:.4g}"
@@ -212,7 +270,7 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>compare</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
-        f"<h1>{esc(base_id)} vs {esc(new_id)}</h1><h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
+        f"<h1>{esc(base_id)} vs {esc(new_id)}</h1>{said}<h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
         f"separate and the estimate is worse by more than {threshold_pct:g} %. A figure 'at R/s' is the engine's "
         "operating point: the highest-rate stream both runs measured below its knee and below both runs' "
         "sustained-rate intervals (the same requests at the same offered load, sustained in both).</p>"

@@ -1,0 +1,143 @@
+"""The two builds an A/B compares, each as a work tree and the Python that runs it: a revision becomes a git work
+tree beside the checkout (`.ab/trees/SHA`, ignored by git, kept for the next night), a directory that is a git work
+tree is taken as it is, and NEW defaults to this checkout. A tree shares this venv where its pyproject.toml is the
+same bytes as the checkout's (its dependencies are then equal; the tree's own code comes first on the import path,
+PYTHONPATH, ahead of the venv's editable install of this checkout); otherwise `make setup` gives it its own venv."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TREES = ROOT / ".ab" / "trees"
+KEPT_TREES = 3  # revisions' work trees kept for the next nights (each a checkout of the repository's files)
+SETUP_TIMEOUT_S = 900  # a fresh venv on this 2-core machine: 60-100 s with uv, pip's 150-175 s; a slow night x5
+
+
+class TreeError(Exception):
+    """A revision that does not resolve, or a tree that cannot be set up: one line for the user."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    label: str  # what the user named: a revision or a path ("working tree" for the checkout)
+    path: Path
+    sha: str | None  # the commit checked out; None for the checkout's working tree (it may hold changes)
+    python: str  # the interpreter that runs this tree's code
+
+    def env(self) -> dict[str, str]:
+        """The environment a child of this tree runs in: its own code first on the import path."""
+        return {**os.environ, "PYTHONPATH": str(self.path)}
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise TreeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"git {args[0]} failed")
+    return out.stdout.strip()
+
+
+def resolve(rev: str) -> str:
+    """The commit a revision names, or a TreeError naming it."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except TreeError:
+        raise TreeError(f"unknown revision {rev!r} (not a commit of {ROOT})") from None
+
+
+def tree_of(name: str | None) -> Tree:
+    """NEW or BASE as the user named it: None is this checkout's working tree, an existing directory is a work
+    tree as it stands, anything else a revision checked out beside the checkout."""
+    if name is None:
+        return Tree("working tree", ROOT, None, python_for(ROOT))
+    path = Path(name)
+    if path.is_dir():
+        try:
+            top = Path(git("rev-parse", "--show-toplevel", cwd=path.resolve()))
+        except TreeError as e:
+            raise TreeError(f"{name}: not a git work tree ({e})") from None
+        if not (top / "harness").is_dir():
+            raise TreeError(f"{name}: not a fragbench work tree (no harness/ at {top})")
+        return Tree(name, top, None, python_for(top))
+    sha = resolve(name)
+    path = checkout(sha)
+    return Tree(name, path, sha, python_for(path))
+
+
+def checkout(sha: str) -> Path:
+    """A work tree of the commit at .ab/trees/SHA (made once, reused while it still holds that commit)."""
+    path = TREES / sha[:12]
+    if path.is_dir():
+        try:
+            if git("rev-parse", "HEAD", cwd=path) == sha:
+                return path
+        except TreeError:
+            pass
+        git("worktree", "remove", "--force", str(path))
+    git("worktree", "prune")
+    TREES.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "--detach", str(path), sha)
+    drop_old(keep=path)
+    return path
+
+
+def drop_old(keep: Path) -> None:
+    """The work trees beyond the KEPT_TREES made last removed (a nightly makes one a passing revision): `keep`
+    stays."""
+    most = KEPT_TREES
+    trees = sorted((p for p in TREES.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+    for old in trees[: max(0, len(trees) - (most - 1))]:
+        try:
+            git("worktree", "remove", "--force", str(old))
+        except TreeError:
+            pass  # not a work tree git knows (removed by hand): left as it is
+
+
+def python_for(path: Path) -> str:
+    """This venv's Python where the tree's dependencies are this checkout's, else the tree's own venv (set up)."""
+    if path.resolve() == ROOT or same_dependencies(path):
+        return sys.executable
+    own = path / ".venv" / "bin" / "python"
+    done = run_child(["make", "-C", str(path), "setup"], path, dict(os.environ), SETUP_TIMEOUT_S)
+    if done.returncode != 0 or not own.exists():
+        raise TreeError(f"{path}: its dependencies differ from this checkout's and `make setup` failed: "
+                        f"{done.last_line}")
+    return str(own)
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int | None  # None: stopped at its time limit
+    stdout: str
+    stderr: str
+
+    @property
+    def last_line(self) -> str:
+        lines = (self.stderr or self.stdout).strip().splitlines()
+        return lines[-1] if lines else f"exit {self.returncode}, no output"
+
+
+def run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> ChildResult:
+    """A child in a process group of its own that dies with us, stopped whole (its own children too) at the limit
+    or when we are interrupted."""
+    from engines.procs import spawn, stop
+
+    proc = spawn(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return ChildResult(proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return ChildResult(None, "", f"stopped after its limit of {timeout_s:g} s")
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+
+
+def same_dependencies(path: Path) -> bool:
+    mine, theirs = ROOT / "pyproject.toml", path / "pyproject.toml"
+    return theirs.is_file() and theirs.read_bytes() == mine.read_bytes()

@@ -1,0 +1,125 @@
+"""`fragbench ab`'s figures and verdicts (harness/analysis/ab.py) and its command line; the measurement itself
+(servers from two trees, a bench per turn) is the same bench `make bench` runs, timed by hand (docs/method.md)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.analysis.ab import (
+    TurnRatio,
+    knee_figure,
+    margin_rate,
+    operating_figures,
+    overall,
+    pooled,
+    side_name,
+    verdict_of,
+)
+from harness.analysis.knee import Judged
+from harness.analysis.summary_records import CapacityBlock
+from harness.run.ab_runs import turn_order
+from tests.conftest import run_cli
+from workloads.streams import key_of, snap
+
+
+@pytest.mark.parametrize(("ci", "higher", "verdict"), [
+    ((0.95, 1.04), True, "PASS"), ((0.70, 0.85), True, "FAIL"), ((0.85, 1.02), True, "INCONCLUSIVE"),
+    ((1.15, 1.30), True, "INCONCLUSIVE"), ((1.15, 1.30), False, "FAIL"), ((0.70, 0.85), False, "INCONCLUSIVE"),
+    ((0.92, 1.08), False, "PASS"), (None, True, "INCONCLUSIVE")])
+def test_a_figure_fails_wholly_on_the_worse_side_and_passes_inside_the_threshold(ci, higher, verdict):
+    assert verdict_of(ci, 0.10, higher) == verdict
+
+
+def test_the_overall_verdict_is_the_worst():
+    assert overall(["PASS", "PASS"]) == "PASS" and overall(["PASS", "INCONCLUSIVE"]) == "INCONCLUSIVE"
+    assert overall(["INCONCLUSIVE", "FAIL", "PASS"]) == "FAIL" and overall([]) == "INCONCLUSIVE"
+
+
+def test_turns_are_abba():
+    assert turn_order(["paged"], 0) == ["paged.base", "paged.new"]
+    assert turn_order(["paged"], 1) == ["paged.new", "paged.base"]
+    assert turn_order(["paged", "static-oracle"], 0) == ["paged.base", "paged.new", "static-oracle.new",
+                                                         "static-oracle.base"]
+
+
+def test_pooling_weighs_the_tighter_turn_and_narrows():
+    loose, tight = TurnRatio(1.0, 1.2, math.log(1.2), 0.2), TurnRatio(1.0, 1.0, 0.0, 0.02)
+    _, _, ratio, ci = pooled([loose, tight])
+    assert 1.0 <= ratio < 1.01 and ci[1] - ci[0] < 2 * 1.6449 * 0.02 * 1.01
+
+
+def curve(rate: float, knee: float) -> float:
+    return 1 / (1 + math.exp(-(math.log(9) - 25 * (math.log(rate) - math.log(knee)))))
+
+
+def points(rng, knee: float, n: int = 80) -> list[Judged]:
+    rates = [snap(knee * f) for f in (0.8, 0.93, 1.0, 1.07, 1.2)]
+    return [Judged(r, key_of(r, i + 1), (rng.random(n) < curve(r, knee)).astype(float), np.arange(n))
+            for i, r in enumerate(rates)]
+
+
+def test_the_knee_ratio_fails_a_slower_new_build_and_holds_one_on_a_a():
+    """Two turns each: NEW's knee 30 % under BASE's FAILs; the same knee on both sides never FAILs."""
+    rng = np.random.default_rng(5)
+    slower = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 2.1)}
+              for _ in range(2)]
+    f = knee_figure("paged", slower, 0.9, 0.10)
+    assert f.verdict == "FAIL" and f.ci[1] < 0.9 and f.base > f.new
+    same = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 3.0)}
+            for _ in range(2)]
+    g = knee_figure("paged", same, 0.9, 0.10)
+    assert g.verdict != "FAIL" and g.ci[0] < 1 < g.ci[1]
+    assert knee_figure("paged", [{}], 0.9, 0.1).verdict == "INCONCLUSIVE"
+
+
+def test_the_margin_rate_is_half_the_lower_knee_interval_s_low_end():
+    rng = np.random.default_rng(7)
+    turns = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 2.4)}]
+    rate = margin_rate("paged", turns, 0.9)
+    assert rate is not None and 0.8 < rate <= 0.5 * 2.4  # half of new's lower end (about 2.2), on the grid
+    assert margin_rate("paged", [{side_name("paged", "base"): points(rng, 3.0)}], 0.9) is None
+
+
+def block(tpot: float) -> CapacityBlock:
+    point = {"key": "g2", "offered_rps": 1.5, "slo_attainment": 1.0, "steady": True, "ttft_p50_s": 0.1,
+             "ttft_p50_s_ci": [0.095, 0.105], "tpot_p50_s": tpot, "tpot_p50_s_ci": [0.97 * tpot, 1.03 * tpot],
+             "output_tokens_per_s": 50.0, "output_tokens_per_s_ci": [48.0, 52.0]}
+    return CapacityBlock.model_validate({"sustained_rps": 3.0, "sustained_rps_ci": [2.5, 3.5],
+                                         "slo": {"attainment": 0.9}, "points": [point]})
+
+
+def test_latency_at_the_fixed_rate_fails_a_slower_step():
+    turns = [{"paged.base": block(0.020), "paged.new": block(0.026)} for _ in range(2)]
+    figures = {f.figure: f for f in operating_figures("paged", turns, 0.10)}
+    assert figures["tpot_p50_s"].verdict == "FAIL" and figures["tpot_p50_s"].ratio == pytest.approx(1.3)
+    assert figures["ttft_p50_s"].verdict == "PASS" and figures["output_tokens_per_s"].verdict == "PASS"
+    none = operating_figures("paged", [{"paged.base": block(0.02)}], 0.10)
+    assert {f.verdict for f in none} == {"INCONCLUSIVE"}
+
+
+def test_bad_input_is_one_line(tmp_path, tiny_model):
+    for args in (["no-such-revision-xyz", "--model", str(tiny_model)], ["HEAD", "--engines", "nosuch"],
+                 ["HEAD", "--engines", "paged", "--threshold", "0"], ["HEAD", "--model", str(tmp_path)],
+                 ["HEAD", "--new-engine-args", "paged=--inject-kv-fault nosuch"]):
+        r = run_cli("ab", *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_text_and_the_page_name_every_figure_and_the_memory_gate(tmp_path):
+    from harness.analysis.ab import figure
+    from harness.analysis.memory_gate import MemorySide, PolicyMemory, gate
+    from harness.views.ab_page import render_text, write_page
+    from tests.test_memory_gate import FIGURES
+
+    side = MemorySide(trace={"workload": "mixed-churn"}, policies={"paged": PolicyMemory(**FIGURES)})
+    memory = gate(side, side)
+    figures = [figure("paged", "knee", 3.0, 2.0, 0.667, (0.6, 0.75), 0.1),
+               figure("paged", "tpot_p50_s", None, None, None, None, 0.1, "no shared stream")]
+    text = render_text("FAIL", figures, memory, 0.1, [tmp_path / "turn1"])
+    assert "ab: FAIL" in text and "[0.600, 0.750]" in text and "no shared stream" in text
+    assert "memory gate: PASS" in text
+    page = write_page("FAIL", figures, memory, ("HEAD", "working tree"), [tmp_path / "turn1"], tmp_path / "ab.html")
+    assert "tpot_p50_s" in page.read_text() and "Memory gate: PASS" in page.read_text()

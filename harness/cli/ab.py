@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from harness.cli.args import UsageError, usage_errors
-from harness.cli.memory_gate import add_gate_flags, checked_engine_args, margin_of
+from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
@@ -22,9 +22,7 @@ def register(sub) -> None:
     ab = sub.add_parser("ab", help="BASE's build against NEW's, served side by side and benched in one run per turn "
                                    "(ABBA, each turn a fresh stream both get), and the memory gate; exit 0 PASS, "
                                    "1 FAIL, 3 INCONCLUSIVE, 2 bad input")
-    ab.add_argument("base", metavar="BASE", help="a revision (checked out as a work tree beside the checkout) or a "
-                                                 "work tree's directory")
-    ab.add_argument("new", metavar="NEW", nargs="?", help="the same (default: this checkout's working tree)")
+    add_sides(ab)
     ab.add_argument("--engines", default="paged,static-oracle",
                     help="engines measured, comma-separated (default: %(default)s, the headline pair)")
     ab.add_argument("--time", type=float, default=1800.0, metavar="S",

@@ -10,15 +10,20 @@ from pathlib import Path
 from harness.cli.args import UsageError, usage_errors
 
 
+def add_sides(parser) -> None:
+    """BASE and NEW, the two builds a gate compares (memory-gate's and ab's)."""
+    parser.add_argument("base", metavar="BASE", help="a revision (checked out as a work tree beside the checkout) "
+                                                     "or a work tree's directory")
+    parser.add_argument("new", metavar="NEW", nargs="?", help="the same (default: this checkout's working tree)")
+
+
 def register(sub) -> None:
     from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
 
     gate = sub.add_parser("memory-gate", help="the deterministic memory gate: preemptions, OOMs by cause, Figure-2 "
                                               "shares and blocks of every KV policy on one fixed trace in virtual "
                                               "time, BASE's code against NEW's; exit 1 where NEW is worse")
-    gate.add_argument("base", metavar="BASE", help="a revision (checked out as a work tree beside the checkout) or a "
-                                                   "work tree's directory")
-    gate.add_argument("new", metavar="NEW", nargs="?", help="the same (default: this checkout's working tree)")
+    add_sides(gate)
     add_gate_flags(gate, DEFAULT_SHARE_MARGIN)
     gate.add_argument("--json", action="store_true", help="print the gate as one JSON object (default: text)")
     gate.add_argument("--report", metavar="FILE", help="also write the gate as an HTML page to FILE (default: none)")

@@ -99,3 +99,13 @@ def test_a_knee_block_has_the_contract_fields():
 def test_bench_refuses_a_search_it_cannot_run(flags, says, tiny_model, tmp_path):
     r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--sweep", "--out", str(tmp_path), *flags)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_constraint_is_read_at_the_stream_that_missed_among_those_judged_at_the_knees_rate():
+    """Paired decision turns judge several streams at one rate: the knee point is the one that missed the SLO
+    there (a fresh run's static-oracle read "compute" off a stream that met 96 % beside one that met 86 %)."""
+    from harness.analysis.knee import knee_point
+    pts = [{"offered_rps": 2.5, "key": "p1", "slo_attainment": 0.95},
+           {"offered_rps": 3.0, "key": "p0", "slo_attainment": 0.96, "oom_total": 0},
+           {"offered_rps": 3.0, "key": "p9", "slo_attainment": 0.80, "oom_total": 4}]
+    assert knee_point(pts, SLO())["key"] == "p9"

@@ -217,7 +217,13 @@ def knee_point(points: list[dict], slo: SLO) -> dict:
     usable = [{**p, "slo_attainment": p["halves"][1]} if p.get("knee_use") == "over_knee" else p
               for p in points if p.get("knee_use", "steady") != "unsteady"]
     _, hi = bracket_of(usable or points, slo)
-    return next((p for p in points if p["offered_rps"] == hi), max(points, key=lambda p: p["offered_rps"]))
+    # of the streams judged at that rate (paired decision turns put several there), the one that met least: a
+    # stream that met the SLO shows no constraint
+    judged_as = {id(p): u["slo_attainment"] or 0.0 for p, u in zip(
+        [p for p in points if p.get("knee_use", "steady") != "unsteady"] if usable else points, usable or points,
+        strict=True)}
+    at = [p for p in points if p["offered_rps"] == hi and id(p) in judged_as]
+    return min(at, key=lambda p: judged_as[id(p)]) if at else max(points, key=lambda p: p["offered_rps"])
 
 
 # `block`: the capacity block summarize is building; summary.json is written from dicts (records.py reads it)

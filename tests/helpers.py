@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 from engines.sequence import SamplingParams, Sequence
 
 
@@ -14,3 +18,14 @@ def speed_probe(scale: float = 1.0) -> dict:
     return {"compute": "fixed", "interpreter": "fixed",
             "readings": [{"at": at, "compute_s": [0.010 * f * scale] * 3, "interpreter_s": [0.015 * f * scale] * 3}
                          for at, f in moments.items()]}
+
+
+def benchmark_module(name: str):
+    """A script of benchmarks/ loaded as a module, registered under its name (its dataclasses look their module up
+    there)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,27 +4,20 @@ carry the burst correlation real runs show (a design effect over 1)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness.analysis.knee import Judged, design_effect
+from tests.helpers import benchmark_module
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "knee_study.py"
 CONTRACT = {"true_ratio", "runs", "coverage", "median_hi_lo", "decided_share"}
 
 
 @pytest.fixture(scope="module")
 def knee_study():
-    spec = importlib.util.spec_from_file_location("knee_study", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["knee_study"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("knee_study")
 
 
 def test_json_rows_keep_the_contract_and_a_clear_ratio_is_decided(knee_study, capsys):

@@ -4,10 +4,7 @@ gives both engines the same requests, not two draws of the workload)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +13,8 @@ from scipy.special import expit
 from harness.analysis.capacity import SLO
 from harness.sim.stepfit import FittedStepModel
 from harness.sim.twin import TwinEngine
+from tests.helpers import benchmark_module
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "pairing_study.py"
 CONFIG = {"policy": "paged", "placement": "best-fit", "block_size": 16, "preflight": True, "prefix_caching": False,
           "max_num_seqs": 64, "max_num_batched_tokens": 2048, "on_oom": "reject", "kv_budget_bytes": 16 << 20,
           "kv_bytes_per_token": 4096, "max_seq_len": 2048, "row_pad_bytes": 0}
@@ -29,11 +26,7 @@ STEPS = FittedStepModel({"fixed_s": 0.00142, "per_decode_s": 0.00056, "per_prefi
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("pairing_study", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pairing_study"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("pairing_study")
 
 
 def synthetic(rng: np.random.Generator, rho: float, b: float = 25.0, s: float = 0.1, streams: int = 200):

@@ -213,17 +213,14 @@ def binding_constraint(knee: KneePoint, failed: int, missed: int) -> tuple[str, 
 
 def knee_point(points: list[dict], slo: SLO) -> dict:
     """The lowest rate that missed the SLO (where the binding constraint shows), else the highest measured;
-    among the points a knee rests on (one over its knee by its second half), where there are any."""
-    usable = [{**p, "slo_attainment": p["halves"][1]} if p.get("knee_use") == "over_knee" else p
-              for p in points if p.get("knee_use", "steady") != "unsteady"]
-    _, hi = bracket_of(usable or points, slo)
-    # of the streams judged at that rate (paired decision turns put several there), the one that met least: a
-    # stream that met the SLO shows no constraint
-    judged_as = {id(p): u["slo_attainment"] or 0.0 for p, u in zip(
-        [p for p in points if p.get("knee_use", "steady") != "unsteady"] if usable else points, usable or points,
-        strict=True)}
-    at = [p for p in points if p["offered_rps"] == hi and id(p) in judged_as]
-    return min(at, key=lambda p: judged_as[id(p)]) if at else max(points, key=lambda p: p["offered_rps"])
+    among the points a knee rests on (one over its knee by its second half), where there are any. Of the streams
+    judged at that rate (paired decision turns put several there), the one that met least: a stream that met the
+    SLO shows no constraint."""
+    kept = [p for p in points if p.get("knee_use", "steady") != "unsteady"] or points
+    judged = [p["halves"][1] if p.get("knee_use") == "over_knee" else p["slo_attainment"] for p in kept]
+    _, hi = bracket_of([{**p, "slo_attainment": a} for p, a in zip(kept, judged, strict=True)], slo)
+    at = [(a or 0.0, i) for i, (p, a) in enumerate(zip(kept, judged, strict=True)) if p["offered_rps"] == hi]
+    return kept[min(at)[1]] if at else max(points, key=lambda p: p["offered_rps"])
 
 
 # `block`: the capacity block summarize is building; summary.json is written from dicts (records.py reads it)

@@ -116,10 +116,14 @@ class KneeFit:
 
     estimates: dict[str, KneeEstimate]
     log_knees: dict[str, np.ndarray]  # per engine, DRAWS posterior draws of log knee
-    spread_s: dict[str, float]  # per engine, the posterior median of s, its leftover stream spread in log load
     gains: dict[str, np.ndarray]  # per engine, the draws of g (the offered token load's gain), beside its knee's
     spreads: dict[str, np.ndarray]  # per engine, the draws of s
     load_var: dict[str, float]  # per engine, the variance of its points' x (log offered token load)
+
+    @property
+    def spread_s(self) -> dict[str, float]:
+        """Per engine, the posterior median of s, its leftover stream spread in log load."""
+        return {e: float(np.median(s)) for e, s in self.spreads.items()}
 
     def ratio(self, a: str, b: str) -> tuple[float, tuple[float, float]]:
         """a's knee over b's: the posterior median and central interval of the draws' ratios."""
@@ -133,19 +137,24 @@ class KneeFit:
         lo, hi = central(g, CONFIDENCE)
         return float(np.median(g)), (lo, hi)
 
+    def stream_variance(self, engine: str, var_x: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per draw, the engine's stream-to-stream variance in log load that a load of variance var_x shows
+        (g^2 var_x), and the whole of it (that plus u's variance)."""
+        shown = self.gains[engine] ** 2 * var_x
+        return shown, shown + u_variance(self.spreads[engine])
+
     def explained_share(self, engine: str) -> float:
         """The share of the engine's stream-to-stream variance in log load that its streams' offered token load
-        explains: g^2 var(x) over that plus u's variance (the posterior median)."""
-        shown = self.gains[engine] ** 2 * self.load_var[engine]
-        return float(np.median(shown / np.maximum(shown + u_variance(self.spreads[engine]), 1e-12)))
+        explains (the posterior median)."""
+        shown, whole = self.stream_variance(engine, self.load_var[engine])
+        return float(np.median(shown / np.maximum(whole, 1e-12)))
 
     def paired_correlation(self, a: str, b: str) -> float:
         """The correlation the fit implies between two engines' stream effects on one stream (their offered token
         load is the same; what it leaves is taken as independent): the posterior median."""
         var_x = (self.load_var[a] + self.load_var[b]) / 2
-        ga, gb = self.gains[a], self.gains[b]
-        va, vb = ga ** 2 * var_x + u_variance(self.spreads[a]), gb ** 2 * var_x + u_variance(self.spreads[b])
-        return float(np.median(ga * gb * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
+        (_, va), (_, vb) = self.stream_variance(a, var_x), self.stream_variance(b, var_x)
+        return float(np.median(self.gains[a] * self.gains[b] * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
 
 
 def u_variance(scale: np.ndarray) -> np.ndarray:
@@ -230,7 +239,8 @@ def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: n
     d = log_knees[None, :, None] - data.log_rate[:, None, None] - gains[None, None, :] * data.load[:, None, None]
     pad = REACH * float(np.max(spreads)) + 4 * FINE_STEP * CELLS_PER_SPREAD
     y0 = float(d.min()) - pad
-    y = y0 + FINE_STEP * np.arange(math.ceil((float(d.max()) + pad - y0) / FINE_STEP) + 1)
+    reads = (float(d.min()), float(d.max()))  # where the likelihood is read: its grids cover this and u's reach
+    y = y0 + FINE_STEP * np.arange(math.ceil((reads[1] + pad - y0) / FINE_STEP) + 1)
     out = np.empty((len(log_knees), len(SLOPES), len(spreads), len(gains)))
     for bi, b in enumerate(SLOPES):
         if np.any(spreads > 0):
@@ -242,7 +252,7 @@ def log_likelihood(data: _Data, log_knees: np.ndarray, target: float, spreads: n
                 flat = binomial_log(data, b, d.reshape(len(d), -1), target, rows=True)
                 out[:, bi, si, :] = flat.reshape(d.shape).sum(axis=0)
                 continue
-            log_l, start, step = marginal(lik, top, y0, float(s), (float(d.min()), float(d.max())))
+            log_l, start, step = marginal(lik, top, y0, float(s), reads)
             out[:, bi, si, :] = read_at(log_l, start, step, d).sum(axis=0)
     return out
 
@@ -293,7 +303,6 @@ def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SP
     draws = {e: engine_draws(p, target, spreads, named_rng(seed, e)) for e, p in pts.items()}
     estimates = {e: estimate(e, pts[e], draws[e].log_knees, target) for e in pts}
     return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
-                   {e: float(np.median(d.spreads)) for e, d in draws.items()},
                    {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
                    {e: float(np.var([p.log_load for p in pts[e]])) for e in pts})
 

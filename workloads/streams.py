@@ -16,9 +16,10 @@ workload, and every engine offered that rate draws the same ones (common random 
   units of the mean), read by the n-th decision turn of each of the headline's two engines, each at its own
   offered rate (`Streams.arrivals` scales the gaps): turn n of paged and turn n of its rival judge the same
   requests (as far as their warm-ups allow), so that what a stream asks of an engine (more tokens, a burst)
-  falls on both and cancels in their ratio. A trace gives paired key n the middle of slice
-  n x `PAIRED_STRIDE` mod `TRACE_SLICES`: the first `TRACE_SLICES` paired keys start in distinct slices, and
-  a grid key, which starts at a slice's start, reads half a slice before it reaches a paired key's rows.
+  falls on both (the knee fit takes its offered token load out of both: harness/analysis/kneefit.py). A trace
+  gives paired key n the middle of slice n x `PAIRED_STRIDE` mod `TRACE_SLICES`: the first `TRACE_SLICES` paired
+  keys start in distinct slices, and a grid key, which starts at a slice's start, reads half a slice before it
+  reaches a paired key's rows.
 - A `Segment` is a stretch of one stream at one rate: requests `first`, `first + 1`, ... arriving from
   `start_s` on, the stream's own arrival gaps rescaled to the rate, until `end_s`. A point of a knee search
   is one or more segments; an extended point continues its stream where it stopped.

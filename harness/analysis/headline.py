@@ -126,7 +126,7 @@ class Headline:
                 "paired_streams": self.paired_streams,
                 "paired_correlation": round(self.fit.paired_correlation(*pair), 3),
                 "load_explained_share": {e: round(self.fit.explained_share(e), 3) for e in pair},
-                "load_gain": {e: [round(self.fit.gain(e)[0], 3), *self.fit.gain(e)[1]] for e in pair}}
+                "load_gain": {e: [round(g, 3), *ci] for e in pair for g, ci in [self.fit.gain(e)]}}
 
 
 def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:

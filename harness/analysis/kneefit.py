@@ -65,7 +65,7 @@ from harness.analysis.knee import (
     named_rng,
     pooled,
 )
-from harness.analysis.operating import OPERATING_REPLICATION
+from harness.analysis.operating import operating_key
 
 METHOD = "dose-response fit"
 SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit of log rate (0.9 -> 0.5 over 2.2/b)
@@ -323,10 +323,9 @@ def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> 
 
 
 def informs(point: Judged) -> bool:
-    """A point that tells where the knee lies: not the fixed operating point (its grid rate's replication
-    OPERATING_REPLICATION), which is placed at half the knee by design (analysis/operating.py) and met by every
-    run."""
-    return not (point.key.startswith("g") and point.replication == OPERATING_REPLICATION)
+    """A point that tells where the knee lies: not the fixed operating point (its rate's operating stream), which
+    is placed at half the knee by design (analysis/operating.py) and met by every run."""
+    return point.key != operating_key(point.offered_rps)
 
 
 def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.analysis.ab import (
+    FixedSide,
     TurnRatio,
     knee_figure,
     margin_rate,
@@ -19,8 +21,8 @@ from harness.analysis.ab import (
     verdict_of,
 )
 from harness.analysis.knee import Judged
-from harness.analysis.summary_records import CapacityBlock
-from harness.run.ab_runs import turn_order
+from harness.analysis.summary_records import CapacityPoint
+from harness.run.ab_runs import side_order
 from tests.conftest import run_cli
 from workloads.streams import key_of, snap
 
@@ -39,10 +41,7 @@ def test_the_overall_verdict_is_the_worst():
 
 
 def test_turns_are_abba():
-    assert turn_order(["paged"], 0) == ["paged.base", "paged.new"]
-    assert turn_order(["paged"], 1) == ["paged.new", "paged.base"]
-    assert turn_order(["paged", "static-oracle"], 0) == ["paged.base", "paged.new", "static-oracle.new",
-                                                         "static-oracle.base"]
+    assert [side_order(k) for k in range(3)] == [("base", "new"), ("new", "base"), ("base", "new")]
 
 
 def test_pooling_weighs_the_tighter_turn_and_narrows():
@@ -83,21 +82,35 @@ def test_the_margin_rate_is_half_the_lower_knee_interval_s_low_end():
     assert margin_rate("paged", [{side_name("paged", "base"): points(rng, 3.0)}], 0.9) is None
 
 
-def block(tpot: float) -> CapacityBlock:
-    point = {"key": "g2", "offered_rps": 1.5, "slo_attainment": 1.0, "steady": True, "ttft_p50_s": 0.1,
-             "ttft_p50_s_ci": [0.095, 0.105], "tpot_p50_s": tpot, "tpot_p50_s_ci": [0.97 * tpot, 1.03 * tpot],
-             "output_tokens_per_s": 50.0, "output_tokens_per_s_ci": [48.0, 52.0]}
-    return CapacityBlock.model_validate({"sustained_rps": 3.0, "sustained_rps_ci": [2.5, 3.5],
-                                         "slo": {"attainment": 0.9}, "points": [point]})
+def fixed(tpot_scale: float, seed: int, failed: int = 0, n: int = 30) -> FixedSide:
+    """A fixed-rate point of n requests whose sizes (hence latencies) vary 3x between requests, as a stream's
+    do; `tpot_scale` the build's speed, 2 % noise per request, `failed` requests failed (every fifth)."""
+    sizes = np.random.default_rng(0).uniform(1, 3, n)  # the stream: the same on both sides
+    noise = np.random.default_rng(seed).normal(1, 0.02, n)
+    ok = ~((np.arange(n) % 5 == 4) & (np.arange(n) < 5 * failed))
+    requests = pd.DataFrame({"stream_index": np.arange(n), "arrival_s": np.arange(n) / 1.5,
+                             "status": np.where(ok, "ok", "error"), "ttft_s": 0.05 * sizes * noise,
+                             "tpot_s": 0.01 * sizes * noise * tpot_scale, "output_tokens": (40 * sizes).round()})
+    point = CapacityPoint.model_validate({"key": "g2", "offered_rps": 1.5, "slo_attainment": 1.0, "steady": True})
+    return FixedSide(point, requests)
 
 
-def test_latency_at_the_fixed_rate_fails_a_slower_step():
-    turns = [{"paged.base": block(0.020), "paged.new": block(0.026)} for _ in range(2)]
-    figures = {f.figure: f for f in operating_figures("paged", turns, 0.10)}
-    assert figures["tpot_p50_s"].verdict == "FAIL" and figures["tpot_p50_s"].ratio == pytest.approx(1.3)
+def test_latency_at_the_fixed_rate_pairs_the_requests_and_fails_a_slower_step():
+    """The requests' own spread (3x) cancels in the pairing: 20 % slower steps FAIL, an A/A PASSes."""
+    turns = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.2, 2 * k + 1)} for k in range(2)]
+    figures = {f.figure: f for f in operating_figures("paged", turns, 0.10, 0.9)}
+    assert figures["tpot_p50_s"].verdict == "FAIL" and figures["tpot_p50_s"].ratio == pytest.approx(1.2, abs=0.03)
     assert figures["ttft_p50_s"].verdict == "PASS" and figures["output_tokens_per_s"].verdict == "PASS"
-    none = operating_figures("paged", [{"paged.base": block(0.02)}], 0.10)
+    same = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.0, 2 * k + 1)} for k in range(2)]
+    assert {f.verdict for f in operating_figures("paged", same, 0.10, 0.9)} == {"PASS"}
+    none = operating_figures("paged", [{"paged.base": fixed(1.0, 0)}], 0.10, 0.9)
     assert {f.verdict for f in none} == {"INCONCLUSIVE"}
+
+
+def test_requests_new_failed_count_against_its_tokens():
+    turns = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.0, 2 * k + 1, failed=6)} for k in range(2)]
+    tokens = {f.figure: f for f in operating_figures("paged", turns, 0.10, 0.9)}["output_tokens_per_s"]
+    assert tokens.verdict == "FAIL" and tokens.ratio < 0.85
 
 
 def test_bad_input_is_one_line(tmp_path, tiny_model):

@@ -1,16 +1,18 @@
 """The A/B gate's figures and verdicts (`fragbench ab`): BASE's build against NEW's, measured in one run.
 
-Each engine's two builds are served side by side and benched as two engines of one run (`paged.base`,
-`paged.new`), turn after turn, each turn a fresh stream (its own seed) that both builds are given, the builds'
-order reversed every turn and every engine (ABBA). The figures, per engine, each NEW / BASE with its 90 % interval:
+Each engine's two builds are served side by side. Each turn benches every engine of one build as one bench run
+(the engines under their own names, in a results folder of that build: OUT/base, OUT/new), then the other build's,
+both on the turn's fresh stream (its own seed), the builds' order reversed every turn (ABBA). The figures, per
+engine, each NEW / BASE with its 90 % interval:
 - `knee`: the sustained rate at the SLO, from one joint fit of every turn's points (harness/analysis/kneefit.py:
   the two builds as two engines, each turn's stream keys kept apart), the ratio read from the fit's draws;
 - `ttft_p50_s`, `tpot_p50_s`, `output_tokens_per_s`: at a rate both builds sustain with margin (`margin_rate`:
   the operating table's rule, analysis/operating.rule_rate, on the lower end of the two builds' pooled knee
   intervals so far: half of it, on the grid), measured after each turn's search as a fixed rate on the turn's
   stream, both builds the same requests (ABBA too); a turn's pair counts where both judged it at steady state
-  within the SLO. Each turn's ratio has its interval from the two points' block-bootstrap intervals (log scale,
-  taken as independent: wider than a paired interval would be), the turns pooled by inverse variance.
+  within the SLO. Each turn's ratio is taken over the requests both builds were sent, paired by their index in
+  the stream, its interval from a block bootstrap that resamples the same requests on both sides (what a
+  request's size does to its latency cancels); the turns pooled by inverse variance.
 A figure FAILs when its interval lies wholly on the worse side of 1 +- threshold, PASSes when it lies inside
 1 +- threshold, and is INCONCLUSIVE otherwise (or where it could not be measured); the gate FAILs if any figure
 (or the memory gate) fails, else is INCONCLUSIVE if any figure is, else PASSes."""
@@ -20,10 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from harness.analysis.knee import Judged
+import numpy as np
+import pandas as pd
+
+from harness.analysis.knee import Judged, named_rng
 from harness.analysis.kneefit import KneeFit, fit
-from harness.analysis.operating import below_knee, rule_rate
-from harness.analysis.summary_records import CapacityBlock, CapacityPoint
+from harness.analysis.operating import SEED, below_knee, block_indices, rule_rate
+from harness.analysis.summary_records import CapacityPoint
 
 Z90 = 1.6449  # the standard normal's 95th percentile: a central 90 % interval is +- Z90 standard errors
 # figure -> whether higher is better
@@ -114,6 +119,22 @@ def knee_figure(engine: str, turns: list[dict[str, list[Judged]]], target: float
 
 
 @dataclass(frozen=True)
+class FixedSide:
+    """One build's fixed-rate point of a turn and its requests after the point's warm-up (every status)."""
+
+    point: CapacityPoint
+    requests: pd.DataFrame
+
+
+def point_requests(requests: pd.DataFrame, point: CapacityPoint) -> pd.DataFrame:
+    """The point's requests (its stream at its rate) that arrived after its warm-up."""
+    rows = requests[(requests.stream_key == point.key)
+                    & np.isclose(pd.to_numeric(requests.offered_rps, errors="coerce"), point.offered_rps)]
+    arrival = pd.to_numeric(rows.arrival_s, errors="coerce")
+    return rows[arrival >= arrival.min() + (point.warmup_s or 0.0)] if len(rows) else rows
+
+
+@dataclass(frozen=True)
 class TurnRatio:
     """One turn's NEW / BASE of a figure at its operating point, in log scale with its standard error."""
 
@@ -123,14 +144,39 @@ class TurnRatio:
     se: float
 
 
-def turn_ratio(base, new, name: str) -> TurnRatio | None:
-    """A figure's ratio at one turn's shared point, its standard error from the two points' 90 % intervals."""
-    b, n = base.figure(name), new.figure(name)
-    b_ci, n_ci = base.figure(f"{name}_ci"), new.figure(f"{name}_ci")
-    if not b or not n or not b_ci or not n_ci or min(*b_ci, *n_ci) <= 0:
+# figure -> (request column, statistic over requests, whether a request must have completed on both sides):
+# latency is compared where both builds completed the request, tokens over every request (a failure gives none)
+PAIRED = {"ttft_p50_s": ("ttft_s", np.median, True), "tpot_p50_s": ("tpot_s", np.median, True),
+          "output_tokens_per_s": ("output_tokens", np.sum, False)}
+MIN_PAIRS = 10  # fewer requests both builds judged give no interval worth the name
+
+
+def paired(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """The requests both builds were sent (one stream: the same index is the same request), in BASE's arrival
+    order, with `ok` and the figures' columns suffixed `_base` and `_new`."""
+    cols = ["stream_index", "arrival_s", "status", *(c for c, _, _ in PAIRED.values())]
+    b, n = (frame[cols].assign(ok=frame.status == "ok") for frame in (base, new))
+    return b.merge(n, on="stream_index", suffixes=("_base", "_new")).sort_values("arrival_s_base", kind="stable")
+
+
+def turn_ratio(pairs: pd.DataFrame, name: str, rng: np.random.Generator) -> TurnRatio | None:
+    """A figure's NEW / BASE over one turn's paired requests, its standard error from a block bootstrap that
+    resamples requests (neighbours in arrival order together, as operating.point_intervals does) on both sides
+    at once: the same requests, so what they share cancels."""
+    column, statistic, both_ok = PAIRED[name]
+    rows = pairs[pairs.ok_base & pairs.ok_new] if both_ok else pairs
+    b, n = (pd.to_numeric(rows[f"{column}_{s}"], errors="coerce").to_numpy(dtype=float) for s in SIDES)
+    if not both_ok:
+        b, n = np.where(rows.ok_base, np.nan_to_num(b), 0.0), np.where(rows.ok_new, np.nan_to_num(n), 0.0)
+    keep = np.isfinite(b) & np.isfinite(n) & ((b > 0) & (n > 0) if both_ok else True)
+    b, n = b[keep], n[keep]
+    if len(b) < MIN_PAIRS or statistic(b) <= 0 or statistic(n) <= 0:
         return None
-    half = [math.log(ci[1] / ci[0]) / 2 / Z90 for ci in (b_ci, n_ci)]
-    return TurnRatio(b, n, math.log(n / b), math.hypot(*half))
+    draws = block_indices(len(b), rng)
+    logs = np.log(np.maximum(statistic(n[draws], axis=1), 1e-12) / np.maximum(statistic(b[draws], axis=1), 1e-12))
+    lo, hi = np.quantile(logs, [0.05, 0.95])
+    return TurnRatio(float(statistic(b)), float(statistic(n)), math.log(statistic(n) / statistic(b)),
+                     float(hi - lo) / 2 / Z90)
 
 
 def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, float]]:
@@ -143,29 +189,26 @@ def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, f
     return geo[0], geo[1], math.exp(log_ratio), (math.exp(log_ratio - Z90 * se), math.exp(log_ratio + Z90 * se))
 
 
-def fixed_pair(engine: str, blocks: dict[str, CapacityBlock]) -> tuple[CapacityPoint, CapacityPoint] | None:
-    """A fixed-rate turn's pair: the highest-rate stream both builds judged at steady state within the SLO."""
-    b, n = blocks.get(side_name(engine, "base")), blocks.get(side_name(engine, "new"))
-    if b is None or n is None:
-        return None
-    mine = {p.key: p for p in b.points if p.key and below_knee(p, b.slo.attainment)}
-    theirs = {p.key: p for p in n.points if p.key and below_knee(p, n.slo.attainment)}
-    keys = sorted(set(mine) & set(theirs), key=lambda k: -mine[k].offered_rps)
-    return (mine[keys[0]], theirs[keys[0]]) if keys else None
-
-
-def operating_figures(engine: str, turns: list[dict[str, CapacityBlock]], threshold: float) -> list[ABFigure]:
-    """TTFT, TPOT and output tokens/s at each fixed-rate turn's pair, NEW / BASE, turns pooled."""
-    shared = [pair for pair in (fixed_pair(engine, blocks) for blocks in turns) if pair is not None]
+def operating_figures(engine: str, turns: list[dict[str, FixedSide]], threshold: float,
+                      attainment: float) -> list[ABFigure]:
+    """TTFT, TPOT and output tokens/s at each fixed-rate turn's pair, NEW / BASE over the same requests, turns
+    pooled."""
+    shared = []
+    for sides in turns:
+        b, n = sides.get(side_name(engine, "base")), sides.get(side_name(engine, "new"))
+        if b and n and b.point.key == n.point.key and all(below_knee(s.point, attainment) for s in (b, n)):
+            shared.append((b, n))
     out = []
-    for name in ("ttft_p50_s", "tpot_p50_s", "output_tokens_per_s"):
-        ratios = [r for r in (turn_ratio(b, n, name) for b, n in shared) if r is not None]
+    for name in PAIRED:
+        ratios = [r for k, (b, n) in enumerate(shared)
+                  if (r := turn_ratio(paired(b.requests, n.requests), name, named_rng(SEED, f"{engine}:{name}:{k}")))
+                  is not None]
         if not ratios:
             out.append(figure(engine, name, None, None, None, None, threshold,
                               "no rate both builds sustained with margin was measured in any turn"))
             continue
         base, new, ratio, ci = pooled(ratios)
+        rates = ", ".join(sorted({f"{b.point.offered_rps:.3g}" for b, _ in shared}))
         out.append(figure(engine, name, round(base, 6), round(new, 6), ratio, ci, threshold,
-                          f"{len(ratios)} turn(s), at " + ", ".join(sorted({f"{b.offered_rps:.3g}" for b, _ in shared}))
-                          + " req/s"))
+                          f"{len(ratios)} turn(s), the same requests on both sides, at {rates} req/s"))
     return out

@@ -32,7 +32,8 @@ def register(sub) -> None:
                     help="a figure FAILs when its 90 %% interval of NEW / BASE lies wholly past 1 -+ PCT %% on the "
                          "worse side, PASSes inside 1 +- PCT %% (default: %(default)g, as compare's)")
     ab.add_argument("--out", default="results/ab", metavar="DIR",
-                    help="where each turn's bench run (a results folder `history` reads) and the page go (default: "
+                    help="where each build's bench runs go (DIR/base and DIR/new, its searches, and DIR/base-fixed, "
+                         "DIR/new-fixed: results folders `history` reads) and the page (DIR/reports) (default: "
                          "%(default)s)")
     ab.add_argument("--json", action="store_true", help="print one JSON object: verdict, figures, memory (default: "
                                                         "text)")

@@ -1,8 +1,9 @@
 """`fragbench ab`'s measurement: each engine of each build served from its own work tree, and this checkout's
-bench measuring them as targets of one run per turn (its calibration, knee search, SLO and summary), then, per
-engine, a fixed-rate run at a rate both builds sustain with margin (ab.margin_rate), turn after turn, each turn a
-fresh stream (its own seed) both builds are given, their order reversed every turn and every engine (ABBA), until
-every figure is PASS or FAIL or the time is spent (harness/analysis/ab.py judges them)."""
+bench measuring one build's servers as one run (its calibration, knee search, SLO and summary, in that build's
+results folder), then the other build's, then, per engine, a fixed-rate run of each build at a rate both sustain
+with margin (ab.margin_rate), turn after turn, each turn a fresh stream (its own seed) both builds are given, their
+order reversed every turn (ABBA), until every figure is PASS or FAIL or the time is spent (harness/analysis/ab.py
+judges them)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.analysis.ab import SIDES, ABFigure, knee_figure, margin_rate, operating_figures, overall, side_name
+from harness.analysis.ab import (
+    SIDES,
+    ABFigure,
+    FixedSide,
+    knee_figure,
+    margin_rate,
+    operating_figures,
+    overall,
+    point_requests,
+    side_name,
+)
 from harness.analysis.knee import Judged
 from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of
-from harness.analysis.summary_records import CapacityBlock, Summary
+from harness.analysis.summary_records import Summary
 from harness.run.servers import READY, ServerFailed, healthy, tail
 from harness.run.trees import ROOT, Tree, run_child
 
@@ -49,14 +60,14 @@ class Turns:
 
     dirs: list[Path] = field(default_factory=list)  # every run: the searches' and the fixed rates'
     points: list[dict[str, list[Judged]]] = field(default_factory=list)  # per search turn, side name -> points
-    fixed: list[dict[str, CapacityBlock]] = field(default_factory=list)  # per fixed-rate run, side name -> block
+    fixed: list[dict[str, FixedSide]] = field(default_factory=list)  # per fixed-rate turn, side name -> its point
     target: float = 0.9
 
     def figures(self, engines: list[str], threshold: float) -> list[ABFigure]:
         out = []
         for e in engines:
             out.append(knee_figure(e, self.points, self.target, threshold))
-            out += operating_figures(e, self.fixed, threshold)
+            out += operating_figures(e, self.fixed, threshold, self.target)
         return out
 
 
@@ -91,55 +102,72 @@ def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple
     raise ServerFailed(f"{side_name(engine, side)} not healthy after {SERVE_TIMEOUT_S} s: {tail(log_path)}")
 
 
-def turn_order(engines: list[str], turn: int) -> list[str]:
-    """ABBA: the builds' order reversed every engine and every turn."""
-    out = []
-    for i, e in enumerate(engines):
-        sides = SIDES if (i + turn) % 2 == 0 else SIDES[::-1]
-        out += [side_name(e, s) for s in sides]
-    return out
+def side_order(turn: int) -> tuple[str, ...]:
+    """ABBA: the builds' order reversed every turn."""
+    return SIDES if turn % 2 == 0 else SIDES[::-1]
 
 
-def bench_run(urls: dict[str, str], order: list[str], plan: ABPlan, turn: int, what: list[str], label: str,
+def side_folder(plan: ABPlan, side: str, fixed: bool = False) -> Path:
+    """A build's results folder (its searches), or the one of its fixed-rate runs: bench's layout, so `history`
+    and `report` read each build's runs as they read make bench's."""
+    return plan.out / (f"{side}-fixed" if fixed else side)
+
+
+def bench_run(targets: dict[str, str], out: Path, plan: ABPlan, turn: int, what: list[str], label: str,
               limit_s: float) -> Path:
-    """This checkout's bench over the builds' servers in `order`, on the turn's seed, `what` its measurement."""
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-turn{turn + 1}{label}"
+    """This checkout's bench over one build's servers (engine name -> URL), on the turn's seed, `what` its
+    measurement, written to `out`."""
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-{out.name}-turn{turn + 1}{label}"
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "", *what, "--seed", str(plan.seed0 + turn),
-           "--out", str(plan.out), "--reports", str(plan.out / "reports"), "--run-id", run_id, "--grace", "5"]
-    for name in order:
-        cmd += ["--target", f"{name}={urls[name]}"]
+           "--out", str(out), "--reports", str(out / "reports"), "--run-id", run_id, "--grace", "5"]
+    for name, url in targets.items():
+        cmd += ["--target", f"{name}={url}"]
     done = run_child(cmd, ROOT, dict(os.environ), limit_s)
     if done.returncode != 0:
         raise ServerFailed(f"turn {turn + 1}'s bench ({run_id}) failed: {done.last_line}")
-    return plan.out / run_id
+    return out / run_id
+
+
+def build_urls(urls: dict[str, str], engines: list[str], side: str) -> dict[str, str]:
+    """One build's servers under their engines' own names: its run is that build's bench of those engines."""
+    return {e: urls[side_name(e, side)] for e in engines}
 
 
 def search_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float, turns: Turns) -> None:
-    """Every build's knee search, in the turn's order (the bench stops itself at --time; the limit is a guard)."""
-    what = ["--sweep", "--time", f"{turn_s:.0f}", "--calibrate-duration", "8"]
-    run_dir = bench_run(urls, turn_order(plan.engines, turn), plan, turn, what, "", 3 * turn_s + 600)
-    meta = RunRecord.read(run_dir)
-    own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
-    turns.dirs.append(run_dir)
-    turns.points.append({e: judged for e, (_, judged) in own.items()})
-    turns.target = meta.config.slo.attainment
+    """Every engine's knee search, one build's run then the other's (the bench stops itself at --time; the limit
+    is a guard)."""
+    what = ["--sweep", "--time", f"{turn_s / len(SIDES):.0f}", "--calibrate-duration", "8"]
+    points: dict[str, list[Judged]] = {}
+    for side in side_order(turn):
+        run_dir = bench_run(build_urls(urls, plan.engines, side), side_folder(plan, side), plan, turn, what, "",
+                            3 * turn_s + 600)
+        meta = RunRecord.read(run_dir)
+        own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
+        turns.dirs.append(run_dir)
+        points.update({side_name(e, side): judged for e, (_, judged) in own.items()})
+        turns.target = meta.config.slo.attainment
+    turns.points.append(points)
 
 
 def fixed_turn(urls: dict[str, str], plan: ABPlan, turn: int, turns: Turns, say: Callable[[str], None]) -> None:
     """Per engine, both builds at the rate they sustain with margin, on the turn's stream, in the turn's order."""
-    blocks: dict[str, CapacityBlock] = {}
+    sides: dict[str, FixedSide] = {}
     for engine in plan.engines:
         rate = margin_rate(engine, turns.points, turns.target)
         if rate is None:
             say(f"ab: turn {turn + 1}: {engine} has no rate both builds sustain with margin yet")
             continue
-        order = [n for n in turn_order(plan.engines, turn) if n.startswith(f"{engine}.")]
         what = ["--rates", f"{rate:g}", "--point-requests", str(FIXED_JUDGED), "--point-duration", "10"]
-        run_dir = bench_run(urls, order, plan, turn, what, f"-{engine}-at-{rate:.3g}", 1200)
-        summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
-        turns.dirs.append(run_dir)
-        blocks.update(summary.capacity)
-    turns.fixed.append(blocks)
+        for side in side_order(turn):
+            run_dir = bench_run(build_urls(urls, [engine], side), side_folder(plan, side, fixed=True), plan, turn,
+                                what, f"-{engine}-at-{rate:.3g}", 1200)
+            summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
+            turns.dirs.append(run_dir)
+            requests = load_frames(run_dir)["requests"]
+            point = summary.capacity[engine].points[-1]
+            sides[side_name(engine, side)] = FixedSide(point, point_requests(requests[requests.engine == engine],
+                                                                             point))
+    turns.fixed.append(sides)
 
 
 def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> tuple[Turns, list[ABFigure]]:
@@ -163,7 +191,7 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
                 break
             k = len(turns.points)
             this_s = min(turn_s, max(left, least))
-            say(f"ab: turn {k + 1}, {this_s:.0f} s, order {', '.join(turn_order(plan.engines, k))}")
+            say(f"ab: turn {k + 1}, {this_s:.0f} s, order {', '.join(side_order(k))}")
             search_turn(urls, plan, k, SEARCH_SHARE * this_s, turns)
             fixed_turn(urls, plan, k, turns, say)
             figures = turns.figures(plan.engines, plan.threshold)

@@ -168,8 +168,9 @@ gpu-check: setup model
 
 # Nightly: `fragbench ab` of this checkout against the last revision that passed the nightly (results/nightly-passed)
 # or a ref given as BASE=REV (none passed yet: HEAD against itself, an A/A): the deterministic memory gate, then
-# both builds served side by side and benched as targets of one run per turn (ABBA, each turn a fresh stream both
-# get), every turn's run a results folder under results/ab; then the history of those runs. It exits as ab does
+# both builds served side by side, each build's engines benched as one run per turn (ABBA, each turn a fresh stream
+# both get), each build's runs a results folder (results/ab/base, results/ab/new); then the history of NEW's runs,
+# night after night the head's (a trend, not the gate). It exits as ab does
 # (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), and records HEAD as the last that passed on a PASS.
 # AB_TIME: within 40 minutes on 2 cores, installs included: 2,400 s less set-up (265 s, the slowest fresh clone
 # measured) and the servers' starts and the memory gate (about 20 s) leave 2,115 s; 1,800 s (two turns of 900 s)
@@ -182,7 +183,7 @@ nightly: setup model
 	@base="$(BASE)"; [ -n "$$base" ] || base=$$(cat $(NIGHTLY_PASSED) 2>/dev/null); \
 	if [ -z "$$base" ]; then base=HEAD; echo "nightly: no revision has passed yet: HEAD against itself"; fi; \
 	status=0; $(BIN)/fragbench ab $$base --time $(AB_TIME) --out results/ab --model $(MODEL_DIR) || status=$$?; \
-	$(BIN)/fragbench history results/ab --out reports/history.html; \
+	$(BIN)/fragbench history results/ab/new --out reports/history.html; \
 	if [ $$status -eq 0 ]; then git rev-parse HEAD > $(NIGHTLY_PASSED); echo "nightly: PASS ($$(cat $(NIGHTLY_PASSED)) recorded as the last that passed)"; \
 	else echo "nightly: exit $$status"; fi; exit $$status
 

@@ -50,6 +50,16 @@ def test_pooling_weighs_the_tighter_turn_and_narrows():
     assert 1.0 <= ratio < 1.01 and ci[1] - ci[0] < 2 * 1.6449 * 0.02 * 1.01
 
 
+def test_turns_that_disagree_beyond_their_intervals_widen_the_pooled_one():
+    """An A/A whose AB turn met a busy machine during B (3.9x, tight) and whose BA turn did not (1.0x): the
+    spread between turns enters the interval, which then holds 1 (no FAIL)."""
+    busy, quiet = TurnRatio(1.0, 3.9, math.log(3.9), 0.1), TurnRatio(1.0, 1.0, 0.0, 0.1)
+    _, _, _, ci = pooled([busy, quiet])
+    assert ci[0] < 1 < ci[1]
+    _, _, _, agree = pooled([TurnRatio(1.0, 1.0, 0.01, 0.03), TurnRatio(1.0, 1.0, -0.01, 0.03)])
+    assert 0.95 < agree[0] and agree[1] < 1.05
+
+
 def curve(rate: float, knee: float) -> float:
     return 1 / (1 + math.exp(-(math.log(9) - 25 * (math.log(rate) - math.log(knee)))))
 
@@ -105,6 +115,8 @@ def test_latency_at_the_fixed_rate_pairs_the_requests_and_fails_a_slower_step():
     assert {f.verdict for f in operating_figures("paged", same, 0.10, 0.9)} == {"PASS"}
     none = operating_figures("paged", [{"paged.base": fixed(1.0, 0)}], 0.10, 0.9)
     assert {f.verdict for f in none} == {"INCONCLUSIVE"}
+    one_order = operating_figures("paged", turns[:1], 0.10, 0.9)  # AB alone: the machine's drift is not told apart
+    assert {f.verdict for f in one_order} == {"INCONCLUSIVE"} and all(f.ci is None for f in one_order)
 
 
 def test_requests_new_failed_count_against_its_tokens():

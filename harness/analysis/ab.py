@@ -149,6 +149,7 @@ class TurnRatio:
 PAIRED = {"ttft_p50_s": ("ttft_s", np.median, True), "tpot_p50_s": ("tpot_s", np.median, True),
           "output_tokens_per_s": ("output_tokens", np.sum, False)}
 MIN_PAIRS = 10  # fewer requests both builds judged give no interval worth the name
+MIN_TURNS = 2  # AB and BA: the least that tells a build from the machine's drift during a turn
 
 
 def paired(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
@@ -180,11 +181,20 @@ def turn_ratio(pairs: pd.DataFrame, name: str, rng: np.random.Generator) -> Turn
 
 
 def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, float]]:
-    """Inverse-variance pooled (base, new, ratio, 90 % interval) over turns (geometric means of the values)."""
-    weights = [1 / max(r.se, 1e-6) ** 2 for r in ratios]
-    total = sum(weights)
-    log_ratio = sum(w * r.log_ratio for w, r in zip(weights, ratios, strict=True)) / total
-    se = 1 / math.sqrt(total)
+    """(base, new, ratio, 90 % interval) pooled over turns by random effects (DerSimonian-Laird): a turn's
+    interval covers its requests, not the machine of its moment, so where the turns disagree by more than their
+    own intervals allow, the spread between them (tau^2) is added to each turn's variance. One AB turn read a
+    machine busy during B's run as a 3.9x TPOT (A/A): the BA turn after it widens the pooled interval instead of
+    averaging it away. The values are the turns' geometric means."""
+    y = np.array([r.log_ratio for r in ratios])
+    var = np.array([max(r.se, 1e-6) ** 2 for r in ratios])
+    w = 1 / var
+    fixed = float((w * y).sum() / w.sum())
+    q = float((w * (y - fixed) ** 2).sum())
+    c = float(w.sum() - (w ** 2).sum() / w.sum())
+    tau2 = max(0.0, (q - (len(y) - 1)) / c) if c > 0 else 0.0
+    w = 1 / (var + tau2)
+    log_ratio, se = float((w * y).sum() / w.sum()), float(1 / math.sqrt(w.sum()))
     geo = [math.exp(sum(math.log(getattr(r, side)) for r in ratios) / len(ratios)) for side in SIDES]
     return geo[0], geo[1], math.exp(log_ratio), (math.exp(log_ratio - Z90 * se), math.exp(log_ratio + Z90 * se))
 
@@ -209,6 +219,8 @@ def operating_figures(engine: str, turns: list[dict[str, FixedSide]], threshold:
             continue
         base, new, ratio, ci = pooled(ratios)
         rates = ", ".join(sorted({f"{b.point.offered_rps:.3g}" for b, _ in shared}))
-        out.append(figure(engine, name, round(base, 6), round(new, 6), ratio, ci, threshold,
-                          f"{len(ratios)} turn(s), the same requests on both sides, at {rates} req/s"))
+        why = f"{len(ratios)} turn(s), the same requests on both sides, at {rates} req/s"
+        if len(ratios) < MIN_TURNS:  # AB alone: a machine that drifted during the turn reads as B's doing
+            ci, why = None, why + "; one order only (AB), no interval"
+        out.append(figure(engine, name, round(base, 6), round(new, 6), ratio, ci, threshold, why))
     return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.analysis.ab import (
+    MIN_TURNS,
     SIDES,
     ABFigure,
     FixedSide,
@@ -38,7 +39,6 @@ from harness.run.trees import ROOT, Tree, run_child
 SERVE_TIMEOUT_S = 300
 FIXED_JUDGED = 30  # requests a fixed-rate point judges per build: analysis/operating.py's OPERATING_JUDGED
 SEARCH_SHARE = 0.75  # of a turn's time, the search's; the fixed-rate runs take the rest (about 60 s a server)
-MIN_TURNS = 2  # AB then BA, where the time holds them, before a verdict stops the turns
 MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
 
 

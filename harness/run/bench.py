@@ -25,7 +25,7 @@ from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.search import KneeSearching, likely_rival
 from harness.run.servers import ServerFailed
 from harness.run.stats_poller import Sampler
@@ -62,7 +62,7 @@ class Bench:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.samples = Journal(self.dir / "samples.jsonl")
         self.targets = {name: Target.restore(name, d, cfg.api_key) for name, d in cfg.targets.items()}
-        self.record = RunRecord.start(cfg, self.dir)
+        self.record = RunWriter.start(cfg, self.dir)
         self.servers = Supervisor(cfg, self.targets, self.record)
         self.calibration = Calibration(cfg, self.servers)
         self.probes = Probes(cfg, self.servers, self.record, self.console)

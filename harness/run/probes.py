@@ -16,13 +16,13 @@ from harness.run.console import Console, Show
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.engine_run import EngineRun
 from harness.run.integrity_probes import Integrity
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.stats_poller import fetch_stats
 from harness.run.supervisor import Supervisor
 
 
 class Probes:
-    def __init__(self, cfg: BenchConfig, servers: Supervisor, record: RunRecord, console: Console):
+    def __init__(self, cfg: BenchConfig, servers: Supervisor, record: RunWriter, console: Console):
         self.cfg, self.servers, self.record, self.console = cfg, servers, record, console
         self.debug = Journal(record.dir / "debug.jsonl")
 

@@ -19,7 +19,7 @@ from harness.results import write_restarts
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.servers import ServerFailed, ServerProcess, start_server
 from harness.run.stats_poller import Sampler, fetch_stats
 from harness.run.targets import Target
@@ -31,7 +31,7 @@ SNAPSHOT_SUFFIX = {"cuda": ".json", "caching": ".pickle"}  # the emulator's: PyT
 class Supervisor:
     """Every engine of the run (`runs`, by name), ours started and restarted here, targets only watched."""
 
-    def __init__(self, cfg: BenchConfig, targets: dict[str, Target], record: RunRecord):
+    def __init__(self, cfg: BenchConfig, targets: dict[str, Target], record: RunWriter):
         self.cfg, self.targets, self.record = cfg, targets, record
         self.dir = record.dir
         self.runs: dict[str, EngineRun] = {}

@@ -106,9 +106,9 @@ def test_nothing_below_the_bench_holds_it():
 
 def test_a_targets_description_is_written_in_describes_order(tmp_path):
     """run.json's `targets` and `config.targets` keep the keys Target.describe wrote, in its order."""
-    from harness.analysis.records import Target as Described
+    from harness.analysis.records import RecordedTarget
 
-    seen = Described(url="http://127.0.0.1:9", model="m", metrics_url=None, family=None, sees=[],
+    seen = RecordedTarget(url="http://127.0.0.1:9", model="m", metrics_url=None, family=None, sees=[],
                      cannot_see=["any memory figure (no metrics read)"])
     record = RunWriter.start(config(tmp_path, targets={"t": seen}), tmp_path)
     record.target("t", seen)

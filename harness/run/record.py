@@ -13,9 +13,7 @@ from pathlib import Path
 
 from engines.api.stats import EngineConfigBlock, OomEventRow
 from harness.analysis.design import Design
-from harness.analysis.records import RunRecord
-from harness.analysis.records import SearchSettings
-from harness.analysis.records import Target as Described
+from harness.analysis.records import RecordedTarget, RunRecord, SearchSettings
 from harness.results import Journal
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
@@ -85,7 +83,7 @@ class RunWriter:
         self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config.written()
         self.write()
 
-    def target(self, engine: str, described: Described) -> None:
+    def target(self, engine: str, described: RecordedTarget) -> None:
         self.meta.setdefault("targets", {})[engine] = described.written()
         self.write()
 

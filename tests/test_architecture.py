@@ -156,6 +156,35 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def class_definitions(found: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Class name -> where each class of that name is defined (`module:line`), top-level and nested alike."""
+    out: dict[str, list[str]] = {}
+    for name, tree in found.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, []).append(f"{name}:{node.lineno}")
+    return out
+
+
+def twice(found: dict[str, ast.Module]) -> dict[str, list[str]]:
+    return {cls: where for cls, where in sorted(class_definitions(found).items()) if len(where) > 1}
+
+
+def test_no_class_name_is_defined_twice():
+    """One name, one thing: a class name names one class across harness/, engines/ and workloads/ (a writer and a
+    reader of one file are named for what they are: run/record.RunWriter, analysis/records.RunRecord)."""
+    found = twice(modules())
+    assert not found, "class names defined more than once:\n" + "\n".join(
+        f"{cls}: {', '.join(where)}" for cls, where in found.items())
+
+
+def test_the_class_rule_finds_a_name_defined_twice():
+    found = {"a": ast.parse("class Trace: ...\nclass Only: ..."),
+             "b": ast.parse("def f():\n    class Inner: ...\nclass Outer:\n    class Trace: ..."),
+             "c": ast.parse("class Inner: ...")}
+    assert twice(found) == {"Inner": ["b:2", "c:1"], "Trace": ["a:1", "b:4"]}
+
+
 def test_no_module_is_too_long():
     long = []
     for top in ("engines", "harness"):

@@ -12,7 +12,7 @@ from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
 from engines.scheduled.scheduler import SchedulerConfig
-from engines.shapes import ModelShape
+from engines.shapes import ModelShape, batched_tokens
 
 
 class EngineConfigError(ValueError):
@@ -98,7 +98,7 @@ def make_engine(spec: EngineSpec):
     from engines.scheduled.model import fused_weights
 
     policy = f"static-{spec.reserve}" if spec.engine == "static" else spec.engine
-    batched = spec.max_num_batched_tokens or max(2048, max_seq_len)
+    batched = batched_tokens(max_seq_len, spec.max_num_batched_tokens)
     with out_of_device_memory(spec):
         # the weights re-laid for the runner before a cuda memory sets its cap: the cap is what is in use then
         # + the KV + a forward's headroom, and the copies are not the forward's (Llama-3-8B's lm_head alone held
@@ -126,7 +126,7 @@ def make_engine(spec: EngineSpec):
         )
     config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),
+        max_num_batched_tokens=batched,
         on_oom=spec.on_oom or "reject",
     )
     return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)

@@ -15,6 +15,16 @@ class ModelNotFound(ValueError):
     """Neither a preset name nor a model directory with a config.json."""
 
 
+MIN_BATCHED_TOKENS = 2048  # a step's batched tokens by default: at least this many, and at least the context
+
+
+def batched_tokens(max_seq_len: int, asked: int | None = None) -> int:
+    """The tokens one step batches: `asked` (an engine's max_num_batched_tokens) where given, else vLLM's default,
+    the larger of MIN_BATCHED_TOKENS and the context (a whole prompt fits one step). The one place of the rule: the
+    in-house engines' scheduler and forward headroom, hf-cb's batches, the simulator's memory gate and the plan."""
+    return asked or max(MIN_BATCHED_TOKENS, max_seq_len)
+
+
 LOGITS_BYTES = 4  # logits are computed in fp32
 MLP_PEAK_WIDTHS = 4  # x @ gate|up (2), act(gate) (1) and act(gate) * up (1) live at once, in MLP widths
 

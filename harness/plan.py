@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from engines.shapes import ModelShape
+from engines.shapes import MIN_BATCHED_TOKENS, ModelShape, batched_tokens
 
 DEFAULT_GPU_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default cap on running sequences
@@ -74,7 +74,7 @@ def make_plan(
     max_seq_len = max_seq_len or shape.max_seq_len
     kvb = shape.kv_bytes_per_token(dtype)
     weights = shape.weights_bytes(dtype)
-    headroom = shape.activation_bytes(DTYPE_BYTES[dtype], max(2048, max_seq_len), DEFAULT_MAX_NUM_SEQS)
+    headroom = shape.activation_bytes(DTYPE_BYTES[dtype], batched_tokens(max_seq_len), DEFAULT_MAX_NUM_SEQS)
     usable = int(gpu_mem_bytes * gpu_util)
     budget = max(0, usable - weights - headroom)
     live_per_request = live_tokens_per_request(mix, max_seq_len, block_size)
@@ -115,7 +115,8 @@ def render_plan(p: Plan) -> str:
         f"  GPU memory                {fb(p.gpu_mem_bytes)} x utilisation {p.gpu_util:.2f}",
         f"  weights                   {fb(p.weights_bytes)}",
         f"  activation headroom       {fb(p.activation_headroom_bytes)} "
-        f"(one forward of max(2048, max_seq_len) tokens + fp32 logits of {DEFAULT_MAX_NUM_SEQS} sequences)",
+        f"(one forward of max({MIN_BATCHED_TOKENS}, max_seq_len) tokens + fp32 logits of {DEFAULT_MAX_NUM_SEQS} "
+        "sequences)",
         f"  KV budget                 {fb(p.kv_budget_bytes)}",
         f"  KV bytes per token        {p.kv_bytes_per_token:,} (2 x layers x kv_heads x head_dim x dtype bytes)",
         f"  max live tokens           {p.max_live_tokens:,}",

@@ -4,6 +4,7 @@ only rooms below it. This reads every import of the source tree, those inside fu
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.conftest import ROOT
 
@@ -154,6 +155,89 @@ def test_no_import_cycle():
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def class_definitions(found: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Class name -> where each class of that name is defined (`module:line`), top-level and nested alike."""
+    out: dict[str, list[str]] = {}
+    for name, tree in found.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, []).append(f"{name}:{node.lineno}")
+    return out
+
+
+def twice(found: dict[str, ast.Module]) -> dict[str, list[str]]:
+    return {cls: where for cls, where in sorted(class_definitions(found).items()) if len(where) > 1}
+
+
+def test_no_class_name_is_defined_twice():
+    """One name, one thing: a class name names one class across harness/, engines/ and workloads/ (a writer and a
+    reader of one file are named for what they are: run/record.RunWriter, analysis/records.RunRecord)."""
+    found = twice(modules())
+    assert not found, "class names defined more than once:\n" + "\n".join(
+        f"{cls}: {', '.join(where)}" for cls, where in found.items())
+
+
+def test_the_class_rule_finds_a_name_defined_twice():
+    found = {"a": ast.parse("class Trace: ...\nclass Only: ..."),
+             "b": ast.parse("def f():\n    class Inner: ...\nclass Outer:\n    class Trace: ..."),
+             "c": ast.parse("class Inner: ...")}
+    assert twice(found) == {"Inner": ["b:2", "c:1"], "Trace": ["a:1", "b:4"]}
+
+
+FEATURE_ROOMS = ("analysis", "sim", "run", "views", "cli")  # the feature table's columns after its stem
+
+
+def feature_table() -> dict[str, dict[str, set[str]]]:
+    """docs/architecture.md's feature table: a feature's stem -> room -> the modules its row names there."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    part = page.split("## One feature across rooms: its names\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in part.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or cells[0] in ("feature", "---"):
+            continue
+        stem = re.fullmatch(r"`([a-z_]+)`", cells[1]).group(1)
+        out[stem] = {room: set(re.findall(r"`([a-z_]+)\.py`", cell))
+                     for room, cell in zip(FEATURE_ROOMS, cells[2:], strict=True)}
+    return out
+
+
+def misnamed(table: dict[str, dict[str, set[str]]], present: dict[str, set[str]]) -> list[str]:
+    """What breaks the table's rule: a module a row names that is not in its room, and a module of analysis/,
+    sim/, run/ or views/ whose name begins with a feature's stem and is not in that feature's row."""
+    out = [f"{stem}: harness/{room}/{name}.py is not there" for stem, rooms in table.items()
+           for room, names in rooms.items() for name in sorted(names - present.get(room, set()))]
+    out += [f"harness/{room}/{name}.py begins with `{stem}` but is not in its row" for room in FEATURE_ROOMS[:4]
+            for name in sorted(present.get(room, set())) for stem, rooms in table.items()
+            if name.startswith(stem) and name not in rooms[room]]
+    return out
+
+
+def test_every_module_named_for_a_feature_is_in_its_row_of_the_table():
+    table = feature_table()
+    assert len(table) >= 10, "docs/architecture.md's feature table was not found"
+    present = {room: {p.stem for p in (ROOT / "harness" / room).glob("*.py") if p.stem != "__init__"}
+               for room in FEATURE_ROOMS}
+    wrong = misnamed(table, present)
+    assert not wrong, "docs/architecture.md's feature table and the modules disagree:\n" + "\n".join(wrong)
+
+
+def test_the_naming_rule_finds_a_stray_and_a_missing_module():
+    table = {"twin": {"analysis": set(), "sim": {"twin"}, "run": set(), "views": {"twin_section"}, "cli": set()}}
+    present = {"sim": {"twin", "twin_fit"}, "views": set()}
+    assert misnamed(table, present) == ["twin: harness/views/twin_section.py is not there",
+                                        "harness/sim/twin_fit.py begins with `twin` but is not in its row"]
+
+
+def test_no_two_harness_modules_outside_cli_share_a_file_name():
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "harness").rglob("*.py")):
+        if path.parent.name != "cli" and path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"one file name, two modules: {twins}"
 
 
 def test_no_module_is_too_long():

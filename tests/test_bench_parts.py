@@ -13,7 +13,7 @@ from harness.run.clock import Clock
 from harness.run.config import BenchConfig
 from harness.run.console import Console
 from harness.run.engine_run import EngineRun
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from tests.conftest import ROOT
 
 
@@ -23,7 +23,7 @@ def config(tmp_path, **changes) -> BenchConfig:
 
 
 def test_the_record_starts_partial_writes_whole_and_never_the_api_key(tmp_path):
-    record = RunRecord.start(config(tmp_path, api_key="secret"), tmp_path)
+    record = RunWriter.start(config(tmp_path, api_key="secret"), tmp_path)
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["status"] == "partial" and meta["engines_done"] == [] and meta["config"]["api_key"] == "(given)"
     assert "secret" not in (tmp_path / "run.json").read_text() and not (tmp_path / "run.json.tmp").exists()
@@ -41,7 +41,7 @@ def test_the_record_starts_partial_writes_whole_and_never_the_api_key(tmp_path):
 
 def test_the_records_lists_are_run_jsons_own(tmp_path):
     """A point appended to `points`, a look to `decision_log`: recorded with the next write."""
-    record = RunRecord.start(config(tmp_path), tmp_path)
+    record = RunWriter.start(config(tmp_path), tmp_path)
     record.sweep([1.0], None, Design.of(900, 1.5, 0.9), None)
     record.points("paged").append({"point": 0})
     record.decision_log().append({"visit": 0})
@@ -59,7 +59,7 @@ def test_an_oom_event_names_its_layer_only_where_a_caching_allocator_holds_the_k
     for memory in ("arena", "caching"):
         out = tmp_path / memory
         out.mkdir()
-        RunRecord(config(out, memory=memory), out).oom_event(run, 1.23456, ev, "the request failed")
+        RunWriter(config(out, memory=memory), out).oom_event(run, 1.23456, ev, "the request failed")
         [row] = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
         assert row["kind"] == "oom" and row["t_s"] == 1.2346 and row["t_wall"] == run.t0 + 1.23456
         assert row["detail"] == "the request failed; running 3, kv usage 0.50"
@@ -68,7 +68,7 @@ def test_an_oom_event_names_its_layer_only_where_a_caching_allocator_holds_the_k
     crash = OomEventRow.model_validate({"requested_bytes": 64, "free_bytes": 32, "cause": "capacity", "running": 2})
     out = tmp_path / "crash"
     out.mkdir()
-    RunRecord(config(out), out).oom_event(run, 2.0, crash, "the engine crashed on it")
+    RunWriter(config(out), out).oom_event(run, 2.0, crash, "the engine crashed on it")
     [row] = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert row["detail"] == "the engine crashed on it; running 2" and row["free_bytes"] == 32
 
@@ -106,11 +106,11 @@ def test_nothing_below_the_bench_holds_it():
 
 def test_a_targets_description_is_written_in_describes_order(tmp_path):
     """run.json's `targets` and `config.targets` keep the keys Target.describe wrote, in its order."""
-    from harness.analysis.records import Target as Described
+    from harness.analysis.records import RecordedTarget
 
-    seen = Described(url="http://127.0.0.1:9", model="m", metrics_url=None, family=None, sees=[],
+    seen = RecordedTarget(url="http://127.0.0.1:9", model="m", metrics_url=None, family=None, sees=[],
                      cannot_see=["any memory figure (no metrics read)"])
-    record = RunRecord.start(config(tmp_path, targets={"t": seen}), tmp_path)
+    record = RunWriter.start(config(tmp_path, targets={"t": seen}), tmp_path)
     record.target("t", seen)
     meta = json.loads((tmp_path / "run.json").read_text())
     keys = ["url", "model", "metrics_url", "family", "sees", "cannot_see"]

@@ -328,13 +328,13 @@ def test_2_the_gpu_defaults_engine_builds_within_its_cap_by_the_sizing_functions
     The old layout, after the cap, held 1.96 GiB of lm_head copies under it."""
     from engines.factory import EngineSpec, forward_headroom_bytes
     from engines.memory.cuda import CUBLAS_WORKSPACE_BYTES
-    from engines.shapes import load_shape
+    from engines.shapes import batched_tokens, load_shape
     from harness.gpus import gpu_preset
 
     shape, dtype_bytes, budget, max_seq_len = load_shape("llama-3-8b"), 2, 2 * 2**30, 2048
     spec = EngineSpec("paged", "models/llama-3-8b-bf16", budget, max_seq_len=max_seq_len, memory="cuda")
     kvb = shape.kv_bytes_per_token("bfloat16")
-    headroom = forward_headroom_bytes(shape, dtype_bytes, max(2048, max_seq_len), spec.max_num_seqs, budget // kvb,
+    headroom = forward_headroom_bytes(shape, dtype_bytes, batched_tokens(max_seq_len), spec.max_num_seqs, budget // kvb,
                                       max_seq_len)
     weights = shape.weights_bytes("bfloat16")
     lm_head = shape.vocab_size * shape.hidden_size * dtype_bytes

@@ -11,7 +11,7 @@ import pytest
 
 from harness.analysis.integrity import IdleFigures, Served, compare, integrity, sentence, tolerance_of
 from harness.analysis.summary_records import Integrity as Judged
-from harness.run.integrity_probes import Integrity
+from harness.run.integrity_probes import IntegrityProbes
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.servers import start_server
 from harness.run.stats_poller import fetch_stats
@@ -72,7 +72,7 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
     seconds to start on a busy machine, and probes sent before it would meet an idle engine, whose freed block
     nobody takes. The load generator runs in a thread: what it returned or raised is checked, and a load that
     ends, or never reaches the engine, before a request of it runs fails here (never probes of an idle engine)."""
-    check = Integrity(url, 512, "float32", state=lambda: fetch_stats(url), gap_s=0.0)
+    check = IntegrityProbes(url, 512, "float32", state=lambda: fetch_stats(url), gap_s=0.0)
     check.idle()
     assert len(check.reference) == len(check.probes)
     load = LoadArgs(target=url, workload="mixed-churn", out=out, duration_s=10, max_seq_len=512, rate=6.0,

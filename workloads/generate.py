@@ -37,7 +37,9 @@ class TraceRequest:
 
 
 @dataclass
-class Trace:
+class WorkloadTrace:
+    """A workload's requests for one seed (engines/memory/snapshot_replay.Trace is a CUDA snapshot's)."""
+
     spec: WorkloadSpec
     seed: int
     max_seq_len: int
@@ -155,10 +157,10 @@ def closed_concurrency(spec: WorkloadSpec) -> int | None:
     return spec.arrival.concurrency if spec.arrival.process == "closed" else None
 
 
-def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> Trace:
-    return Trace(spec, seed, max_seq_len, length_scale(spec, max_seq_len),
-                 requests=list(iter_requests(spec, seed, max_seq_len, vocab_size)),
-                 closed_concurrency=closed_concurrency(spec))
+def trace(spec: WorkloadSpec, seed: int, max_seq_len: int = 2048, vocab_size: int = 4096) -> WorkloadTrace:
+    return WorkloadTrace(spec, seed, max_seq_len, length_scale(spec, max_seq_len),
+                         requests=list(iter_requests(spec, seed, max_seq_len, vocab_size)),
+                         closed_concurrency=closed_concurrency(spec))
 
 
 def _draw(rng, length: int, vocab_size: int) -> np.ndarray:
@@ -245,7 +247,7 @@ def _replay(spec, rng, scale, max_seq_len, vocab_size, n, token_ids, first_row=0
         yield req
 
 
-def describe(t: Trace) -> str:
+def describe(t: WorkloadTrace) -> str:
     reqs = t.requests
     prompts = np.array([len(r.prompt_ids) for r in reqs])
     outputs = np.array([r.max_tokens for r in reqs])

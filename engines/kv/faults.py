@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from engines.kv.base import KVPolicy, SeqLike
 from engines.kv.paged import PagedKV
-from engines.kv.pool import Block
+from engines.kv.pool import KVBlock
 
 FAULTS = ("early-free", "leak-block")
 
@@ -21,7 +21,7 @@ FAULTS = ("early-free", "leak-block")
 class EarlyFreeKV(PagedKV):
     """PagedKV with a use-after-free: each sequence's next-to-last block is released early, once."""
 
-    freed_early: dict[str, Block]  # seq_id -> the block its table still holds but the pool has back (inject)
+    freed_early: dict[str, KVBlock]  # seq_id -> the block its table still holds but the pool has back (inject)
 
     def allocate(self, seq: SeqLike, num_tokens: int) -> None:
         super().allocate(seq, num_tokens)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engines.kv.base import Breakdown, HeldTotals, KVOptions, KVPolicy, KVStats, SeqLike, seq_accounting
-from engines.kv.pool import OWN, Block, BlockPool, CountedPool, chain_hash
+from engines.kv.pool import OWN, BlockPool, CountedPool, KVBlock, chain_hash
 from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class SeqBlocks:
     """Everything the pool knows of one sequence."""
 
-    table: list[Block]
+    table: list[KVBlock]
     cached_tokens: int = 0  # leading tokens found in the prefix cache when it was admitted
     hashed_blocks: int = 0  # full blocks hashed so far, and the chain's last hash: each block is hashed once
     last_hash: int | None = None
@@ -80,7 +80,7 @@ class PagedKV(KVPolicy):
     def holds(self, seq: SeqLike) -> bool:
         return seq.seq_id in self.seqs
 
-    def table(self, seq: SeqLike) -> list[Block]:
+    def table(self, seq: SeqLike) -> list[KVBlock]:
         return self.seqs[seq.seq_id].table
 
     def can_allocate(self, seq: SeqLike, num_tokens: int) -> bool:
@@ -299,7 +299,7 @@ class PagedKV(KVPolicy):
             return total - len(hits) + sum(1 for b in hits if b.ref_count == 0)
         return max(0, total - len(table)) + (1 if self._shared_tail(table, num_tokens) else 0)
 
-    def _lookup_prefix(self, seq: SeqLike, num_tokens: int) -> list[Block]:
+    def _lookup_prefix(self, seq: SeqLike, num_tokens: int) -> list[KVBlock]:
         params = getattr(seq, "params", None)
         if not self.prefix_caching or getattr(params, "prompt_logprobs", None) is not None:
             return []  # prompt logprobs need every prompt position's logits: nothing is served from the cache
@@ -321,7 +321,7 @@ class PagedKV(KVPolicy):
         self.prefix_queries_tokens += num_tokens
         return SeqBlocks(hits, cached_tokens=len(hits) * self.block_size)
 
-    def _shared_tail(self, table: list[Block], num_tokens: int) -> bool:
+    def _shared_tail(self, table: list[KVBlock], num_tokens: int) -> bool:
         """Whether the next write (position num_tokens - 1) lands in a block another sequence reads."""
         idx = (num_tokens - 1) // self.block_size
         return idx < len(table) and table[idx].ref_count > 1

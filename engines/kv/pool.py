@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 
 @dataclass
-class Block:
+class KVBlock:
+    """One block of the paged KV (engines/memory/blocks.Block is the caching allocator's, PyTorch's name)."""
+
     block_id: int
     ref_count: int = 0
     # chained hash of every token up to the end of this block; None until the block is full
@@ -21,7 +23,7 @@ class BlockPool:
     `shared_refs`, so /stats reads sharing in O(1)."""
 
     def __init__(self, num_blocks: int):
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # LRU order: the head is evicted first. Cached blocks stay here, reusable, until evicted.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
@@ -46,7 +48,7 @@ class BlockPool:
             if not left:
                 del self.shared_refs[refs]
 
-    def take(self, n: int = 1) -> list[Block]:
+    def take(self, n: int = 1) -> list[KVBlock]:
         """n blocks from the head of the free queue (the least recently freed), each with one owner."""
         pop, blocks, cached = self.free_queue.popitem, self.blocks, self.cached
         out = [blocks[pop(last=False)[0]] for _ in range(n)]
@@ -57,7 +59,7 @@ class BlockPool:
             block.ref_count = 1
         return out
 
-    def touch(self, block: Block) -> None:
+    def touch(self, block: KVBlock) -> None:
         """A prefix-cache hit: one more owner, and out of the free queue if it was there."""
         if block.ref_count == 0:
             del self.free_queue[block.block_id]
@@ -78,25 +80,25 @@ class BlockPool:
                 self._share(refs, -1)
                 self._share(refs - 1, 1)
 
-    def release_table(self, table: list[Block]) -> None:
+    def release_table(self, table: list[KVBlock]) -> None:
         """A freed sequence's blocks, tail first: its tail blocks are the least likely to be shared, so they are
         evicted first."""
         self.release(reversed(table))
 
-    def unregister(self, block: Block) -> None:
+    def unregister(self, block: KVBlock) -> None:
         """A block whose hash promised K/V that was never written: out of the prefix cache."""
         if block.block_hash is not None and self.cached.get(block.block_hash) == block.block_id:
             del self.cached[block.block_hash]
         block.block_hash = None
 
-    def register(self, block: Block, block_hash: int) -> None:
+    def register(self, block: KVBlock, block_hash: int) -> None:
         if block.block_hash is None and block_hash not in self.cached:
             block.block_hash = block_hash
             self.cached[block_hash] = block.block_id
 
 
 # A counted pool's block: held by one table (ref_count 1), never hashed, never shared, never named.
-OWN = Block(-1, ref_count=1)
+OWN = KVBlock(-1, ref_count=1)
 
 
 class CountedPool(BlockPool):
@@ -112,18 +114,18 @@ class CountedPool(BlockPool):
     def num_free(self) -> int:
         return self.free_blocks
 
-    def take(self, n: int = 1) -> list[Block]:
+    def take(self, n: int = 1) -> list[KVBlock]:
         assert n <= self.free_blocks, f"{n} blocks taken from {self.free_blocks} free"
         self.free_blocks -= n
         return [OWN] * n
 
-    def release_table(self, table: list[Block]) -> None:
+    def release_table(self, table: list[KVBlock]) -> None:
         self.free_blocks += len(table)
 
     def release(self, blocks) -> None:
         raise AssertionError("a counted pool's blocks are only released a whole table at a time")
 
-    def touch(self, block: Block) -> None:
+    def touch(self, block: KVBlock) -> None:
         raise AssertionError("a counted pool shares no block: no prefix cache, no fork")
 
 

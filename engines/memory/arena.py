@@ -36,11 +36,11 @@ class MemoryStats:
     largest_free_bytes: int
     num_allocations: int
     reserved_bytes: int  # held from the device (CUDA caching allocator); the capacity for the arena
-    allocator: AllocatorFigures | None = None  # the caching allocator's own figures, where one holds the KV
+    allocator: CachingAllocatorFigures | None = None  # the caching allocator's own figures, where one holds the KV
 
 
 @dataclass(frozen=True)
-class AllocatorFigures:
+class CachingAllocatorFigures:
     """What torch.cuda.memory_stats() says of the caching allocator (or its emulator): /stats' `allocator`."""
 
     allocated_bytes: int

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from engines.memory.allocconf import AllocConf, parse_alloc_conf
 from engines.memory.arena import (
     Allocation,
-    AllocatorFigures,
     BestFitHeap,
+    CachingAllocatorFigures,
     DeviceMemory,
     MemoryStats,
     OOMEvent,
@@ -136,9 +136,9 @@ class CachingMemory(DeviceMemory):
                 largest_free_bytes=self._largest(),
                 num_allocations=len(self._live),
                 reserved_bytes=s.reserved_bytes,
-                allocator=AllocatorFigures(s.allocated_bytes, s.reserved_bytes, s.active_bytes,
-                                           s.inactive_split_bytes, s.segments, s.alloc_retries,
-                                           *self.size_classes.values()),
+                allocator=CachingAllocatorFigures(s.allocated_bytes, s.reserved_bytes, s.active_bytes,
+                                                  s.inactive_split_bytes, s.segments, s.alloc_retries,
+                                                  *self.size_classes.values()),
             )
 
     def extents(self) -> list[tuple[int, int, str | None]]:

@@ -15,6 +15,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.sequence import FinishReason, SeqStatus, Sequence
+from engines.shapes import batched_tokens
 
 
 class HFContinuousBatchingEngine(Engine):
@@ -27,7 +28,7 @@ class HFContinuousBatchingEngine(Engine):
         cb_config = ContinuousBatchingConfig(
             page_size=page,
             num_blocks=spec.kv_budget_bytes // (page * kv_bytes_per_token),
-            max_batch_tokens=spec.max_num_batched_tokens or max(2048, max_seq_len),
+            max_batch_tokens=batched_tokens(max_seq_len, spec.max_num_batched_tokens),
             max_requests_per_batch=spec.max_num_seqs,
             auto_switch_to_flash=False,
             allow_block_sharing=spec.prefix_caching,

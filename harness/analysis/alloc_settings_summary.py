@@ -4,7 +4,9 @@ The run's own setting first (its `--alloc-conf`), then each compared one, whose 
 places piece by piece: the sustained rate with its 90 % interval (a knee search's), the mean share of the KV
 budget reserved but allocated to nothing over the steady churn, the OOMs by layer (the policy's: the live KV
 and the request pass the cap; the allocator's: cached and never-reserved bytes would hold it, no block does),
-and the peaks; each figure as that setting's own summary.json has it, so every number is measured in its run."""
+and the peaks; each figure as that setting's own summary.json has it, so every number is measured in its run.
+How a figure's change between two settings reads (`figure_change`) is worded here once, for the report's section
+(harness/views/alloc_settings_section.py) and simulate's sentences (harness/sim/alloc_settings_sim.py) alike."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ from harness.analysis.records import RunConfig
 from harness.analysis.summary_records import Summary
 
 SETTINGS_DIR = "alloc_confs"  # under the run's folder: one run directory per compared setting
+
+
+def figure_change(name: str, before: str, after: str) -> str:
+    """One figure's change from the first setting to another, as both sides word it: `name before -> after`."""
+    return f"{name} {before} -> {after}"
 
 
 def compared_engines(engines: list[str]) -> list[str]:

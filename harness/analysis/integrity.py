@@ -88,7 +88,7 @@ class ProbeCounters(Record):
 
 
 class IdleFigures(Record):
-    """The probe set's idle phase (integrity.json, integrity_probes.Integrity.idle), in the order it is written
+    """The probe set's idle phase (integrity.json, integrity_probes.IntegrityProbes.idle), in the order it is written
     (`written()`: no defaults added, an older integrity.json has fewer keys)."""
 
     tolerance: Num

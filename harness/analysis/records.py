@@ -21,7 +21,7 @@ from harness.units import KvBudget
 
 
 # -- run.json
-class Segment(Record):
+class RecordedSegment(Record):
     """A sweep point's stretch of load (workloads/streams.Segment as run.json records it)."""
 
     start_s: Num
@@ -41,10 +41,10 @@ class SweepPoint(Record):
     kv_budget: str | None = None
     start_s: Num | None = None
     end_s: Num | None = None
-    segments: list[Segment] | None = None  # [] before it is measured; None in a run that recorded windows
+    segments: list[RecordedSegment] | None = None  # [] before it is measured; None in a run that recorded windows
 
 
-class Design(Record):
+class RecordedDesign(Record):
     rules: list[str] = []
 
 
@@ -67,10 +67,10 @@ class Sweep(Record):
     points: dict[str, list[SweepPoint]] = {}
     point_s: Num | None = None
     search: SearchSettings | None = None
-    design: Design | None = None
+    design: RecordedDesign | None = None
 
 
-class Target(Record):
+class RecordedTarget(Record):
     """A server fragbench did not start (run.json's `targets`)."""
 
     url: str = ""
@@ -150,7 +150,7 @@ class RunRecord(Record):
     operating_point: dict[str, Any] | None = None  # copied into summary.json as written: kept as it was
     setup_s: dict[str, Num] | None = None
     bench_s: Num | None = None
-    targets: dict[str, Target] | None = None
+    targets: dict[str, RecordedTarget] | None = None
     hardware: Hardware | None = None
     engine_config: dict[str, dict[str, dict]] | None = None  # engine -> budget -> its server's settings, free-form
     speed_probe: SpeedProbe | None = None  # the machine's speed at start, middle and end (None: an older run)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.records import RunRecord, Segment, SweepPoint
+from harness.analysis.records import RecordedSegment, RunRecord, SweepPoint
 from harness.results import read_journals
 
 
@@ -87,13 +87,13 @@ def point_warmup_s(meta: RunRecord) -> float:
     return float(cfg.warmup_s) if cfg.warmup_s is not None else 0.1 * (meta.sweep.point_s or 0)
 
 
-def segments(point: SweepPoint, meta: RunRecord | None = None) -> list[Segment]:
+def segments(point: SweepPoint, meta: RunRecord | None = None) -> list[RecordedSegment]:
     """A point's segments (workloads/streams.Segment, with its warm-up and judged end); a run that recorded
     windows alone gives one, judged from its warm-up to its end."""
     if point.segments:
         return point.segments
     warm = point_warmup_s(meta) if meta else 0.0
-    return [Segment(start_s=point.start_s, end_s=point.end_s, warmup_s=warm, judged_end_s=point.end_s)]
+    return [RecordedSegment(start_s=point.start_s, end_s=point.end_s, warmup_s=warm, judged_end_s=point.end_s)]
 
 
 def judged_spans(point: SweepPoint, meta: RunRecord | None = None) -> list[tuple[float, float]]:

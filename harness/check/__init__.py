@@ -31,7 +31,7 @@ from harness.check.measures import (
     sustained,
 )
 from harness.monitoring.envelope import envelope
-from harness.run.integrity_probes import Integrity
+from harness.run.integrity_probes import IntegrityProbes
 from harness.run.telemetry import family_named, scrape
 
 __all__ = ["QUESTIONS", "Answer", "CheckConfig", "Found", "Question", "Session", "Unreachable", "classify_layout",
@@ -61,7 +61,7 @@ class Session:
     family: str | None
     model_name: str | None
     plan: object | None  # harness.plan.Plan, with --gpu or --gpu-mem
-    probes: Integrity
+    probes: IntegrityProbes
     found: dict[int, Found] = field(default_factory=dict)
     churned: ChurnLoad | None = None
 
@@ -166,7 +166,7 @@ def run_check(cfg: CheckConfig) -> dict:
             return None
         return StatsPayload.model_validate(family_named(family).row(scrape(cfg.metrics_url) or {}))
 
-    probes = Integrity(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name, state=counters)
+    probes = IntegrityProbes(cfg.target, cfg.max_seq_len, shape.dtype or cfg.dtype, cfg.api, model_name, state=counters)
     session = Session(cfg, shape, metrics, family, model_name, plan, probes)
     answers = []
     for q in QUESTIONS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.monitoring.rules import Alert, Omitted, Record, RuleSet, Thresholds
+from harness.monitoring.rules import Alert, Omitted, RecordingRule, RuleSet, Thresholds
 
 FRAGMENTATION = "KVFragmentationSuspected"
 RESERVED = "ReservedMemoryGrowingAfterRequestsComplete"
@@ -54,13 +54,15 @@ def fragbench(t: Thresholds) -> RuleSet:
         # memory held by no token and not free for the next allocation: a contiguous policy's reservations, its
         # rounding and the holes outside its largest free extent; a block pool's partly filled last blocks
         # alone (its largest free extent is all its free blocks), a few percent at any utilization
-        Record("fragbench:kv_untokened_ratio", "(fragbench:kv_capacity_bytes - fragbench:kv_largest_free_bytes\n"
-               " - fragbench:kv_token_states_bytes) / fragbench:kv_capacity_bytes"),
-        Record("fragbench:kv_usable_free_ratio", "fragbench:kv_largest_free_bytes / fragbench:kv_capacity_bytes"),
-        Record("fragbench:kv_live_envelope_ratio", f"fragbench:kv_live_tokens / {envelope}"),
-        Record(finished, f"sum without (finished_reason) (rate(fragbench:request_success_total[{w}]))"),
-        Record(f"fragbench:kv_failed_allocation_bytes:rate{w}",
-               f"rate(fragbench:kv_failed_allocation_bytes_total[{w}])"),
+        RecordingRule("fragbench:kv_untokened_ratio",
+                      "(fragbench:kv_capacity_bytes - fragbench:kv_largest_free_bytes\n"
+                      " - fragbench:kv_token_states_bytes) / fragbench:kv_capacity_bytes"),
+        RecordingRule("fragbench:kv_usable_free_ratio",
+                      "fragbench:kv_largest_free_bytes / fragbench:kv_capacity_bytes"),
+        RecordingRule("fragbench:kv_live_envelope_ratio", f"fragbench:kv_live_tokens / {envelope}"),
+        RecordingRule(finished, f"sum without (finished_reason) (rate(fragbench:request_success_total[{w}]))"),
+        RecordingRule(f"fragbench:kv_failed_allocation_bytes:rate{w}",
+                      f"rate(fragbench:kv_failed_allocation_bytes_total[{w}])"),
     ]
     alerts = [
         alert(FRAGMENTATION, f"avg_over_time(fragbench:kv_untokened_ratio[{w}]) > {t.untokened_above}\n"

@@ -61,7 +61,7 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class Record:
+class RecordingRule:
     record: str
     expr: str
 
@@ -96,7 +96,7 @@ class Omitted:
 @dataclass(frozen=True)
 class RuleSet:
     family: str
-    records: list[Record]
+    records: list[RecordingRule]
     alerts: list[Alert]
     omitted: list[Omitted]
     thresholds: Thresholds

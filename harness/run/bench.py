@@ -25,10 +25,10 @@ from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.search import KneeSearching, likely_rival
 from harness.run.servers import ServerFailed
-from harness.run.stats_poller import Sampler
+from harness.run.stats_poller import StatsPoller
 from harness.run.supervisor import Supervisor
 from harness.run.targets import Target
 from harness.run.verdicts import decision_line
@@ -62,7 +62,7 @@ class Bench:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.samples = Journal(self.dir / "samples.jsonl")
         self.targets = {name: Target.restore(name, d, cfg.api_key) for name, d in cfg.targets.items()}
-        self.record = RunRecord.start(cfg, self.dir)
+        self.record = RunWriter.start(cfg, self.dir)
         self.servers = Supervisor(cfg, self.targets, self.record)
         self.calibration = Calibration(cfg, self.servers)
         self.probes = Probes(cfg, self.servers, self.record, self.console)
@@ -144,7 +144,7 @@ class Bench:
             show(f"{engine:<6} did not start", 0)
             return
         map_path = self.dir / (f"memory_map-{engine}.json" if first else f"memory_map-{engine}-{run.budget}.json")
-        sampler = run.sampler = Sampler(engine, run.server.url, run.server.proc.pid if run.server.proc else None,
+        sampler = run.sampler = StatsPoller(engine, run.server.url, run.server.proc.pid if run.server.proc else None,
                                         self.samples, run.t0, map_path,
                                         fetch=target.stats if target else None).start()
         if target:

@@ -12,7 +12,7 @@ from harness.run.config import BenchConfig
 from harness.run.console import Show
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
-from harness.run.stats_poller import Sampler
+from harness.run.stats_poller import StatsPoller
 from harness.run.supervisor import Supervisor
 
 LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
@@ -50,7 +50,8 @@ class Calibration:
             offered *= 2
         return round(achieved, 3)
 
-    def churn(self, run: EngineRun, sampler: Sampler | None, show: Show, load: LoadArgs, start_s: float = 0.0) -> None:
+    def churn(self, run: EngineRun, sampler: StatsPoller | None, show: Show, load: LoadArgs,
+              start_s: float = 0.0) -> None:
         out = load.out
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "loadgen.log", "ab") as log:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.analysis.records import Target as Described
+from harness.analysis.records import RecordedTarget
 from harness.run.loadargs import Traffic
 from harness.units import KvBudget
 
@@ -42,7 +42,7 @@ class BenchConfig(Traffic):
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn
     engine_args: dict[str, list[str]] = field(default_factory=dict)  # extra serve flags per engine
-    targets: dict[str, Described] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
+    targets: dict[str, RecordedTarget] = field(default_factory=dict)  # name -> Target.describe(): servers not ours
     api_key: str | None = None  # the targets'; never written to run.json
 
     def record(self) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 
 from harness.analysis.knee import Judged, KneeSearch
 from harness.run.servers import ServerProcess
-from harness.run.stats_poller import Sampler
+from harness.run.stats_poller import StatsPoller
 from harness.units import KvBudget
 
 
@@ -29,7 +29,7 @@ class EngineRun:
     checked_s: float = -1e9  # a target: when it was last asked whether it answers, engine time
     down_since: float | None = None  # a target that stopped answering: since when
     searched: dict[KvBudget, Searched] = field(default_factory=dict)  # by KV budget (its bytes)
-    sampler: Sampler | None = None  # the latest one (a revisit resumes it)
+    sampler: StatsPoller | None = None  # the latest one (a revisit resumes it)
     setup_s: float = 0.0  # server start, debugging pass and calibration, as measured
 
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from engines.api.stats import StatsPayload
 from harness.analysis.integrity import IdleFigures, Served, compare, integrity, tolerance_of
-from harness.analysis.summary_records import Integrity as SummaryIntegrity
+from harness.analysis.summary_records import Integrity
 
 ALTERNATIVES = 2  # the chosen token's and one more: a near tie is told from a wrong token by the idle margin
 WORDS = ("the of and to in is was he for it with as his on be at by had are from or this that you one they "
@@ -107,7 +107,7 @@ def during(before: StatsPayload | None, after: StatsPayload | None) -> dict:
     return out
 
 
-class Integrity:
+class IntegrityProbes:
     """The check against one server: `idle()` on the idle server, then `with check:` around its load."""
 
     def __init__(self, target: str, max_seq_len: int, dtype: str | None = None, api: str = "completions",
@@ -150,7 +150,7 @@ class Integrity:
                            probe_set=[{"name": p.name, "kind": p.kind, "max_tokens": p.max_tokens,
                                        "prompt_words": len(p.prompt.split())} for p in self.probes])
 
-    def __enter__(self) -> Integrity:
+    def __enter__(self) -> IntegrityProbes:
         self.stop.clear()
         self.thread = threading.Thread(target=self._loop, name="integrity-probes", daemon=True)
         self.thread.start()
@@ -199,6 +199,6 @@ class Integrity:
         """engines.<name>.integrity as summary.json and check write it."""
         return integrity(self.idle_figures(), self.rows)
 
-    def judged(self) -> SummaryIntegrity:
+    def judged(self) -> Integrity:
         """The same, as the record the report's and check's sentence reads."""
-        return SummaryIntegrity.model_validate(self.result())
+        return Integrity.model_validate(self.result())

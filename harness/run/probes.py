@@ -15,14 +15,14 @@ from harness.run.config import BenchConfig
 from harness.run.console import Console, Show
 from harness.run.debug_pass import debug_row, request_alone
 from harness.run.engine_run import EngineRun
-from harness.run.integrity_probes import Integrity
-from harness.run.record import RunRecord
+from harness.run.integrity_probes import IntegrityProbes
+from harness.run.record import RunWriter
 from harness.run.stats_poller import fetch_stats
 from harness.run.supervisor import Supervisor
 
 
 class Probes:
-    def __init__(self, cfg: BenchConfig, servers: Supervisor, record: RunRecord, console: Console):
+    def __init__(self, cfg: BenchConfig, servers: Supervisor, record: RunWriter, console: Console):
         self.cfg, self.servers, self.record, self.console = cfg, servers, record, console
         self.debug = Journal(record.dir / "debug.jsonl")
 
@@ -40,14 +40,14 @@ class Probes:
         self.debug_pass(run, "after the churn mix")
         self.releases(run)
 
-    def integrity_idle(self, run: EngineRun, show: Show) -> Integrity:
+    def integrity_idle(self, run: EngineRun, show: Show) -> IntegrityProbes:
         """The KV-integrity probes served alone on the idle engine (harness/run/integrity_probes.py): the answers the
         ones sent into its load are judged against. Rows in engines/<name>/integrity.jsonl as they come."""
         show(f"{run.engine:<6} integrity probes", 0)
         d = self.record.dir / "engines" / run.engine
         journal = Journal(d / "integrity.jsonl")
         target = self.servers.targets.get(run.engine)
-        check = Integrity(run.server.url, self.cfg.max_seq_len, load_shape(self.cfg.model).dtype, self.cfg.api,
+        check = IntegrityProbes(run.server.url, self.cfg.max_seq_len, load_shape(self.cfg.model).dtype, self.cfg.api,
                           target.model if target else None, target.api_key if target else None,
                           state=lambda: self.servers.stats_of(run) if run.server.alive() else None,
                           on_row=journal.write)

@@ -13,9 +13,7 @@ from pathlib import Path
 
 from engines.api.stats import EngineConfigBlock, OomEventRow
 from harness.analysis.design import Design
-from harness.analysis.records import RunRecord as RunJson
-from harness.analysis.records import SearchSettings
-from harness.analysis.records import Target as Described
+from harness.analysis.records import RecordedTarget, RunRecord, SearchSettings
 from harness.results import Journal
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
@@ -26,7 +24,9 @@ OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when
 OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or allocator, and the bytes that tell
 
 
-class RunRecord:
+class RunWriter:
+    """run.json's and the events journal's writer (run.json's reader: harness/analysis/records.RunRecord)."""
+
     def __init__(self, cfg: BenchConfig, run_dir: Path):
         """A partial run's record: the configuration (the targets' API key never), where and on what it runs."""
         self.dir = run_dir
@@ -40,7 +40,7 @@ class RunRecord:
         self.events = Journal(run_dir / "events.jsonl")
 
     @classmethod
-    def start(cls, cfg: BenchConfig, run_dir: Path) -> RunRecord:
+    def start(cls, cfg: BenchConfig, run_dir: Path) -> RunWriter:
         """The record, its run.json written at once."""
         record = cls(cfg, run_dir)
         record.write()
@@ -83,7 +83,7 @@ class RunRecord:
         self.meta.setdefault("engine_config", {}).setdefault(engine, {})[str(budget)] = config.written()
         self.write()
 
-    def target(self, engine: str, described: Described) -> None:
+    def target(self, engine: str, described: RecordedTarget) -> None:
         self.meta.setdefault("targets", {})[engine] = described.written()
         self.write()
 
@@ -136,9 +136,9 @@ class RunRecord:
         return self.meta.setdefault("decision", [])
 
     # -- read
-    def typed(self) -> RunJson:
+    def typed(self) -> RunRecord:
         """run.json as it stands, typed for the analysis (what summary.json will read of it)."""
-        return RunJson.of(self.meta)
+        return RunRecord.of(self.meta)
 
     def setups_s(self) -> list[float]:
         """Each engine's set-up so far, seconds."""

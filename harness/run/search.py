@@ -22,7 +22,7 @@ from harness.run.clock import Clock
 from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun, Searched
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.verdicts import Verdict, verdict_now
 from harness.run.visits import Visit, Visits
 from harness.units import KvBudget
@@ -40,7 +40,7 @@ class KneeSearching:
     are searched (`targets`: the engines that are not ours, searched at one budget); the points themselves it
     measures through `visits`."""
 
-    def __init__(self, cfg: BenchConfig, design: Design, clock: Clock, record: RunRecord, console: Console,
+    def __init__(self, cfg: BenchConfig, design: Design, clock: Clock, record: RunWriter, console: Console,
                  visits: Visits, order: list[str], budgets: list[KvBudget], targets: Collection[str]):
         self.cfg, self.design, self.clock, self.record, self.console = cfg, design, clock, record, console
         self.visits, self.order, self.budgets, self.targets = visits, order, budgets, targets

@@ -45,7 +45,9 @@ def waste(stats: StatsPayload) -> int:
     return (stats.allocated_bytes or 0) - token + (stats.external_fragmentation_bytes or 0)
 
 
-class Sampler:
+class StatsPoller:
+    """One server's /stats polled into the samples journal (its thread), its memory map saved when worth it."""
+
     def __init__(self, engine: str, url: str, pid: int | None, journal: Journal, t0: float, map_path: Path,
                  interval_s: float = 0.1, fetch: Callable[[], StatsPayload | None] | None = None):
         """`fetch`: where a row's figures come from (a target's metrics); the server's /stats by default.
@@ -62,13 +64,13 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sampler-{engine}")
 
-    def start(self) -> Sampler:
+    def start(self) -> StatsPoller:
         self._thread.start()
         return self
 
-    def resumed(self, url: str, pid: int | None) -> Sampler:
+    def resumed(self, url: str, pid: int | None) -> StatsPoller:
         """A sampler for the same engine's next server (a revisit), keeping what this one saved."""
-        nxt = Sampler(self.engine, url, pid, self.journal, self.t0, self.map_path, self.interval_s)
+        nxt = StatsPoller(self.engine, url, pid, self.journal, self.t0, self.map_path, self.interval_s)
         nxt.worst = self.worst
         nxt.oom_maps_base = self.oom_maps_base + self.oom_maps_saved
         return nxt

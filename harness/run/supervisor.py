@@ -19,9 +19,9 @@ from harness.results import write_restarts
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.servers import ServerFailed, ServerProcess, start_server
-from harness.run.stats_poller import Sampler, fetch_stats
+from harness.run.stats_poller import StatsPoller, fetch_stats
 from harness.run.targets import Target
 
 CRASH_LINE = re.compile(r"^fragbench-crash (\{.*\})$", re.M)
@@ -31,7 +31,7 @@ SNAPSHOT_SUFFIX = {"cuda": ".json", "caching": ".pickle"}  # the emulator's: PyT
 class Supervisor:
     """Every engine of the run (`runs`, by name), ours started and restarted here, targets only watched."""
 
-    def __init__(self, cfg: BenchConfig, targets: dict[str, Target], record: RunRecord):
+    def __init__(self, cfg: BenchConfig, targets: dict[str, Target], record: RunWriter):
         self.cfg, self.targets, self.record = cfg, targets, record
         self.dir = record.dir
         self.runs: dict[str, EngineRun] = {}
@@ -82,7 +82,7 @@ class Supervisor:
                 return
             time.sleep(poll_s)
 
-    def supervise(self, run: EngineRun, sampler: Sampler | None) -> None:
+    def supervise(self, run: EngineRun, sampler: StatsPoller | None) -> None:
         """Called between looks at a running load: OOMs the server recorded, a crashed server restarted, a
         target's down time."""
         if sampler is not None:
@@ -111,7 +111,7 @@ class Supervisor:
             (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
             (self.dir / "engines" / run.engine / "down.json").write_text(json.dumps(run.down))
 
-    def restart(self, run: EngineRun, sampler: Sampler | None) -> None:
+    def restart(self, run: EngineRun, sampler: StatsPoller | None) -> None:
         crashed_at = time.time() - run.t0
         log = run.server.log_path.read_text(errors="replace")
         crash = CRASH_LINE.findall(log)
@@ -153,7 +153,7 @@ class Supervisor:
         run.oom_seen = stats.oom_total
 
     @staticmethod
-    def figures(run: EngineRun, sampler: Sampler | None) -> str:
+    def figures(run: EngineRun, sampler: StatsPoller | None) -> str:
         last = (sampler.last if sampler else None) or StatsPayload()
 
         def said(name: str):  # "n/a" where the server's stats lack the counter (a target's metrics)

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 from engines.api.stats import StatsPayload
 from engines.memory.nvml import fullest_gpu
-from harness.analysis.records import Target as Described
+from harness.analysis.records import RecordedTarget
 from harness.fetch import HTTPError, answers, bearer, request
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 
@@ -48,13 +48,13 @@ class Target:
     def stop(self) -> None:
         """Nothing: the target outlives the bench."""
 
-    def describe(self) -> Described:
+    def describe(self) -> RecordedTarget:
         seen = self.telemetry.describe() if self.telemetry else {
             "metrics_url": None, "family": None, "sees": [], "cannot_see": ["any memory figure (no metrics read)"]}
-        return Described(url=self.url, model=self.model, **seen)
+        return RecordedTarget(url=self.url, model=self.model, **seen)
 
     @classmethod
-    def restore(cls, name: str, described: Described, api_key: str | None) -> Target:
+    def restore(cls, name: str, described: RecordedTarget, api_key: str | None) -> Target:
         """The target `describe` wrote (into a bench's configuration), without checking it again."""
         family = described.family
         telemetry = Telemetry(described.metrics_url, family_named(family)) if family else None

@@ -21,7 +21,7 @@ from harness.run.console import Console, Show
 from harness.run.engine_run import EngineRun, Searched
 from harness.run.loadargs import start_loadgen, stop_loadgen
 from harness.run.points import PointJob, PointResult, PointRunner
-from harness.run.record import RunRecord
+from harness.run.record import RunWriter
 from harness.run.servers import ServerFailed
 from harness.run.supervisor import Supervisor
 from workloads.schedule import ScheduleWriter
@@ -47,7 +47,7 @@ class Visits:
     point measured on it. The run's pieces it is handed: its configuration, clock, record (run.json, events),
     the engines' supervision, the console and the streams the points read."""
 
-    def __init__(self, cfg: BenchConfig, clock: Clock, record: RunRecord, servers: Supervisor, console: Console,
+    def __init__(self, cfg: BenchConfig, clock: Clock, record: RunWriter, servers: Supervisor, console: Console,
                  streams: Streams | None):
         self.cfg, self.clock, self.record, self.servers, self.console = cfg, clock, record, servers, console
         self.streams = streams

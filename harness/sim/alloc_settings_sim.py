@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from engines.memory.allocconf import parse_alloc_conf
+from harness.analysis.alloc_settings_summary import figure_change
 from harness.analysis.summary_records import CapacityBlock, PolicyFigures, SimulationOut
 from harness.sim.simulator import Simulation
 
@@ -97,20 +98,20 @@ FIGURES: tuple[tuple[str, str, Callable], ...] = (
 )
 
 
-def from_to(before, after, words: Callable) -> str:
-    """`before -> after` at the fewest decimals (from 1) that show them apart: two figures the simulation made
-    differ for a reason, however little, and must not read alike."""
+def apart(before, after, words: Callable) -> tuple[str, str]:
+    """Both figures at the fewest decimals (from 1) that show them apart: two figures the simulation made differ
+    for a reason, however little, and must not read alike."""
     for digits in range(1, 7):
         a, b = words(before, digits), words(after, digits)
         if a != b:
             break
-    return f"{a} -> {b}"
+    return a, b
 
 
 def change_words(first: SettingRow, row: SettingRow) -> str:
     """What `row`'s setting changed against the first setting's row of the same policy."""
-    changed = [f"{name} {from_to(getattr(first, key), getattr(row, key), words)}" for name, key, words in FIGURES
-               if getattr(first, key) != getattr(row, key)]
+    changed = [figure_change(name, *apart(getattr(first, key), getattr(row, key), words))
+               for name, key, words in FIGURES if getattr(first, key) != getattr(row, key)]
     same = [name for name, key, _ in FIGURES if getattr(first, key) == getattr(row, key)]
     if not changed:
         return f"{row.alloc_conf}: no difference"

@@ -56,7 +56,7 @@ def measure(policy: str, flags: dict, cfg: argparse.Namespace) -> dict:
     """One policy's figures on the fixed trace (see the module's docstring)."""
     from engines.kv.faults import inject
     from engines.scheduled.scheduler import SchedulerConfig
-    from engines.shapes import load_shape
+    from engines.shapes import batched_tokens, load_shape
     from harness.sim.roofline import StepModel
     from harness.sim.simulator import make_sim_policy, simulate_policy
     from workloads.generate import has_shared_prefixes, iter_requests
@@ -75,7 +75,7 @@ def measure(policy: str, flags: dict, cfg: argparse.Namespace) -> dict:
         kv = inject(kv, flags["inject_kv_fault"])
     # the engine's scheduler as the factory configures it (engines/factory.py): an OOM rejects the request
     config = SchedulerConfig(max_num_seqs=flags.get("max_num_seqs", cfg.max_num_seqs),
-                             max_num_batched_tokens=max(2048, max_seq_len), on_oom="reject")
+                             max_num_batched_tokens=batched_tokens(max_seq_len), on_oom="reject")
     peak = PeakHeld(kv)
     model = StepModel.of(shape, cfg.dtype, step_device())
     res, _, _ = simulate_policy(kv, config, iter(requests), max_seq_len, model, shared, sample_every_s=1e9)

@@ -34,8 +34,7 @@ import pandas as pd
 from engines.scheduled.scheduler import SchedulerConfig
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch
-from harness.analysis.records import RunRecord, SweepPoint
-from harness.analysis.records import Segment as RunSegment
+from harness.analysis.records import RecordedSegment, RunRecord, SweepPoint
 from harness.analysis.rundir import judged_spans, segments
 from harness.analysis.steady import warmup_s
 from harness.analysis.summary import SHARE_COLUMNS, finalize
@@ -279,7 +278,7 @@ def twins_of(meta: RunRecord, steps: pd.DataFrame, shared: bool) -> dict[str, Tw
 def visit_jobs(twin: TwinEngine, meta: RunRecord, streams: Streams, slo: SLO, budget: KvBudget) -> list[VisitJob]:
     """Every visit of the bench to one engine at one budget, with the requests each of its segments sent."""
     points = [p for p in meta.points_of(twin.engine) if p.kv_budget == budget.label and p.segments]
-    visits: dict[int, list[tuple[SweepPoint, RunSegment]]] = {}
+    visits: dict[int, list[tuple[SweepPoint, RecordedSegment]]] = {}
     for p in points:
         for seg in segments(p):
             visits.setdefault(seg.visit if seg.has("visit") else 0, []).append((p, seg))

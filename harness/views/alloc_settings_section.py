@@ -5,6 +5,7 @@ figures tell it (OOMs all the policy's: no allocator setting can remove them).""
 
 from __future__ import annotations
 
+from harness.analysis.alloc_settings_summary import figure_change
 from harness.analysis.steady import overlap
 from harness.analysis.summary_records import AllocSetting, SettingFigures, Summary
 from harness.views.allocator_section import classes
@@ -69,8 +70,8 @@ def changes(base: SettingFigures, other: SettingFigures) -> list[str]:
     out = [rate_change(base, other)]
     a, b = base.reserved_unallocated_share, other.reserved_unallocated_share
     if a is not None and b is not None:
-        out.append(f"reserved, unallocated {fmt(a, '%')} -> {fmt(b, '%')}")
-    out.append(f"allocator-layer OOMs {fmt(base.oom_allocator)} -> {fmt(other.oom_allocator)}")
+        out.append(figure_change("reserved, unallocated", fmt(a, "%"), fmt(b, "%")))
+    out.append(figure_change("allocator-layer OOMs", fmt(base.oom_allocator), fmt(other.oom_allocator)))
     return out
 
 
@@ -80,7 +81,7 @@ def rate_change(base: SettingFigures, other: SettingFigures) -> str:
         return "sustained rate not compared (no interval)"
     if overlap(before, after):
         return f"no measurable difference in sustained rate ({rate(base)} vs {rate(other)}: the intervals overlap)"
-    return f"sustained rate {'higher' if after[0] > before[1] else 'lower'}, {rate(base)} -> {rate(other)}"
+    return figure_change(f"sustained rate {'higher' if after[0] > before[1] else 'lower'},", rate(base), rate(other))
 
 
 def why(engine: str, settings: list[AllocSetting]) -> str:

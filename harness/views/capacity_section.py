@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from harness.analysis.headline import PAGED
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
-from harness.analysis.records import Design
+from harness.analysis.records import RecordedDesign
 from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
 from harness.views.html import ESC, PALETTE, fig_html, fmt, section, table
 
@@ -293,7 +293,7 @@ def budget_curve(summary: Summary) -> str:
     return "<h3>Sustained rate against KV budget</h3>" + fig_html(fig)
 
 
-def method_words(summary: Summary, design: Design | None) -> str:
+def method_words(summary: Summary, design: RecordedDesign | None) -> str:
     slo = next(iter(summary.capacity.values())).slo
     if summary.simulated:  # fragbench simulate's sweep
         return (f"Simulated: the workload's request mix offered at each rate (its arrival shape kept, its clock "
@@ -328,7 +328,7 @@ def method_words(summary: Summary, design: Design | None) -> str:
     return how
 
 
-def capacity_section(summary: Summary, regime: str = "", design: Design | None = None) -> str:
+def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign | None = None) -> str:
     """`regime`: the KV budget's regime in words (harness/views/regime.py)."""
     cap = summary.capacity
     if not cap:

@@ -1,5 +1,5 @@
-"""The run report's verdict and capacity sections: every sentence computed from this run, each linking to
-its evidence."""
+"""The run report's verdict section: every sentence computed from this run, each linking to its evidence (the
+capacity section, and the capacity sentences the verdict borrows, are harness/views/capacity_section.py's)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def register(sub) -> None:
                     help="engines measured, comma-separated (default: %(default)s, the headline pair)")
     ab.add_argument("--time", type=float, default=1800.0, metavar="S",
                     help="seconds of measurement, all turns together (default: %(default)g; each turn half of it, "
-                         "so two turns, ABBA; more while a figure is INCONCLUSIVE and time remains)")
+                         "at least 150 s a server, so two turns, ABBA, which run even where they overrun it; more "
+                         "while a figure is INCONCLUSIVE and time remains)")
     ab.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
                     help="a figure FAILs when its 90 %% interval of NEW / BASE lies wholly past 1 -+ PCT %% on the "
                          "worse side, PASSes inside 1 +- PCT %% (default: %(default)g, as compare's)")

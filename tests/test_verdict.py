@@ -116,9 +116,9 @@ def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept)
             "offered_rps": point["offered_rps"], "stream_key": point["key"], "stream_index": 10**6}
     now = verdict_now(run_dir, RunRecord.of(meta), [late])
     before = next(p for p in summary["capacity"]["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
-    after = next(p for p in now.capacity["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
-    assert after["judged"] == before["judged"] + 1  # no first token 30 s after its due time: a miss already
-    assert after["missed"] == before["missed"] + 1
+    after = next(p for p in now.capacity["paged"].points if p.offered_rps == point["offered_rps"])
+    assert after.judged == before["judged"] + 1  # no first token 30 s after its due time: a miss already
+    assert after.figure("missed") == before["missed"] + 1
 
 
 @pytest.mark.timeout(900)
@@ -183,10 +183,11 @@ def test_the_headline_reads_the_knee_points_alone():
     """paged's unsteady 3.0 req/s (97 % met) is left out: with it, paged's knee would lie above 3.0."""
     pts = {"paged": [judged(2.0, 1.0), judged(3.0, 0.97, use="unsteady"), judged(4.0, 0.4)],
            "static-oracle": [judged(1.0, 1.0), judged(2.0, 0.5)]}
-    h = headline(fit(pts, 0.9), None, 1.5)
-    assert h.engine == "paged" and h.to_json()["judged"]["paged"] == 200
-    assert h.fit.estimates["paged"] == fit({"paged": [pts["paged"][0], pts["paged"][2]]}, 0.9).estimates["paged"]
-    assert h.bracketed == {"paged": True, "static-oracle": True} and h.to_json()["replications"] == \
+    f = fit(pts, 0.9)  # the fit the headline is read from
+    h = headline(f, None, 1.5)
+    assert h.engine == "paged" and h.written()["judged"]["paged"] == 200
+    assert f.estimates["paged"] == fit({"paged": [pts["paged"][0], pts["paged"][2]]}, 0.9).estimates["paged"]
+    assert h.bracketed == {"paged": True, "static-oracle": True} and h.written()["replications"] == \
         {"paged": 2, "static-oracle": 2}
 
 
@@ -196,7 +197,7 @@ def test_a_ratio_of_knees_past_every_rate_measured_decides_nothing():
     pts = {"paged": [judged(1.0, 1.0), judged(1.5, 1.0)], "static-oracle": [judged(4.0, 1.0), judged(5.0, 0.95)]}
     h = headline(fit(pts, 0.9), None, 1.5)
     assert h.ratio_ci[1] < 1.0 and not h.decided and h.bracketed == {"paged": False, "static-oracle": False}
-    assert "not bracketed" in decision_line(HeadlineBlock.model_validate(h.to_json()))
+    assert "not bracketed" in decision_line(HeadlineBlock.model_validate(h.written()))
 
 
 # -- the decision's next point

@@ -4,7 +4,6 @@ Works on a partial run as well: whatever rows were written are what it summarize
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from harness.analysis.headline import (
     headline,
     resolvable,
     roles,
+    run_to_run_share,
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
@@ -286,7 +286,7 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
         out[e]["role"] = role.get(e, "screened")
         if est is not None and within is not None and e in within.estimates:
             out[e]["sustained_rps_ci_within_runs"] = list(within.estimates[e].ci)
-            out[e]["run_to_run_share"] = round(share_of_width(est.ci, within.estimates[e].ci), 3)
+            out[e]["run_to_run_share"] = round(run_to_run_share(est.ci, within.estimates[e].ci), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
@@ -300,13 +300,6 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
                 ratio, ci = knees.ratio(a, b)
                 ratios[f"{a}/{b}"] = Ratio(ratio=round(ratio, 4), ratio_ci=list(ci))
     return {e: CapacityBlock.model_validate(b) for e, b in out.items()}, ratios
-
-
-def share_of_width(ci: tuple[float, float], within_ci: tuple[float, float]) -> float:
-    """The share of an interval's log-width that the stream-to-stream spread adds, at least 0."""
-    if min(*ci, *within_ci) <= 0 or ci[1] <= ci[0]:
-        return 0.0
-    return max(0.0, 1.0 - math.log(within_ci[1] / within_ci[0]) / math.log(ci[1] / ci[0]))
 
 
 def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
@@ -326,11 +319,11 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     left_out = {e: [p.offered_rps for p in pts[e] if p.use == "unsteady"] for e in (h.engine, h.against)}
     spent = float(meta.bench_s or cfg.time_s or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
-    return HeadlineBlock.model_validate({**h.to_json(), "bracket_ends": ends, "unsteady_rates": left_out,
-            "time_s": search.time_s,
-            "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
-            "resolvable_ratio": round(resolvable(h, 1.0), 3),
-            "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)})
+    h.bracket_ends, h.unsteady_rates, h.time_s = ends, left_out, search.time_s
+    h.more_arrival_s_to_precision = None if more_s is None else round(more_s, 1)
+    h.resolvable_ratio = round(resolvable(h, 1.0), 3)
+    h.resolvable_ratio_with_20_more_minutes = round(resolvable(h, factor_20min), 3)
+    return h
 
 
 def judged_at(points: list[Judged], rate: float) -> int:

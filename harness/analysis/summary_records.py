@@ -206,7 +206,8 @@ class Ratio(Record):
 
 
 class HeadlineBlock(Record):
-    """summary.json's `headline` (headline.Headline.to_json and what summary.headline_with adds)."""
+    """summary.json's `headline`: analysis/headline.headline builds it from the knee fit (decided, precise, stop
+    and the run-to-run share computed there once), summary.headline_with adds what the run's points say."""
 
     engine: str
     against: str
@@ -218,9 +219,11 @@ class HeadlineBlock(Record):
     precision: Num | None = None
     stop: str | None = None
     min_points: Num | None = None
+    points: dict[str, Num] = {}  # the points each engine's knee rests on
     judged: dict[str, Num] = {}
     run_to_run_share: Num | None = None
     ratio_ci_within_runs: list[Num] | None = None
+    replications: dict[str, Num] | None = None  # independent streams under each knee
     bracketed: dict[str, bool] | None = None
     stream_spread: dict[str, Num] | None = None
     unsteady_rates: dict[str, list[Num]] | None = None
@@ -231,6 +234,7 @@ class HeadlineBlock(Record):
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
     paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
+    load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
 
 
 class PhaseTimes(Record):

@@ -270,3 +270,24 @@ def test_the_rival_is_a_contiguous_engine_whose_open_bracket_may_reach_above_the
     climbing = {"paged": paged, "static-max": static_max, "hf": [judged(0.25, 1.0)]}
     assert headline(fit(climbing, 0.9), None, 1.5).against == "static-max"
     assert headline(fit({**climbing, "hf": [judged(1.5, 1.0)]}, 0.9), None, 1.5).against == "hf"
+
+
+def test_the_verdict_is_worded_once_for_the_console_and_the_report():
+    """Every branch of the one wording (analysis/headline.verdict_words): the console's `decision:` line and the
+    report's headline sentence say the same words."""
+    from harness.analysis.headline import verdict_words
+    from harness.analysis.summary_records import Summary
+    from harness.views.capacity_section import headline_sentence
+
+    def block(ci, decided, precise, bracketed=None):
+        return HeadlineBlock(engine="paged", against="static-oracle", ratio=2.0, ratio_ci=ci, decided=decided,
+                             precise=precise, precision=1.5, bracketed=bracketed or {"paged": True, "static-oracle": True})
+
+    assert verdict_words(block([1.8, 2.2], True, True)) == "decided"
+    assert verdict_words(block([1.5, 3.0], True, False)) == "decided, not precise (hi / lo 2.00 > 1.5)"
+    assert verdict_words(block([0.8, 2.0], False, False)) == "undecided (the interval holds 1.0)"
+    assert verdict_words(block([1.2, 2.0], False, False, {"paged": False, "static-oracle": True})) == \
+        "undecided (paged not bracketed: a knee past the rates measured is a bound)"
+    h = block([0.8, 2.0], False, False)
+    assert decision_line(h).endswith(": " + verdict_words(h))
+    assert headline_sentence(Summary(headline=h)).endswith(": " + verdict_words(h) + ".")

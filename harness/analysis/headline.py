@@ -116,6 +116,21 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
         load_gain={e: [round(g, 3), *ci_] for e in pair for g, ci_ in [fit.gain(e)]})
 
 
+def verdict_words(h: HeadlineBlock) -> str:
+    """Decided or not, and why, in a few words: the one wording of the headline's verdict (`decided` and `precise`
+    as `headline` computed them), which the console's `decision:` line (run/verdicts.py), the report's headline
+    sentence and its glance say. It lives beside the rule, not in views/: the console (run/) sits below the views."""
+    lo, hi = h.ratio_ci
+    if h.decided:
+        if h.precise:
+            return "decided"
+        return f"decided, not precise (hi / lo {hi / lo:.2f} > {h.precision:g})" if lo > 0 else "decided, not precise"
+    if lo <= 1.0 <= hi:
+        return "undecided (the interval holds 1.0)"
+    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
+    return f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
+
+
 def time_to_resolve(h: HeadlineBlock, points: dict[str, list[Judged]], precision: float) -> float | None:
     """Seconds of arrivals more, at points like the ones measured (fresh streams of the same judged size), for the
     ratio's interval to narrow to the precision."""

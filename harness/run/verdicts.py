@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.analysis.headline import verdict_words
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.records import RunRecord
@@ -42,12 +43,7 @@ def decision_line(h: HeadlineBlock | None, status: str | None = None) -> str:
     if h is None:
         return "decision: no headline (a paged engine and a contiguous one, each with points a knee rests on)"
     lo, hi = h.ratio_ci
-    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
-    verdict = "decided" if h.decided else "undecided (the interval holds 1.0)" if lo <= 1.0 <= hi else \
-        f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
-    if h.decided and not h.precise:
-        verdict += f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})" if lo > 0 else ", not precise"
-    return (f"decision: {h.engine} / {h.against} = {h.ratio:.2f} [{lo:.2f}, {hi:.2f}]: {verdict}"
+    return (f"decision: {h.engine} / {h.against} = {h.ratio:.2f} [{lo:.2f}, {hi:.2f}]: {verdict_words(h)}"
             + (f"; {status}" if status else ""))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.analysis.headline import PAGED
+from harness.analysis.headline import PAGED, verdict_words
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
 from harness.analysis.records import Design
 from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
@@ -62,18 +62,6 @@ def best_words(summary: Summary, rival: str) -> str:
         return "the best contiguous engine"
     return (f"the best contiguous engine with a knee measured ({', '.join(unmeasured)}: none measured in this run's "
             "time, so not compared)")
-
-
-def verdict_words(h: HeadlineBlock) -> str:
-    """decided or not, and why, in a few words: what the headline's interval says (summary.json's `decided` and
-    `precise`, computed once in analysis/headline.py)."""
-    lo, hi = h.ratio_ci
-    if h.decided:
-        return "decided" + ("" if h.precise else f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})")
-    if lo <= 1.0 <= hi:
-        return "undecided: no measurable difference (the interval holds 1.0)"
-    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
-    return f"undecided: {' and '.join(open_)} not bracketed (a knee past the rates measured is a bound)"
 
 
 def headline_sentence(summary: Summary) -> str | None:

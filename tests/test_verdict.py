@@ -280,8 +280,9 @@ def test_the_verdict_is_worded_once_for_the_console_and_the_report():
     from harness.views.capacity_section import headline_sentence
 
     def block(ci, decided, precise, bracketed=None):
+        closed = bracketed or {"paged": True, "static-oracle": True}
         return HeadlineBlock(engine="paged", against="static-oracle", ratio=2.0, ratio_ci=ci, decided=decided,
-                             precise=precise, precision=1.5, bracketed=bracketed or {"paged": True, "static-oracle": True})
+                             precise=precise, precision=1.5, bracketed=closed)
 
     assert verdict_words(block([1.8, 2.2], True, True)) == "decided"
     assert verdict_words(block([1.5, 3.0], True, False)) == "decided, not precise (hi / lo 2.00 > 1.5)"

@@ -42,16 +42,24 @@ def reference_of(engines) -> str | None:
     return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
 
 
+def rival_of(knees: dict[str, tuple[float, float, bool]]) -> str | None:
+    """The contiguous engine the paged one is measured against, the one rule (`knees`: engine -> its knee, its
+    interval's upper end, whether it is bracketed): the highest knee among those whose knee is bracketed, unless
+    one whose knee is not could still lie above it (its interval's upper end above the leader's knee: every rate
+    it was offered missed, or every one met). Then that one, the highest reach first, so that the decision
+    brackets it before it is ruled out. Knees without intervals (upper end = knee: a simulation's sweep) leave
+    the highest knee."""
+    est = {e: k for e, k in knees.items() if e not in PAGED}
+    closed = [e for e, (_, _, bracketed) in est.items() if bracketed]
+    leader = max(closed, key=lambda e: est[e][0], default=None)
+    contenders = [e for e, (_, hi, bracketed) in est.items()
+                  if not bracketed and (leader is None or hi > est[leader][0])]
+    return max(contenders, key=lambda e: est[e][1]) if contenders else leader
+
+
 def best_contiguous(fit: KneeFit) -> str | None:
-    """The contiguous engine the paged one is measured against: the highest knee among those whose knee is
-    bracketed, unless one whose knee is not could still lie above it (its interval's upper end above the
-    leader's knee: every rate it was offered missed, or every one met). Then that one, the highest reach first,
-    so that the decision brackets it before it is ruled out."""
-    est = {e: k for e, k in fit.estimates.items() if e not in PAGED}
-    closed = [e for e, k in est.items() if k.bracketed]
-    leader = max(closed, key=lambda e: est[e].rps, default=None)
-    contenders = [e for e, k in est.items() if not k.bracketed and (leader is None or k.ci[1] > est[leader].rps)]
-    return max(contenders, key=lambda e: est[e].ci[1]) if contenders else leader
+    """The rival (`rival_of`) among the fit's knees."""
+    return rival_of({e: (k.rps, k.ci[1], k.bracketed) for e, k in fit.estimates.items()})
 
 
 def roles(fit: KneeFit) -> dict[str, str]:

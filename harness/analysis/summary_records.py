@@ -172,6 +172,7 @@ class KneePoint(Record):
 class Knee(Record):
     points: Num | None = None
     streams: Num | None = None
+    bracketed: bool | None = None
 
 
 class OperatingPoint(Record):

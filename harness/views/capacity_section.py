@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.analysis.headline import PAGED, verdict_words
+from harness.analysis.headline import PAGED, rival_of, verdict_words
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
 from harness.analysis.records import Design
 from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
@@ -29,14 +29,23 @@ def rate_words(c: CapacityBlock) -> str:
 
 
 def best_contiguous(summary: Summary) -> str | None:
-    """What the paged ones are measured against: the headline's contiguous engine where the run has a headline
-    (analysis/headline.best_contiguous: an open bracket that may reach above a bracketed knee is bracketed
-    first), else the contiguous engine that sustains the highest rate (a simulation's sweep)."""
+    """What the paged ones are measured against, by the one rule (analysis/headline.rival_of: an open bracket that
+    may reach above a bracketed knee is bracketed first): the headline's contiguous engine where the run has a
+    headline (the rule applied to the fit), else the rule over the capacity blocks' knees (a simulation's sweep,
+    with no intervals: the contiguous engine that sustains the highest rate)."""
     capacity = summary.capacity
     against = summary.headline.against if summary.headline else None
     if against in capacity:
         return against
-    return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e].sustained_rps, default=None)
+    return rival_of({e: knee_of(c) for e, c in capacity.items()})
+
+
+def knee_of(c: CapacityBlock) -> tuple[float, float, bool]:
+    """A block's knee as the rival's rule reads it: its rate, its interval's upper end, whether it is bracketed (the
+    fit's word where the block has a knee, else: within the rates measured)."""
+    hi = c.sustained_rps_ci[1] if c.sustained_rps_ci else c.sustained_rps
+    fitted = c.knee is not None and c.knee.bracketed is not None
+    return c.sustained_rps, hi, bool(c.knee.bracketed) if fitted else c.sustained_where == "within"
 
 
 def ratio_words(summary: Summary, mine: str, theirs: str) -> str:

@@ -14,7 +14,7 @@ from engines.kv_categories import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
-from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.capacity import SLO, judged_verdicts, meets_slo, request_metrics
 from harness.analysis.headline import (
     bracket_ends,
     headline,
@@ -255,7 +255,8 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
     order = np.argsort([p.offered_rps for p in judged], kind="stable")
     judged = [judged[i] for i in order]
-    block = capacity_block(points, slo)  # its sustained rate is the joint fit's, set by `intervals`
+    # its sustained rate is the joint fit's knee, set once by `intervals` (knee.knee_block)
+    block = {"slo": slo.to_json(), "points": sorted(points, key=lambda p: p["offered_rps"])}
     block["rests_on_unsteady"] = rests_on_unsteady(judged)
     block["judged_total"] = int(sum(p["judged"] for p in points))
     block["distinct_requests"] = len(set(ids))

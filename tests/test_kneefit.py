@@ -273,12 +273,12 @@ def test_the_run_to_run_share_is_one_rule_for_the_headline_and_each_engine():
 
 
 def test_the_report_picks_the_rival_by_the_headlines_one_rule():
-    """views/capacity_section.best_contiguous applies analysis/headline.rival_of to the capacity blocks: over blocks
+    """views/capacity_section.rival_in applies analysis/headline.rival_of to the capacity blocks: over blocks
     carrying the fit's knees it picks the fit's rival (an open bracket reaching above the bracketed leader), and over a
     simulation's blocks (no intervals) the contiguous engine that sustains the highest rate."""
     from harness.analysis.headline import best_contiguous as fit_rival
     from harness.analysis.summary_records import CapacityBlock, Knee, Summary
-    from harness.views.capacity_section import best_contiguous
+    from harness.views.capacity_section import rival_in
 
     rng = np.random.default_rng(9)
     pts = {"paged": engine_points(rng, 3.0), "static-max": engine_points(rng, 1.0),
@@ -286,9 +286,9 @@ def test_the_report_picks_the_rival_by_the_headlines_one_rule():
     f = fit(pts, 0.9)
     blocks = {e: CapacityBlock(sustained_rps=k.rps, sustained_rps_ci=list(k.ci), knee=Knee(bracketed=k.bracketed))
               for e, k in f.estimates.items()}
-    assert best_contiguous(Summary(capacity=blocks)) == fit_rival(f) == "static-oracle"
+    assert rival_in(Summary(capacity=blocks)) == fit_rival(f) == "static-oracle"
     simulated = {"paged": CapacityBlock(sustained_rps=3.0), "static-max": CapacityBlock(sustained_rps=1.5),
                  "static-oracle": CapacityBlock(sustained_rps=2.0, sustained_where="beyond")}
-    assert best_contiguous(Summary(capacity=simulated)) == "static-oracle"
+    assert rival_in(Summary(capacity=simulated)) == "static-oracle"
     simulated["static-max"] = CapacityBlock(sustained_rps=2.5)
-    assert best_contiguous(Summary(capacity=simulated)) == "static-max"
+    assert rival_in(Summary(capacity=simulated)) == "static-max"

@@ -28,7 +28,7 @@ def rate_words(c: CapacityBlock) -> str:
     return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
-def best_contiguous(summary: Summary) -> str | None:
+def rival_in(summary: Summary) -> str | None:
     """What the paged ones are measured against, by the one rule (analysis/headline.rival_of: an open bracket that
     may reach above a bracketed knee is bracketed first): the headline's contiguous engine where the run has a
     headline (the rule applied to the fit), else the rule over the capacity blocks' knees (a simulation's sweep,
@@ -176,7 +176,7 @@ def capacity_sentence(summary: Summary) -> str:
         line += "; no rate measured for " + ", ".join(
             f"{e} ({summary.engines[e].crashes} crashes; its calibration found no rate its share of the "
             "time could measure)" for e in missing)
-    rival = best_contiguous(summary)
+    rival = rival_in(summary)
     if rival is not None and not summary.headline:
         for e in (e for e in capacity if e in PAGED):
             if capacity[rival].sustained_rps <= 0:
@@ -237,7 +237,7 @@ def point_words(p: CapacityPoint) -> str:
 
 def capacity_table(summary: Summary) -> str:
     cap = summary.capacity
-    rival = best_contiguous(summary)
+    rival = rival_in(summary)
     rows = []
     for e, c in sorted(cap.items(), key=lambda kv: -kv[1].sustained_rps):
         vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \

@@ -409,8 +409,8 @@ def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None
     block = twin(summary) if twin is not None else None
     if block is not None:
         summary.twin = {e: TwinBlock.model_validate(b) for e, b in block.items()}
-    elif path.is_file() and (before := Summary.model_validate(json.loads(path.read_text()))).has("twin"):
-        summary.twin = before.twin  # simulated from this run's rows once they were all written
+    elif path.is_file() and "twin" in (before := json.loads(path.read_text())):
+        summary.twin = Summary.model_validate({"twin": before["twin"]}).twin  # simulated once the rows were written
     write_summary(path, summary)
     return summary
 

@@ -97,7 +97,7 @@ def test_the_headline_is_decided_precise_and_stopped_by_one_rule():
     h = headline(f, fit(pts, 0.9, spreads=np.zeros(1)), 1.5)
     assert (h.engine, h.against) == ("paged", "static-oracle")
     assert h.decided and h.precise and h.stop == "precise" and h.points == {"paged": 6, "static-oracle": 6}
-    assert 0.0 <= h.run_to_run_share <= 1.0 and h.to_json()["stop"] == "precise"
+    assert 0.0 <= h.run_to_run_share <= 1.0 and h.written()["stop"] == "precise"
     assert roles(f) == {"paged": "headline", "static-oracle": "rival", "hf": "screened"}
     assert resolvable(h, 4.0) < resolvable(h, 1.0) and time_to_resolve(h, pts, 1.5) == 0.0
     fewer = {e: p[:4] for e, p in pts.items()}
@@ -216,9 +216,9 @@ def test_two_engines_on_the_same_streams_share_their_load_and_the_fit_says_so():
     pts = {"paged": load_points(rng, 3.0, loads), "static-oracle": load_points(rng, 2.0, loads)}
     f = fit(pts, 0.9)
     h = headline(f, None, 1.5, pts)
-    assert h.paired_streams == 10 and h.to_json()["paired_streams"] == 10
-    assert 0.3 < h.to_json()["paired_correlation"] <= 1.0
-    assert set(h.to_json()["load_explained_share"]) == {"paged", "static-oracle"}
+    assert h.paired_streams == 10 and h.written()["paired_streams"] == 10
+    assert 0.3 < h.written()["paired_correlation"] <= 1.0
+    assert set(h.written()["load_explained_share"]) == {"paged", "static-oracle"}
 
 
 def test_one_outlier_stream_moves_the_knee_less_than_a_normal_spread_would():
@@ -258,3 +258,37 @@ def test_a_point_over_its_knee_is_halved_once_for_its_bracket():
     over = Judged(3.0, key_of(3.0), np.array([1.0] * 20 + [0.0] * 10 + [1.0] * 10), np.arange(40), "over_knee")
     met = Judged(2.0, key_of(2.0), np.ones(40), np.arange(40))
     assert fit({"static-oracle": [met, over]}, 0.9).estimates["static-oracle"].bracketed
+
+
+def test_the_run_to_run_share_is_one_rule_for_the_headline_and_each_engine():
+    """The share of an interval's log-width the stream-to-stream spread adds: none where the two intervals are one,
+    all where the within-runs interval has no width, 0 where an interval does not lie above 0 or has no width."""
+    from harness.analysis.headline import run_to_run_share
+
+    assert run_to_run_share((1.0, 4.0), (1.0, 4.0)) == 0.0
+    assert run_to_run_share((1.0, 4.0), (2.0, 2.0)) == 1.0
+    assert abs(run_to_run_share((1.0, 4.0), (1.0, 2.0)) - 0.5) < 1e-12
+    assert run_to_run_share((0.0, 4.0), (1.0, 2.0)) == run_to_run_share((2.0, 2.0), (1.0, 2.0)) == 0.0
+    assert run_to_run_share((1.0, 2.0), (0.5, 4.0)) == 0.0  # a within-runs interval wider than the whole: at least 0
+
+
+def test_the_report_picks_the_rival_by_the_headlines_one_rule():
+    """views/capacity_section.rival_in applies analysis/headline.rival_of to the capacity blocks: over blocks
+    carrying the fit's knees it picks the fit's rival (an open bracket reaching above the bracketed leader), and over a
+    simulation's blocks (no intervals) the contiguous engine that sustains the highest rate."""
+    from harness.analysis.headline import best_contiguous as fit_rival
+    from harness.analysis.summary_records import CapacityBlock, Knee, Summary
+    from harness.views.capacity_section import rival_in
+
+    rng = np.random.default_rng(9)
+    pts = {"paged": engine_points(rng, 3.0), "static-max": engine_points(rng, 1.0),
+           "static-oracle": [Judged(2.5, key_of(2.5), np.zeros(10), np.arange(10))]}  # every rate missed, at 2.5
+    f = fit(pts, 0.9)
+    blocks = {e: CapacityBlock(sustained_rps=k.rps, sustained_rps_ci=list(k.ci), knee=Knee(bracketed=k.bracketed))
+              for e, k in f.estimates.items()}
+    assert rival_in(Summary(capacity=blocks)) == fit_rival(f) == "static-oracle"
+    simulated = {"paged": CapacityBlock(sustained_rps=3.0), "static-max": CapacityBlock(sustained_rps=1.5),
+                 "static-oracle": CapacityBlock(sustained_rps=2.0, sustained_where="beyond")}
+    assert rival_in(Summary(capacity=simulated)) == "static-oracle"
+    simulated["static-max"] = CapacityBlock(sustained_rps=2.5)
+    assert rival_in(Summary(capacity=simulated)) == "static-max"

@@ -145,8 +145,8 @@ def test_an_engines_pooled_rates_are_over_its_judged_spans_not_the_time_to_its_l
     meta = {"config": {"kv_budget": "16MiB"}, "sweep": {"points": {"paged": points}}}
     out = engine_summary("paged", req, pd.DataFrame(columns=COLUMNS["samples"]),
                          pd.DataFrame(columns=COLUMNS["events"]), RunRecord.of(meta))
-    assert out["requests_per_s"] == 2.0 and out["output_tokens_per_s"] == 20.0 and out["window_s"] == 40.0
-    assert out["requests"] == out["requests_ok"] == 100
+    assert out.requests_per_s == 2.0 and out.output_tokens_per_s == 20.0 and out.figure("window_s") == 40.0
+    assert out.figure("requests") == out.requests_ok == 100
 
 
 def test_the_fixed_operating_point_is_gated_where_both_runs_measured_it(tmp_path):

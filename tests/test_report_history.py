@@ -29,7 +29,7 @@ def test_the_verdict_names_this_runs_engines_and_numbers_and_turns_with_the_outc
     assert "static-max served the most" in b[0]
     held_a = a[1].split("mean over the churn: ")[1]
     assert held_a.startswith("paged") and b[1].split("mean over the churn: ")[1].startswith("static-max")
-    assert f"{100 * first['engines']['paged']['token_states_share']:.1f} %" in a[2]
+    assert f"{100 * first.engines['paged'].token_states_share:.1f} %" in a[2]
     assert "static-max: 5 capacity and 5 fragmentation OOMs" in a[3]
     assert any("static-max, diagnosis" in s for s in a)
 

@@ -116,9 +116,9 @@ def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept)
             "offered_rps": point["offered_rps"], "stream_key": point["key"], "stream_index": 10**6}
     now = verdict_now(run_dir, RunRecord.of(meta), [late])
     before = next(p for p in summary["capacity"]["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
-    after = next(p for p in now.capacity["paged"]["points"] if p["offered_rps"] == point["offered_rps"])
-    assert after["judged"] == before["judged"] + 1  # no first token 30 s after its due time: a miss already
-    assert after["missed"] == before["missed"] + 1
+    after = next(p for p in now.capacity["paged"].points if p.offered_rps == point["offered_rps"])
+    assert after.judged == before["judged"] + 1  # no first token 30 s after its due time: a miss already
+    assert after.figure("missed") == before["missed"] + 1
 
 
 @pytest.mark.timeout(900)
@@ -183,10 +183,11 @@ def test_the_headline_reads_the_knee_points_alone():
     """paged's unsteady 3.0 req/s (97 % met) is left out: with it, paged's knee would lie above 3.0."""
     pts = {"paged": [judged(2.0, 1.0), judged(3.0, 0.97, use="unsteady"), judged(4.0, 0.4)],
            "static-oracle": [judged(1.0, 1.0), judged(2.0, 0.5)]}
-    h = headline(fit(pts, 0.9), None, 1.5)
-    assert h.engine == "paged" and h.to_json()["judged"]["paged"] == 200
-    assert h.fit.estimates["paged"] == fit({"paged": [pts["paged"][0], pts["paged"][2]]}, 0.9).estimates["paged"]
-    assert h.bracketed == {"paged": True, "static-oracle": True} and h.to_json()["replications"] == \
+    f = fit(pts, 0.9)  # the fit the headline is read from
+    h = headline(f, None, 1.5)
+    assert h.engine == "paged" and h.written()["judged"]["paged"] == 200
+    assert f.estimates["paged"] == fit({"paged": [pts["paged"][0], pts["paged"][2]]}, 0.9).estimates["paged"]
+    assert h.bracketed == {"paged": True, "static-oracle": True} and h.written()["replications"] == \
         {"paged": 2, "static-oracle": 2}
 
 
@@ -196,7 +197,7 @@ def test_a_ratio_of_knees_past_every_rate_measured_decides_nothing():
     pts = {"paged": [judged(1.0, 1.0), judged(1.5, 1.0)], "static-oracle": [judged(4.0, 1.0), judged(5.0, 0.95)]}
     h = headline(fit(pts, 0.9), None, 1.5)
     assert h.ratio_ci[1] < 1.0 and not h.decided and h.bracketed == {"paged": False, "static-oracle": False}
-    assert "not bracketed" in decision_line(HeadlineBlock.model_validate(h.to_json()))
+    assert "not bracketed" in decision_line(HeadlineBlock.model_validate(h.written()))
 
 
 # -- the decision's next point
@@ -269,3 +270,25 @@ def test_the_rival_is_a_contiguous_engine_whose_open_bracket_may_reach_above_the
     climbing = {"paged": paged, "static-max": static_max, "hf": [judged(0.25, 1.0)]}
     assert headline(fit(climbing, 0.9), None, 1.5).against == "static-max"
     assert headline(fit({**climbing, "hf": [judged(1.5, 1.0)]}, 0.9), None, 1.5).against == "hf"
+
+
+def test_the_verdict_is_worded_once_for_the_console_and_the_report():
+    """Every branch of the one wording (analysis/headline.verdict_words): the console's `decision:` line and the
+    report's headline sentence say the same words."""
+    from harness.analysis.headline import verdict_words
+    from harness.analysis.summary_records import Summary
+    from harness.views.capacity_section import headline_sentence
+
+    def block(ci, decided, precise, bracketed=None):
+        closed = bracketed or {"paged": True, "static-oracle": True}
+        return HeadlineBlock(engine="paged", against="static-oracle", ratio=2.0, ratio_ci=ci, decided=decided,
+                             precise=precise, precision=1.5, bracketed=closed)
+
+    assert verdict_words(block([1.8, 2.2], True, True)) == "decided"
+    assert verdict_words(block([1.5, 3.0], True, False)) == "decided, not precise (hi / lo 2.00 > 1.5)"
+    assert verdict_words(block([0.8, 2.0], False, False)) == "undecided (the interval holds 1.0)"
+    assert verdict_words(block([1.2, 2.0], False, False, {"paged": False, "static-oracle": True})) == \
+        "undecided (paged not bracketed: a knee past the rates measured is a bound)"
+    h = block([0.8, 2.0], False, False)
+    assert decision_line(h).endswith(": " + verdict_words(h))
+    assert headline_sentence(Summary(headline=h)).endswith(": " + verdict_words(h) + ".")

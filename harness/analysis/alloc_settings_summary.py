@@ -41,7 +41,7 @@ def setting_id(number: int, conf: str) -> str:
 
 
 def settings_block(run_dir: Path, summary: Summary, cfg: RunConfig,
-                   finalize: Callable[[Path], dict]) -> list[dict]:
+                   finalize: Callable[[Path], Summary]) -> list[dict]:
     """One record per setting the run compared (--compare-alloc-conf), the run's own first. `summary`: the run's
     own, as summarize is writing it. `finalize` summarizes a setting's run that never wrote its summary
     (summary.finalize, handed in: that module imports this one)."""
@@ -54,14 +54,14 @@ def settings_block(run_dir: Path, summary: Summary, cfg: RunConfig,
     return out
 
 
-def setting_summary(sub: Path, finalize: Callable[[Path], dict]) -> Summary | None:
+def setting_summary(sub: Path, finalize: Callable[[Path], Summary]) -> Summary | None:
     """A setting's summary.json; one its run never wrote (the run was killed in it) is computed from the rows it
     left, as any partial run's is; None where the setting's run never began."""
     if (sub / "summary.json").is_file():
         return Summary.model_validate(json.loads((sub / "summary.json").read_text()))
     if not (sub / "run.json").is_file():
         return None
-    return Summary.model_validate(finalize(sub))
+    return finalize(sub)
 
 
 def setting_record(conf: str, run: str | None, summary: Summary | None, engines: list[str]) -> dict:

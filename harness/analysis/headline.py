@@ -17,13 +17,13 @@ fit (harness/analysis/kneefit.py), whether it is decided and precise, what it re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from engines.registry import in_blocks
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged, bracket_of, knee_points, pooled
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.placement import MIN_POINTS, done
+from harness.analysis.summary_records import HeadlineBlock
 
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
@@ -42,16 +42,24 @@ def reference_of(engines) -> str | None:
     return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
 
 
+def rival_of(knees: dict[str, tuple[float, float, bool]]) -> str | None:
+    """The contiguous engine the paged one is measured against, the one rule (`knees`: engine -> its knee, its
+    interval's upper end, whether it is bracketed): the highest knee among those whose knee is bracketed, unless
+    one whose knee is not could still lie above it (its interval's upper end above the leader's knee: every rate
+    it was offered missed, or every one met). Then that one, the highest reach first, so that the decision
+    brackets it before it is ruled out. Knees without intervals (upper end = knee: a simulation's sweep) leave
+    the highest knee."""
+    est = {e: k for e, k in knees.items() if e not in PAGED}
+    closed = [e for e, (_, _, bracketed) in est.items() if bracketed]
+    leader = max(closed, key=lambda e: est[e][0], default=None)
+    contenders = [e for e, (_, hi, bracketed) in est.items()
+                  if not bracketed and (leader is None or hi > est[leader][0])]
+    return max(contenders, key=lambda e: est[e][1]) if contenders else leader
+
+
 def best_contiguous(fit: KneeFit) -> str | None:
-    """The contiguous engine the paged one is measured against: the highest knee among those whose knee is
-    bracketed, unless one whose knee is not could still lie above it (its interval's upper end above the
-    leader's knee: every rate it was offered missed, or every one met). Then that one, the highest reach first,
-    so that the decision brackets it before it is ruled out."""
-    est = {e: k for e, k in fit.estimates.items() if e not in PAGED}
-    closed = [e for e, k in est.items() if k.bracketed]
-    leader = max(closed, key=lambda e: est[e].rps, default=None)
-    contenders = [e for e, k in est.items() if not k.bracketed and (leader is None or k.ci[1] > est[leader].rps)]
-    return max(contenders, key=lambda e: est[e].ci[1]) if contenders else leader
+    """The rival (`rival_of`) among the fit's knees."""
+    return rival_of({e: (k.rps, k.ci[1], k.bracketed) for e, k in fit.estimates.items()})
 
 
 def roles(fit: KneeFit) -> dict[str, str]:
@@ -72,61 +80,14 @@ def bracket_ends(points: list[Judged], slo: SLO) -> list[Judged]:
     return [p for p in pts if p.offered_rps in (lo, hi)]
 
 
-@dataclass(frozen=True)
-class Headline:
-    engine: str
-    against: str
-    ratio: float
-    ratio_ci: tuple[float, float]
-    precision: float
-    within_ci: tuple[float, float]  # the ratio's interval with the stream-to-stream spread held at 0
-    fit: KneeFit
-    paired_streams: int = 0  # streams both engines judged at points their knees rest on (each at its own rate)
-
-    @property
-    def bracketed(self) -> dict[str, bool]:
-        return {e: self.fit.estimates[e].bracketed for e in (self.engine, self.against)}
-
-    @property
-    def decided(self) -> bool:
-        return not self.ratio_ci[0] <= 1.0 <= self.ratio_ci[1] and all(self.bracketed.values())
-
-    @property
-    def precise(self) -> bool:
-        return self.ratio_ci[1] <= self.ratio_ci[0] * self.precision
-
-    @property
-    def points(self) -> dict[str, int]:
-        return {e: self.fit.estimates[e].points for e in (self.engine, self.against)}
-
-    @property
-    def stop(self) -> str:
-        return "precise" if done(self.precise, self.points) else "time spent"
-
-    @property
-    def run_to_run_share(self) -> float:
-        """The share of the ratio interval's log-width that the stream-to-stream spread adds (what a rerun on
-        other streams would see and one stream's binomial draw does not), at least 0."""
-        lo, hi = self.ratio_ci
-        wlo, whi = self.within_ci
-        if min(lo, wlo) <= 0 or hi <= lo:
-            return 0.0
-        return max(0.0, 1.0 - math.log(whi / wlo) / math.log(hi / lo))
-
-    def to_json(self) -> dict:
-        est = self.fit.estimates
-        pair = (self.engine, self.against)
-        return {"engine": self.engine, "against": self.against, "ratio": round(self.ratio, 4),
-                "ratio_ci": list(self.ratio_ci), "method": METHOD.format(draws=f"{len(self.fit.log_knees[pair[0]]):,}"),
-                "decided": self.decided, "precise": self.precise, "precision": self.precision, "stop": self.stop,
-                "min_points": MIN_POINTS, "points": self.points, "judged": {e: est[e].judged for e in pair},
-                "run_to_run_share": round(self.run_to_run_share, 3), "ratio_ci_within_runs": list(self.within_ci),
-                "replications": {e: est[e].streams for e in pair}, "bracketed": self.bracketed,
-                "stream_spread": {e: round(self.fit.spread_s[e], 3) for e in pair},
-                "paired_streams": self.paired_streams,
-                "paired_correlation": round(self.fit.paired_correlation(*pair), 3),
-                "load_explained_share": {e: round(self.fit.explained_share(e), 3) for e in pair},
-                "load_gain": {e: [round(g, 3), *ci] for e in pair for g, ci in [self.fit.gain(e)]}}
+def run_to_run_share(ci, within_ci) -> float:
+    """The share of an interval's log-width that the stream-to-stream spread adds (what a rerun on other streams
+    would see and one stream's binomial draw does not): `within_ci` is the interval with that spread held at 0.
+    At least 0; 0 where either interval does not lie above 0 or `ci` has no width."""
+    (lo, hi), (wlo, whi) = ci, within_ci
+    if min(lo, hi, wlo, whi) <= 0 or hi <= lo:
+        return 0.0
+    return max(0.0, 1.0 - math.log(whi / wlo) / math.log(hi / lo))
 
 
 def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:
@@ -135,8 +96,9 @@ def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:
 
 
 def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
-             points: dict[str, list[Judged]] | None = None) -> Headline | None:
-    """The paged engine against the best contiguous one, or None when either is missing."""
+             points: dict[str, list[Judged]] | None = None) -> HeadlineBlock | None:
+    """The paged engine against the best contiguous one, or None when either is missing: summary.json's headline
+    as read from the fit (summary.headline_with adds what the run's points and time say of it)."""
     if fit is None:
         return None
     ref, rival = reference_of(fit.estimates), best_contiguous(fit)
@@ -144,10 +106,40 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
         return None
     ratio, ci = fit.ratio(ref, rival)
     within_ci = within.ratio(ref, rival)[1] if within is not None else ci
-    return Headline(ref, rival, ratio, ci, precision, within_ci, fit, paired(points or {}, ref, rival))
+    est, pair = fit.estimates, (ref, rival)
+    bracketed = {e: est[e].bracketed for e in pair}
+    counts = {e: est[e].points for e in pair}
+    decided = not ci[0] <= 1.0 <= ci[1] and all(bracketed.values())
+    precise = ci[1] <= ci[0] * precision
+    return HeadlineBlock(
+        engine=ref, against=rival, ratio=round(ratio, 4), ratio_ci=list(ci),
+        method=METHOD.format(draws=f"{len(fit.log_knees[ref]):,}"), decided=decided, precise=precise,
+        precision=precision, stop="precise" if done(precise, counts) else "time spent", min_points=MIN_POINTS,
+        points=counts, judged={e: est[e].judged for e in pair},
+        run_to_run_share=round(run_to_run_share(ci, within_ci), 3), ratio_ci_within_runs=list(within_ci),
+        replications={e: est[e].streams for e in pair}, bracketed=bracketed,
+        stream_spread={e: round(fit.spread_s[e], 3) for e in pair}, paired_streams=paired(points or {}, ref, rival),
+        paired_correlation=round(fit.paired_correlation(*pair), 3),
+        load_explained_share={e: round(fit.explained_share(e), 3) for e in pair},
+        load_gain={e: [round(g, 3), *ci_] for e in pair for g, ci_ in [fit.gain(e)]})
 
 
-def time_to_resolve(h: Headline, points: dict[str, list[Judged]], precision: float) -> float | None:
+def verdict_words(h: HeadlineBlock) -> str:
+    """Decided or not, and why, in a few words: the one wording of the headline's verdict (`decided` and `precise`
+    as `headline` computed them), which the console's `decision:` line (run/verdicts.py), the report's headline
+    sentence and its glance say. It lives beside the rule, not in views/: the console (run/) sits below the views."""
+    lo, hi = h.ratio_ci
+    if h.decided:
+        if h.precise:
+            return "decided"
+        return f"decided, not precise (hi / lo {hi / lo:.2f} > {h.precision:g})" if lo > 0 else "decided, not precise"
+    if lo <= 1.0 <= hi:
+        return "undecided (the interval holds 1.0)"
+    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
+    return f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
+
+
+def time_to_resolve(h: HeadlineBlock, points: dict[str, list[Judged]], precision: float) -> float | None:
     """Seconds of arrivals more, at points like the ones measured (fresh streams of the same judged size), for the
     ratio's interval to narrow to the precision."""
     pts = [p for e in (h.engine, h.against) for p in knee_points(points[e])]
@@ -157,7 +149,7 @@ def time_to_resolve(h: Headline, points: dict[str, list[Judged]], precision: flo
     return max(0.0, (factor - 1) * sum(len(p.met) / p.offered_rps for p in pts))
 
 
-def resolvable(h: Headline, factor: float) -> float:
+def resolvable(h: HeadlineBlock, factor: float) -> float:
     """The smallest ratio an interval `factor` times as many judged requests would tell from 1.0: its
     half-width in log, the present log-width shrunk by sqrt(factor)."""
     width = math.log(h.ratio_ci[1] / h.ratio_ci[0]) if h.ratio_ci[0] > 0 else math.inf

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.analysis.capacity import SLO
+from harness.analysis.capacity import SLO, sustained_rate
 from harness.analysis.summary_records import KneePoint
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, replication_of
 
@@ -223,23 +223,33 @@ def knee_point(points: list[dict], slo: SLO) -> dict:
     return kept[min(at)[1]] if at else max(points, key=lambda p: p["offered_rps"])
 
 
-# `block`: the capacity block summarize is building; summary.json is written from dicts (records.py reads it)
+def sustained(points: list[dict], slo: SLO, estimate) -> tuple[float, str]:
+    """A measured engine's sustained rate and where it lies against the rates measured, the one definition: the
+    joint fit's knee (a kneefit.KneeEstimate); only where no point can carry a knee (estimate None) the rate
+    interpolated between the rates measured (capacity.sustained_rate, a simulation's sweep's own rule)."""
+    if estimate is None:
+        return sustained_rate(points, slo)
+    return estimate.rps, where_of(points, slo, estimate.bracketed)
+
+
+# `block`: the capacity block's figures summarize computed (its points and what they rest on)
 def knee_block(block: dict, slo: SLO, estimate) -> dict:
-    """A capacity block with its knee (a kneefit.KneeEstimate, or None where no point can carry one: the
-    interpolated rate stays, with no interval) and the constraint that bound it at the knee point."""
+    """A capacity block: its sustained rate (`sustained`, set once here), the points' figures, its knee (a
+    kneefit.KneeEstimate, or None where no point can carry one: no interval) and the constraint that bound it
+    at the knee point."""
     points = block["points"]
+    rate, where = sustained(points, slo, estimate)
     at = knee_point(points, slo)
     knee = KneePoint(kv_usage=at.get("kv_usage"), waiting_for_memory_share=at.get("waiting_for_memory_share"),
                      running=at.get("mean_running"), step_s=at.get("step_s"), oom_total=at.get("oom_total", 0),
                      preemptions=at.get("preemptions", 0), offered_rps=at["offered_rps"],
                      crashes=at.get("crashes", 0))
     bound, evidence = binding_constraint(knee, at.get("failed", 0), at.get("missed", 0))
-    out = {**block, "sustained_rps_ci": None, "bound": bound, "bound_evidence": evidence,
-           "knee_point": knee.written(), "knee": None}
-    if estimate is not None:
-        out.update(sustained_rps=estimate.rps, sustained_rps_ci=list(estimate.ci), knee=estimate.to_json(),
-                   sustained_where=where_of(points, slo, estimate.bracketed))
-    return out
+    figures = {k: v for k, v in block.items() if k not in ("sustained_rps", "sustained_where")}
+    return {"sustained_rps": rate, "sustained_where": where, **figures,
+            "sustained_rps_ci": None if estimate is None else list(estimate.ci), "bound": bound,
+            "bound_evidence": evidence, "knee_point": knee.written(),
+            "knee": None if estimate is None else estimate.to_json()}
 
 
 def where_of(points: list[dict], slo: SLO, bracketed: bool) -> str:

@@ -3,8 +3,8 @@ then passed whole. What the views and the analysis read is a field here; what th
 (`extra="allow"`), so a record holds its file's every key and adding a figure needs no change here until something
 reads it.
 
-The files are still written from dicts (bench writes run.json, `summary.finalize` writes summary.json): these
-records are the reading side alone, so the files keep their fields, values and bytes."""
+bench writes run.json from dicts: these records are its reading side alone, so the file keeps its fields, values and
+bytes. summary.json is written from its record (summary_records.py's records keep the order their keys were given)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ Works on a partial run as well: whatever rows were written are what it summarize
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,13 +14,13 @@ from engines.kv_categories import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
-from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.capacity import SLO, judged_verdicts, meets_slo, request_metrics
 from harness.analysis.headline import (
-    Headline,
     bracket_ends,
     headline,
     resolvable,
     roles,
+    run_to_run_share,
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
@@ -41,7 +40,17 @@ from harness.analysis.rundir import (
 )
 from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
-from harness.analysis.summary_records import Summary
+from harness.analysis.summary_records import (
+    AllocSetting,
+    CapacityBlock,
+    EngineFigures,
+    HeadlineBlock,
+    Ratio,
+    SizeRule,
+    Summary,
+    TimeSpent,
+    TwinBlock,
+)
 from harness.analysis.token_load import log_token_load, mean_tokens_asked
 from harness.results import read_rows
 from workloads.outcome import UNFINISHED
@@ -102,7 +111,9 @@ def judged_of(engine: str, req: pd.DataFrame, meta: RunRecord) -> tuple[pd.DataF
     return judged[~judged.index.duplicated()], max(seconds, 1e-9)
 
 
-def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: RunRecord) -> dict:
+def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, meta: RunRecord,
+                   integrity: dict | None = None) -> EngineFigures:
+    """summary.json's `engines.<engine>`: the engine's figures over the run, its KV-integrity probes judged."""
     cfg = meta.config
     churn = steady(smp, meta, engine)
     window = max(float(req.end_s.max()) if len(req) and req.end_s.notna().any() else 0.0, 1e-9)
@@ -146,7 +157,8 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     kvb = pd.to_numeric(smp.get("kv_bytes_per_token", pd.Series(dtype=float)), errors="coerce").dropna()
     out["kv_bytes_per_token"] = int(kvb.iloc[0]) if len(kvb) else None
     out["allocator"] = allocator_block(smp, churn, ooms)  # analysis/allocator_summary.py: --memory caching's figures
-    return out
+    out["integrity"] = integrity
+    return EngineFigures.model_validate(out)
 
 
 def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, window: SweepPoint, slo: SLO,
@@ -243,7 +255,8 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
         ids += rows.loc[judged_verdicts(rows, slo).index, "request_id"].tolist()
     order = np.argsort([p.offered_rps for p in judged], kind="stable")
     judged = [judged[i] for i in order]
-    block = capacity_block(points, slo)  # its sustained rate is the joint fit's, set by `intervals`
+    # its sustained rate is the joint fit's knee, set once by `intervals` (knee.knee_block)
+    block = {"slo": slo.to_json(), "points": sorted(points, key=lambda p: p["offered_rps"])}
     block["rests_on_unsteady"] = rests_on_unsteady(judged)
     block["judged_total"] = int(sum(p["judged"] for p in points))
     block["distinct_requests"] = len(set(ids))
@@ -260,7 +273,8 @@ def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> tu
 
 
 def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
-              fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict, dict]:
+              fits: tuple[KneeFit | None, KneeFit | None] | None = None
+              ) -> tuple[dict[str, CapacityBlock], dict[str, Ratio]]:
     """Every engine's capacity block with its knee (the joint fit's estimate, interval and what it rests on),
     its role and the constraint that bound it; and every pair's ratio with its interval."""
     slo = meta.config.slo
@@ -273,7 +287,7 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
         out[e]["role"] = role.get(e, "screened")
         if est is not None and within is not None and e in within.estimates:
             out[e]["sustained_rps_ci_within_runs"] = list(within.estimates[e].ci)
-            out[e]["run_to_run_share"] = round(share_of_width(est.ci, within.estimates[e].ci), 3)
+            out[e]["run_to_run_share"] = round(run_to_run_share(est.ci, within.estimates[e].ci), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
@@ -285,32 +299,20 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
         for b in knees.estimates:
             if a != b:
                 ratio, ci = knees.ratio(a, b)
-                ratios[f"{a}/{b}"] = {"ratio": round(ratio, 4), "ratio_ci": list(ci)}
-    return out, ratios
-
-
-def share_of_width(ci: tuple[float, float], within_ci: tuple[float, float]) -> float:
-    """The share of an interval's log-width that the stream-to-stream spread adds, at least 0."""
-    if min(*ci, *within_ci) <= 0 or ci[1] <= ci[0]:
-        return 0.0
-    return max(0.0, 1.0 - math.log(within_ci[1] / within_ci[0]) / math.log(ci[1] / ci[0]))
-
-
-def headline_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> dict | None:
-    """summary.json's headline: the paged engine against the best contiguous one, decided or not, what it
-    rests on and (when undecided) how much longer a run would need."""
-    return headline_with(blocks, meta)[0]
+                ratios[f"{a}/{b}"] = Ratio(ratio=round(ratio, 4), ratio_ci=list(ci))
+    return {e: CapacityBlock.model_validate(b) for e, b in out.items()}, ratios
 
 
 def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
-                  fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> tuple[dict | None, Headline | None]:
-    """`headline_of`'s block and the Headline it was read from."""
+                  fits: tuple[KneeFit | None, KneeFit | None] | None = None) -> HeadlineBlock | None:
+    """summary.json's headline: the paged engine against the best contiguous one, decided or not, what it
+    rests on and (when undecided) how much longer a run would need."""
     cfg, search = meta.config, (meta.sweep.search if meta.sweep else None) or SearchSettings()
     precision = float(search.precision or cfg.precision or 1.5)
     slo, pts = cfg.slo, {e: j for e, (_, j) in blocks.items()}
     h = headline(*(fits or fits_of(blocks, meta)), precision, pts)
     if h is None:
-        return None, None
+        return None
     more_s = time_to_resolve(h, pts, precision)
     ends = {e: [{"offered_rps": p.offered_rps, "judged": judged_at(pts[e], p.offered_rps), "steady": p.use == "steady",
                  "use": p.use} for p in bracket_ends(pts[e], slo)] for e in (h.engine, h.against)}
@@ -318,11 +320,11 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     left_out = {e: [p.offered_rps for p in pts[e] if p.use == "unsteady"] for e in (h.engine, h.against)}
     spent = float(meta.bench_s or cfg.time_s or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
-    return {**h.to_json(), "bracket_ends": ends, "unsteady_rates": left_out,
-            "time_s": search.time_s,
-            "more_arrival_s_to_precision": None if more_s is None else round(more_s, 1),
-            "resolvable_ratio": round(resolvable(h, 1.0), 3),
-            "resolvable_ratio_with_20_more_minutes": round(resolvable(h, factor_20min), 3)}, h
+    h.bracket_ends, h.unsteady_rates, h.time_s = ends, left_out, search.time_s
+    h.more_arrival_s_to_precision = None if more_s is None else round(more_s, 1)
+    h.resolvable_ratio = round(resolvable(h, 1.0), 3)
+    h.resolvable_ratio_with_20_more_minutes = round(resolvable(h, factor_20min), 3)
+    return h
 
 
 def judged_at(points: list[Judged], rate: float) -> int:
@@ -360,38 +362,39 @@ def blocks_of(frames: dict[str, pd.DataFrame], meta: RunRecord,
     return by_budget
 
 
-def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict:
+def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> Summary:
+    """summary.json as one typed record: every block as the function that computes it returns it."""
     meta = RunRecord.read(run_dir)
     frames = frames or load_frames(run_dir)
     req, smp, ev = frames["requests"], frames["samples"], frames["events"]
-    cfg = meta.config
-    summary = {"run_id": meta.run_id if meta.has("run_id") else run_dir.name,
-               "status": meta.status if meta.has("status") else "partial",
-               "max_seq_len": cfg.max_seq_len, "engines": {}}
+    cfg, engines = meta.config, {}
     for engine in engines_of(req, meta):
         r, s, e = req[req.engine == engine], smp[smp.engine == engine], ev[ev.engine == engine]
         if len(r) or len(s):
-            summary["engines"][engine] = engine_summary(engine, r, s, e, meta)
-            summary["engines"][engine]["integrity"] = integrity_of(run_dir / "engines" / engine)
+            engines[engine] = engine_summary(engine, r, s, e, meta, integrity_of(run_dir / "engines" / engine))
+    summary = Summary(run_id=meta.run_id if meta.has("run_id") else run_dir.name,
+                      status=meta.status if meta.has("status") else "partial", max_seq_len=cfg.max_seq_len,
+                      engines=engines)
     by_budget = blocks_of(frames, meta)
     own = cfg.kv_budget
     if own in by_budget:
         fits = fits_of(by_budget[own], meta)
-        summary["capacity"], summary["capacity_ratios"] = intervals(by_budget[own], meta, fits)
-        summary["headline"] = headline_with(by_budget[own], meta, fits)[0]
-        summary["time_spent"] = time_spent(meta)
+        summary.capacity, summary.capacity_ratios = intervals(by_budget[own], meta, fits)
+        summary.headline = headline_with(by_budget[own], meta, fits)
+        summary.time_spent = TimeSpent.model_validate(time_spent(meta))
     if len(cfg.budgets) > 1:
         budgets = {b.label: b for b in cfg.budgets}  # each label parsed once, in the run's config record
-        for budget, blocks in by_budget.items():
-            summary.setdefault("capacity_by_budget", {})[str(budgets[budget].bytes)] = intervals(blocks, meta)[0]
-    if cfg.compare_alloc_confs:  # --compare-alloc-conf: each setting's own run beside this one (typed only then)
-        summary["alloc_settings"] = settings_block(run_dir, Summary.model_validate(summary), cfg, finalize)
+        summary.capacity_by_budget = {str(budgets[budget].bytes): intervals(blocks, meta)[0]
+                                      for budget, blocks in by_budget.items()}
+    if cfg.compare_alloc_confs:  # --compare-alloc-conf: each setting's own run beside this one
+        summary.alloc_settings = [AllocSetting.model_validate(s) for s in settings_block(run_dir, summary, cfg,
+                                                                                          finalize)]
     if rule := run_rule(req, cfg):  # --memory caching: do its allocations fall in a real model's size classes?
-        summary["size_classes_rule"] = rule
+        summary.size_classes_rule = SizeRule.model_validate(rule)
     return summary
 
 
-def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None) -> dict:
+def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None) -> Summary:
     """Parquet files and summary.json from the journals, written once, whole; safe to repeat. `twin` computes
     the twin's block from the summary (the simulator lives above this room: the caller hands it in); without
     it, a twin an earlier finalize wrote is kept."""
@@ -403,23 +406,23 @@ def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None
         steps.to_parquet(run_dir / "steps.parquet", index=False)
     summary = summarize(run_dir, frames)
     path = run_dir / "summary.json"
-    block = twin(Summary.model_validate(summary)) if twin is not None else None  # typed once for the twin
+    block = twin(summary) if twin is not None else None
     if block is not None:
-        summary["twin"] = block
+        summary.twin = {e: TwinBlock.model_validate(b) for e, b in block.items()}
     elif path.is_file() and "twin" in (before := json.loads(path.read_text())):
-        summary["twin"] = before["twin"]  # simulated from this run's rows once they were all written
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path)  # a reader never sees half a summary
+        summary.twin = Summary.model_validate({"twin": before["twin"]}).twin  # simulated once the rows were written
+    write_summary(path, summary)
     return summary
 
 
-def read_summary(run_dir: Path) -> dict:
-    """summary.json as finalize wrote it (a run never finalized is finalized first)."""
-    path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else finalize(run_dir)
+def write_summary(path: Path, summary: Summary) -> None:
+    """summary.json's one writer: the record as it was built, whole (a reader never sees half a summary)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary.written(), indent=2))
+    tmp.replace(path)
 
 
 def read_summary_record(run_dir: Path) -> Summary:
-    """summary.json read once into the record every page takes."""
-    return Summary.model_validate(read_summary(run_dir))
+    """summary.json read once into the record every page takes (a run never finalized is finalized first)."""
+    path = run_dir / "summary.json"
+    return Summary.model_validate(json.loads(path.read_text())) if path.is_file() else finalize(run_dir)

@@ -3,8 +3,39 @@ page reads of a run, read once where the page starts (harness/analysis/records.p
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import PrivateAttr, SerializerFunctionWrapHandler, model_serializer, model_validator
+
 from harness.analysis.capacity import SLO
-from harness.analysis.records import Num, Record
+from harness.analysis.records import Num
+from harness.analysis.records import Record as JsonRecord
+
+
+class Record(JsonRecord):
+    """A block of summary.json: analysis builds it, `written()` gives it back in the order its keys were given
+    (at construction, then as set), so the one writer (summary.write_summary) writes the bytes the dicts did."""
+
+    _order: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data: Any, handler) -> Any:
+        made = handler(data)
+        if isinstance(data, dict) and isinstance(made, Record):
+            made._order = tuple(data)
+        return made
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not name.startswith("_") and name not in self._order:
+            self._order = (*self._order, name)
+
+    @model_serializer(mode="wrap")
+    def _in_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        rank = {k: i for i, k in enumerate(self._order)}
+        return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
 class Divergence(Record):
@@ -141,6 +172,7 @@ class KneePoint(Record):
 class Knee(Record):
     points: Num | None = None
     streams: Num | None = None
+    bracketed: bool | None = None
 
 
 class OperatingPoint(Record):
@@ -175,7 +207,8 @@ class Ratio(Record):
 
 
 class HeadlineBlock(Record):
-    """summary.json's `headline` (headline.Headline.to_json and what summary.headline_with adds)."""
+    """summary.json's `headline`: analysis/headline.headline builds it from the knee fit (decided, precise, stop
+    and the run-to-run share computed there once), summary.headline_with adds what the run's points say."""
 
     engine: str
     against: str
@@ -187,9 +220,11 @@ class HeadlineBlock(Record):
     precision: Num | None = None
     stop: str | None = None
     min_points: Num | None = None
+    points: dict[str, Num] = {}  # the points each engine's knee rests on
     judged: dict[str, Num] = {}
     run_to_run_share: Num | None = None
     ratio_ci_within_runs: list[Num] | None = None
+    replications: dict[str, Num] | None = None  # independent streams under each knee
     bracketed: dict[str, bool] | None = None
     stream_spread: dict[str, Num] | None = None
     unsteady_rates: dict[str, list[Num]] | None = None
@@ -200,6 +235,7 @@ class HeadlineBlock(Record):
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
     paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
+    load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
 
 
 class PhaseTimes(Record):

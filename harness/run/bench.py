@@ -16,7 +16,6 @@ from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.steady import fewest_to_pass
-from harness.analysis.summary_records import Summary
 from harness.results import Journal
 from harness.run.alloc_settings_runs import run_settings
 from harness.run.calibration import LOADGEN_STARTUP_S, Calibration
@@ -96,8 +95,7 @@ class Bench:
             self.console.plain("simulating the run's twin")
         summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep else None)  # written once, whole
         if self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's own headline
-            headline = Summary.model_validate(summary).headline
-            self.console.say(decision_line(headline, "as summary.json and the report say"))
+            self.console.say(decision_line(summary.headline, "as summary.json and the report say"))
         return self.dir
 
     def order(self) -> list[str]:

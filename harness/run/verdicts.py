@@ -1,6 +1,6 @@
 """What the run says now, computed as summary.json will compute it: the journals as written so far (the
 requests still in flight judged by the rule the summary applies to one cut off at the run's end), through the
-summary's own functions (`blocks_of`, `intervals`, `headline_of`: the same replicates, the same seed). The
+summary's own functions (`blocks_of`, `intervals`, `headline_with`: the same replicates, the same seed). The
 search's early stop, the decision phase and the console's `decision:` lines read this and nothing else, so
 none of them can say "decided" where the report does not."""
 
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.analysis.headline import verdict_words
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of, fits_of, headline_with, intervals
-from harness.analysis.summary_records import HeadlineBlock
+from harness.analysis.summary_records import CapacityBlock, HeadlineBlock, Ratio
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,14 @@ class Verdict:
     """The run at one moment, at its own KV budget."""
 
     points: dict[str, list[Judged]]  # per engine, its judged points (with what a knee may make of each)
-    capacity: dict  # summary.json's `capacity`
-    ratios: dict  # summary.json's `capacity_ratios`
+    capacity: dict[str, CapacityBlock]  # summary.json's `capacity`
+    ratios: dict[str, Ratio]  # summary.json's `capacity_ratios`
     headline: HeadlineBlock | None  # summary.json's `headline`
     fit: KneeFit | None = None  # the knee fit every figure above was read from
 
     def ratio_ci(self, a: str, b: str) -> list[float] | None:
-        return (self.ratios.get(f"{a}/{b}") or {}).get("ratio_ci")
+        r = self.ratios.get(f"{a}/{b}")
+        return None if r is None else r.ratio_ci
 
     def line(self, status: str | None = None) -> str:
         return decision_line(self.headline, status)
@@ -41,12 +43,7 @@ def decision_line(h: HeadlineBlock | None, status: str | None = None) -> str:
     if h is None:
         return "decision: no headline (a paged engine and a contiguous one, each with points a knee rests on)"
     lo, hi = h.ratio_ci
-    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
-    verdict = "decided" if h.decided else "undecided (the interval holds 1.0)" if lo <= 1.0 <= hi else \
-        f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
-    if h.decided and not h.precise:
-        verdict += f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})" if lo > 0 else ", not precise"
-    return (f"decision: {h.engine} / {h.against} = {h.ratio:.2f} [{lo:.2f}, {hi:.2f}]: {verdict}"
+    return (f"decision: {h.engine} / {h.against} = {h.ratio:.2f} [{lo:.2f}, {hi:.2f}]: {verdict_words(h)}"
             + (f"; {status}" if status else ""))
 
 
@@ -55,9 +52,8 @@ def verdict_of(frames: dict[str, pd.DataFrame], run: RunRecord, engines: list[st
     blocks = blocks_of(frames, run, engines).get(run.config.kv_budget, {})
     fits = fits_of(blocks, run)
     capacity, ratios = intervals(blocks, run, fits) if blocks else ({}, {})
-    head = headline_with(blocks, run, fits)[0] if blocks else None
-    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios,
-                   None if head is None else HeadlineBlock.model_validate(head), fits[0])
+    head = headline_with(blocks, run, fits) if blocks else None
+    return Verdict({e: j for e, (_, j) in blocks.items()}, capacity, ratios, head, fits[0])
 
 
 def verdict_now(run_dir: Path, run: RunRecord, in_flight: list[dict]) -> Verdict:

@@ -358,6 +358,6 @@ def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[Summary], dic
     return block
 
 
-def write_twin(run_dir: Path, n_jobs: int | None = None) -> dict:
+def write_twin(run_dir: Path, n_jobs: int | None = None) -> Summary:
     """The run's summary.json written again, its twin included (a run finished before it simulated one)."""
     return finalize(Path(run_dir), twin_of(run_dir, n_jobs))

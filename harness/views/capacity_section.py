@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.analysis.headline import PAGED
+from harness.analysis.headline import PAGED, rival_of, verdict_words
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
 from harness.analysis.records import RecordedDesign
 from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
@@ -28,15 +28,24 @@ def rate_words(c: CapacityBlock) -> str:
     return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
 
 
-def best_contiguous(summary: Summary) -> str | None:
-    """What the paged ones are measured against: the headline's contiguous engine where the run has a headline
-    (analysis/headline.best_contiguous: an open bracket that may reach above a bracketed knee is bracketed
-    first), else the contiguous engine that sustains the highest rate (a simulation's sweep)."""
+def rival_in(summary: Summary) -> str | None:
+    """What the paged ones are measured against, by the one rule (analysis/headline.rival_of: an open bracket that
+    may reach above a bracketed knee is bracketed first): the headline's contiguous engine where the run has a
+    headline (the rule applied to the fit), else the rule over the capacity blocks' knees (a simulation's sweep,
+    with no intervals: the contiguous engine that sustains the highest rate)."""
     capacity = summary.capacity
     against = summary.headline.against if summary.headline else None
     if against in capacity:
         return against
-    return max((e for e in capacity if e not in PAGED), key=lambda e: capacity[e].sustained_rps, default=None)
+    return rival_of({e: knee_of(c) for e, c in capacity.items()})
+
+
+def knee_of(c: CapacityBlock) -> tuple[float, float, bool]:
+    """A block's knee as the rival's rule reads it: its rate, its interval's upper end, whether it is bracketed (the
+    fit's word where the block has a knee, else: within the rates measured)."""
+    hi = c.sustained_rps_ci[1] if c.sustained_rps_ci else c.sustained_rps
+    fitted = c.knee is not None and c.knee.bracketed is not None
+    return c.sustained_rps, hi, bool(c.knee.bracketed) if fitted else c.sustained_where == "within"
 
 
 def ratio_words(summary: Summary, mine: str, theirs: str) -> str:
@@ -62,18 +71,6 @@ def best_words(summary: Summary, rival: str) -> str:
         return "the best contiguous engine"
     return (f"the best contiguous engine with a knee measured ({', '.join(unmeasured)}: none measured in this run's "
             "time, so not compared)")
-
-
-def verdict_words(h: HeadlineBlock) -> str:
-    """decided or not, and why, in a few words: what the headline's interval says (summary.json's `decided` and
-    `precise`, computed once in analysis/headline.py)."""
-    lo, hi = h.ratio_ci
-    if h.decided:
-        return "decided" + ("" if h.precise else f", not precise (hi / lo {hi / lo:.2f} > {h.precision:g})")
-    if lo <= 1.0 <= hi:
-        return "undecided: no measurable difference (the interval holds 1.0)"
-    open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
-    return f"undecided: {' and '.join(open_)} not bracketed (a knee past the rates measured is a bound)"
 
 
 def headline_sentence(summary: Summary) -> str | None:
@@ -179,7 +176,7 @@ def capacity_sentence(summary: Summary) -> str:
         line += "; no rate measured for " + ", ".join(
             f"{e} ({summary.engines[e].crashes} crashes; its calibration found no rate its share of the "
             "time could measure)" for e in missing)
-    rival = best_contiguous(summary)
+    rival = rival_in(summary)
     if rival is not None and not summary.headline:
         for e in (e for e in capacity if e in PAGED):
             if capacity[rival].sustained_rps <= 0:
@@ -240,7 +237,7 @@ def point_words(p: CapacityPoint) -> str:
 
 def capacity_table(summary: Summary) -> str:
     cap = summary.capacity
-    rival = best_contiguous(summary)
+    rival = rival_in(summary)
     rows = []
     for e, c in sorted(cap.items(), key=lambda kv: -kv[1].sustained_rps):
         vs = "the best contiguous" if e == rival else ratio_words(summary, e, rival) \

@@ -10,9 +10,9 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from harness.analysis.headline import verdict_words
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import CapacityBlock, HeadlineBlock, Summary
-from harness.views.capacity_section import verdict_words
 from harness.views.html import CATEGORY_COLORS, CATEGORY_LABELS, fig_html
 
 

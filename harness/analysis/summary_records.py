@@ -12,7 +12,7 @@ from harness.analysis.records import Num
 from harness.analysis.records import Record as JsonRecord
 
 
-class Record(JsonRecord):
+class SummaryBlock(JsonRecord):
     """A block of summary.json: analysis builds it, `written()` gives it back in the order its keys were given
     (at construction, then as set), so the one writer (summary.write_summary) writes the bytes the dicts did."""
 
@@ -22,7 +22,7 @@ class Record(JsonRecord):
     @classmethod
     def _keep_order(cls, data: Any, handler) -> Any:
         made = handler(data)
-        if isinstance(data, dict) and isinstance(made, Record):
+        if isinstance(data, dict) and isinstance(made, SummaryBlock):
             made._order = tuple(data)
         return made
 
@@ -38,7 +38,7 @@ class Record(JsonRecord):
         return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
-class Divergence(Record):
+class Divergence(SummaryBlock):
     """A probe that diverged from its idle answer: its row (integrity.jsonl) and what the engine was doing."""
 
     probe: str = ""
@@ -48,7 +48,7 @@ class Divergence(Record):
     doing: str = ""
 
 
-class Integrity(Record):
+class Integrity(SummaryBlock):
     """An engine's KV-integrity probes, judged (analysis/integrity.py), with the idle phase they rest on."""
 
     probes: Num = 0
@@ -66,7 +66,7 @@ class Integrity(Record):
     divergences: list[Divergence] = []
 
 
-class SizeClasses(Record):
+class SizeClasses(SummaryBlock):
     """Allocations by PyTorch's size class (small <= 1 MiB, large under 10 MiB, huge)."""
 
     small: Num = 0
@@ -74,7 +74,7 @@ class SizeClasses(Record):
     huge: Num = 0
 
 
-class AllocatorFigures(Record):
+class AllocatorFigures(SummaryBlock):
     """The caching allocator's figures under --memory caching (analysis/allocator_summary.py; simulate's per policy)."""
 
     alloc_conf: str | None = None
@@ -93,7 +93,7 @@ class AllocatorFigures(Record):
     size_classes: SizeClasses | None = None
 
 
-class EngineFigures(Record):
+class EngineFigures(SummaryBlock):
     """summary.json's `engines.<engine>`: one engine's figures over the run (summary.engine_summary)."""
 
     source: str = "fragbench"
@@ -130,7 +130,7 @@ class EngineFigures(Record):
     allocator: AllocatorFigures | None = None
 
 
-class CapacityPoint(Record):
+class CapacityPoint(SummaryBlock):
     """One offered rate's figures in a capacity block (summary.point_figures; simulate's, with fewer)."""
 
     offered_rps: Num
@@ -156,7 +156,7 @@ class CapacityPoint(Record):
     free_share: Num | None = None
 
 
-class KneePoint(Record):
+class KneePoint(SummaryBlock):
     """The figures at the lowest rate that missed the SLO (knee.knee_block writes them, in this order)."""
 
     kv_usage: Num | None = None
@@ -169,20 +169,20 @@ class KneePoint(Record):
     crashes: Num = 0
 
 
-class Knee(Record):
+class Knee(SummaryBlock):
     points: Num | None = None
     streams: Num | None = None
     bracketed: bool | None = None
 
 
-class OperatingPoint(Record):
+class OperatingPoint(SummaryBlock):
     """The fixed rate an engine is measured at first, on keys no search reaches (analysis/operating.py)."""
 
     offered_rps: Num | None = None
     keys: list[str] = []
 
 
-class CapacityBlock(Record):
+class CapacityBlock(SummaryBlock):
     """summary.json's `capacity.<engine>`: the sustained rate at the SLO, its interval and the points."""
 
     sustained_rps: Num
@@ -201,12 +201,12 @@ class CapacityBlock(Record):
     operating_point: OperatingPoint | None = None
 
 
-class Ratio(Record):
+class Ratio(SummaryBlock):
     ratio: Num
     ratio_ci: list[Num]
 
 
-class HeadlineBlock(Record):
+class HeadlineBlock(SummaryBlock):
     """summary.json's `headline`: analysis/headline.headline builds it from the knee fit (decided, precise, stop
     and the run-to-run share computed there once), summary.headline_with adds what the run's points say."""
 
@@ -238,19 +238,19 @@ class HeadlineBlock(Record):
     load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
 
 
-class PhaseTimes(Record):
+class PhaseTimes(SummaryBlock):
     setup_s: Num = 0.0
     operating_point_s: Num = 0.0
     search_s: Num = 0.0
     decision_s: Num = 0.0
 
 
-class TimeSpent(Record):
+class TimeSpent(SummaryBlock):
     bench_s: Num | None = None
     engines: dict[str, PhaseTimes] = {}
 
 
-class TwinErrors(Record):
+class TwinErrors(SummaryBlock):
     """The twin against the measurement: twin / measured - 1, the token-state share as a difference in points."""
 
     sustained_rps: Num | None = None
@@ -260,7 +260,7 @@ class TwinErrors(Record):
     token_states_share: Num | None = None
 
 
-class StepModelInfo(Record):
+class StepModelInfo(SummaryBlock):
     """A step-time model as it describes itself (sim/stepfit.FittedStepModel, or the roofline's constants)."""
 
     rows: Num | None = None
@@ -275,18 +275,18 @@ class StepModelInfo(Record):
     peak_flops: Num | None = None
 
 
-class BudgetPoint(Record):
+class BudgetPoint(SummaryBlock):
     kv_budget_bytes: Num
     sustained_rps: Num
     sustained_where: str
 
 
-class BudgetNeed(Record):
+class BudgetNeed(SummaryBlock):
     rate_rps: Num | None = None
     kv_budget_bytes: Num | None = None
 
 
-class TwinBlock(Record):
+class TwinBlock(SummaryBlock):
     """summary.json's `twin.<engine>` (sim/twin.run_twin)."""
 
     sustained_rps: Num
@@ -298,7 +298,7 @@ class TwinBlock(Record):
     budget_for_best_rps: BudgetNeed = BudgetNeed()
 
 
-class SettingFigures(Record):
+class SettingFigures(SummaryBlock):
     """One engine under one allocator setting (analysis/alloc_settings_summary.engine_figures)."""
 
     served: bool = True
@@ -312,7 +312,7 @@ class SettingFigures(Record):
     size_classes: SizeClasses | None = None
 
 
-class AllocSetting(Record):
+class AllocSetting(SummaryBlock):
     """summary.json's `alloc_settings[i]`: one PYTORCH_CUDA_ALLOC_CONF setting's run, the run's own first."""
 
     alloc_conf: str
@@ -321,7 +321,7 @@ class AllocSetting(Record):
     engines: dict[str, SettingFigures] = {}
 
 
-class SizeRule(Record):
+class SizeRule(SummaryBlock):
     """summary.json's `size_classes_rule` (analysis/size_classes.comparison): this model's allocation classes
     against a real model's, per allocation pattern and class."""
 
@@ -336,7 +336,7 @@ class SizeRule(Record):
     tolerance: Num
 
 
-class Summary(Record):
+class Summary(SummaryBlock):
     """summary.json (summary.summarize), or simulate's sweep (its `policies` beside its capacity blocks): what
     every page reads of a run."""
 
@@ -359,7 +359,7 @@ class Summary(Record):
         return self.has("policies")
 
 
-class PolicyFigures(Record):
+class PolicyFigures(SummaryBlock):
     """One policy's figures in `fragbench simulate`'s output (sim/simulator.py)."""
 
     placement: str = ""

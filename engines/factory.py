@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from engines.kv import make_policy
+from engines.kv.faults import inject
 from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
@@ -110,8 +111,6 @@ def make_engine(spec: EngineSpec):
         try:
             kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
             if spec.kv_fault:
-                from engines.kv.faults import inject
-
                 kv = inject(kv, spec.kv_fault)
         except ValueError as e:
             memory.close()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engines.shapes import ModelNotFound, load_shape
 from harness.units import parse_size
 
 
@@ -116,8 +117,6 @@ def run_dir(path: str) -> Path:
 
 
 def shape_of(model: str):
-    from engines.shapes import ModelNotFound, load_shape
-
     with usage_errors(ModelNotFound):
         return load_shape(model)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines import SERVED
+from engines.registry import Kind, described, entry
 from harness.cli.args import UsageError, device_of, number_in, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
 def register(sub) -> None:
-    from engines import SERVED
-    from engines.registry import described
-
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine", epilog=described())
     add_engine_flags(srv, SERVED)
     srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
@@ -48,7 +47,6 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from engines.registry import Kind, entry
 
     recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
@@ -96,7 +94,6 @@ def memory_recording(args: argparse.Namespace):
     """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
     (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
     from engines.memory.snapshot_replay import MemoryRecording
-    from engines.registry import Kind, entry
 
     if entry(args.engine).kind is Kind.PEER:
         raise UsageError(f"--record-memory-history: the {args.engine} engine serves from a process of its own; "

@@ -7,6 +7,9 @@ import json
 import os
 from pathlib import Path
 
+from engines import UnknownName, pick
+from engines.registry import described, entry, listing, policies
+from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
     add_gpu_flags,
@@ -22,9 +25,6 @@ from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 
 def register(sub) -> None:
-    from engines.registry import described, entry, listing, policies
-    from engines.shapes import DTYPE_BYTES
-
     sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model",
                          epilog=described(policies()))
     # required unless --grid gives them (checked in run: argparse cannot make a flag required but for another)
@@ -93,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"simulate needs {', '.join(missing)} (or --grid GRID.yaml)")
     check_memory_flags(args)  # before the heavy imports and the workload's draw: a wrong flag costs no wait
-    from engines import UnknownName, pick
-    from engines.registry import policies
     from harness.analysis.capacity import SLO
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress

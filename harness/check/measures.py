@@ -345,6 +345,7 @@ def kv_integrity(result: Integrity) -> Found:
 def sustained(cfg: CheckConfig, model_name: str | None) -> Found:
     """The bench's own knee search (calibration, then bracketing and bisection) with the target as its one
     engine: the same search, SLO and interval as `bench --target`'s capacity."""
+    # torch (through run/bench.py) loads for this question alone: `check --capacity-time 0` runs without it
     from harness.run.bench import Bench, BenchConfig
 
     if cfg.capacity_s <= 0:

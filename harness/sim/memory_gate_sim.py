@@ -58,6 +58,7 @@ def step_device():
 
 def measure(policy: str, flags: dict, cfg: argparse.Namespace) -> dict:
     """One policy's figures on the fixed trace (see the module's docstring)."""
+    # numpy and pandas load in the measuring child alone: cli/memory_gate.py imports this module for engine_flags
     from harness.sim.roofline import StepModel
     from harness.sim.simulator import make_sim_policy, simulate_policy
     from workloads.generate import has_shared_prefixes, iter_requests

@@ -62,6 +62,7 @@ def new_args(pairs: list[str]) -> dict[str, list[str]]:
 
 
 def checked(args: argparse.Namespace):
+    # imported when the verb runs: `fragbench --help` does not load numpy, pandas or scipy
     from harness.run.ab_runs import ABPlan
 
     engines = engines_of(args.engines)
@@ -76,6 +77,7 @@ def checked(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load these (numpy, pandas, scipy)
     from harness.analysis.ab import overall
     from harness.run.ab_runs import measure
     from harness.run.memory_gate_runs import memory_gate

@@ -37,6 +37,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load the replay (pickle, difflib)
     from engines.memory.allocconf import parse_alloc_conf
     from engines.memory.snapshot_replay import SnapshotError, dump_paths, load_trace, replay
 

@@ -124,6 +124,7 @@ def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
 
 
 def settings_refusal(memory: str, engines: list[str]) -> None:
+    # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.analysis.alloc_settings_summary import compared_engines
 
     if memory != "caching":
@@ -135,6 +136,7 @@ def settings_refusal(memory: str, engines: list[str]) -> None:
 
 
 def config(args: argparse.Namespace):
+    # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.run.targets import TargetRefused, open_targets
 
     with usage_errors(UnknownName):
@@ -176,6 +178,7 @@ def config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)  # every refusal before the harness (and torch) loads: a bad command line exits at once
+    # after the refusals: a bad command line exits before torch and plotly load
     from harness.run.bench import Bench
     from harness.views.report import render
 

@@ -41,6 +41,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load numpy, pandas or plotly
     from harness.check import CheckConfig, Unreachable, run_check
     from harness.views.check_report import render_check
 

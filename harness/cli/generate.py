@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def generate_with(engine, args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load torch or transformers
     from transformers import AutoTokenizer
 
     from engines.api.validation import InvalidRequest, check_engine, check_lengths, check_prompts

@@ -43,6 +43,7 @@ def add_gate_flags(p: argparse.ArgumentParser, margin: float) -> None:
 
 def checked_engine_args(pairs: list[str]) -> list[str]:
     """ENGINE=ARGS for a known engine, and a KV fault only where its policy takes one: one line where not."""
+    # imported when the verb runs: `fragbench --help` does not load yaml or the KV policies
     from engines.kv.faults import FAULTS
     from harness.sim.memory_gate_sim import engine_flags
 
@@ -69,6 +70,7 @@ def margin_of(points: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load these
     from harness.run.memory_gate_runs import memory_gate
     from harness.run.trees import TreeError, tree_of
     from harness.views.memory_gate_section import render_text, write_page

@@ -32,6 +32,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load psutil
     from engines.modelbuild import BuildRefused, build_model
 
     if args.preset not in preset_names():

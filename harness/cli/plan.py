@@ -25,6 +25,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load the planner
     from harness.plan import SHAREGPT_MIX, make_plan, render_plan, workload_mix
 
     shape = shape_of(args.model)

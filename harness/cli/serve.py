@@ -53,11 +53,13 @@ def run(args: argparse.Namespace) -> int:
         if args.slow_step != 1.0:
             raise UsageError(f"--slow-step: the {args.engine} engine steps in a process of its own; fragbench "
                              "cannot slow its steps")
+        # a peer's proxy (aiohttp) loads for a peer engine alone
         from engines.peers.base import PeerUnavailable, serve_peer
 
         with usage_errors(PeerUnavailable):
             return serve_peer(args.engine, args.model, args.kv_budget.bytes, args.max_seq_len, args.block_size,
                               args.host, args.port)
+    # torch, transformers and aiohttp load when the verb runs: `fragbench --help` loads none of them
     from transformers import AutoTokenizer
 
     from engines.api.server import CompletionServer, serve
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if not hasattr(engine, "step_recorder"):
             raise UsageError(f"--step-log: the {args.engine} engine is not scheduled by fragbench; it has no steps "
                              "to record")
+        # loaded for --step-log alone
         from engines.scheduled.steps import StepRecorder
 
         engine.step_recorder = StepRecorder(Path(args.step_log))
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def memory_recording(args: argparse.Namespace):
     """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
     (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
+    # loaded for --record-memory-history alone: `fragbench --help` does not load the replay (pickle, difflib)
     from engines.memory.snapshot_replay import MemoryRecording
 
     if entry(args.engine).kind is Kind.PEER:

@@ -83,6 +83,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.grid:
+        # loaded for --grid alone: `fragbench --help` and a single simulation do not load it
         from harness.cli.simulate_grid import run_grid_verb
 
         return run_grid_verb(args)
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"simulate needs {', '.join(missing)} (or --grid GRID.yaml)")
     check_memory_flags(args)  # before the heavy imports and the workload's draw: a wrong flag costs no wait
+    # after the flags' checks: a wrong flag exits before pandas and plotly load, and `fragbench --help` loads neither
     from harness.analysis.capacity import SLO
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress
@@ -136,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_memory_flags(args: argparse.Namespace) -> None:
     """--alloc-conf and --placement each belong to one --memory; several settings must differ."""
+    # imported when the verb runs: `fragbench --help` does not load pandas
     from harness.sim.alloc_settings_sim import SettingsRefused, check_settings
 
     if args.memory != "caching" and args.alloc_conf:
@@ -148,6 +151,7 @@ def check_memory_flags(args: argparse.Namespace) -> None:
 
 def print_settings(sims: list, args: argparse.Namespace) -> int:
     """Several --alloc-conf: each setting's output and the side-by-side table (or their JSON), a page each."""
+    # imported for several --alloc-conf alone: `fragbench --help` does not load pandas or plotly
     import sys
 
     from harness.sim.alloc_settings_sim import combined, side_by_side

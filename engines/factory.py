@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from engines.kv import make_policy
+from engines.kv.faults import inject
 from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
@@ -53,6 +54,8 @@ def device_memory(spec: EngineSpec, capacity_bytes: int, headroom_bytes: int):
 
 
 def make_engine(spec: EngineSpec):
+    # torch and transformers load when an engine is built, not on `import engines.factory` (which loads neither);
+    # looked up here, so tests/test_transformers_api.py's patch of load_hf_model shows a refusal comes first
     from engines.scheduled.model import load_hf_model
 
     known = REGISTRY.get(spec.engine)
@@ -65,6 +68,7 @@ def make_engine(spec: EngineSpec):
     if not (Path(spec.model_dir) / "config.json").is_file():
         raise EngineConfigError(f"model directory {spec.model_dir!r} has no config.json")
     if spec.engine == "hf-cb":
+        # transformers loads with the hf-cb engine alone (engines/peers/transformers_api.py imports it)
         from engines.peers.transformers_api import continuous_batching_refusal
 
         if refused := continuous_batching_refusal():
@@ -84,6 +88,7 @@ def make_engine(spec: EngineSpec):
         raise EngineConfigError(f"--inject-kv-fault {spec.kv_fault} is a paged pool's bug: it needs the paged engine, "
                                 f"not {spec.engine}")
     if spec.engine == "hf":
+        # each engine's module (torch, transformers) loads when that engine is built
         from engines.peers.hf import HFEngine
 
         headroom = cfg_shape(spec, hf_model).activation_bytes(hf_model.dtype.itemsize, spec.max_batch * max_seq_len,
@@ -91,9 +96,11 @@ def make_engine(spec: EngineSpec):
         with out_of_device_memory(spec):
             return HFEngine(hf_model, spec, max_seq_len, kvb, device_memory(spec, spec.kv_budget_bytes, headroom))
     if spec.engine == "hf-cb":
+        # each engine's module (torch, transformers) loads when that engine is built
         from engines.peers.hf_cb import HFContinuousBatchingEngine
 
         return HFContinuousBatchingEngine(hf_model, spec, max_seq_len, kvb)
+    # torch: the scheduled engines' modules load when one is built, not with the factory
     from engines.scheduled.engine import ScheduledEngine
     from engines.scheduled.model import fused_weights
 
@@ -110,8 +117,6 @@ def make_engine(spec: EngineSpec):
         try:
             kv = make_policy(policy, memory, kvb, max_seq_len, spec.block_size, spec.preflight, spec.prefix_caching)
             if spec.kv_fault:
-                from engines.kv.faults import inject
-
                 kv = inject(kv, spec.kv_fault)
         except ValueError as e:
             memory.close()
@@ -136,6 +141,7 @@ def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: 
                            pool_tokens: int, max_seq_len: int) -> int:
     """What one forward of a scheduled engine allocates beside the KV: the activations, and the attention's
     temporaries (engines/scheduled/model.py); under --memory cuda the cap leaves room for both."""
+    # torch (engines/scheduled/model.py) loads when a headroom is computed, not with the factory
     from engines.scheduled.model import attention_temporaries_bytes
 
     return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \

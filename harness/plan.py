@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from engines.shapes import MIN_BATCHED_TOKENS, ModelShape, batched_tokens
+from engines.shapes import DTYPE_BYTES, MIN_BATCHED_TOKENS, ModelShape, batched_tokens
+from harness.units import format_bytes as fb
 
 DEFAULT_GPU_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default cap on running sequences
@@ -69,8 +70,6 @@ def make_plan(
     block_size: int = 16,
     mix: LengthMix = SHAREGPT_MIX,
 ) -> Plan:
-    from engines.shapes import DTYPE_BYTES
-
     max_seq_len = max_seq_len or shape.max_seq_len
     kvb = shape.kv_bytes_per_token(dtype)
     weights = shape.weights_bytes(dtype)
@@ -108,8 +107,6 @@ def make_plan(
 
 
 def render_plan(p: Plan) -> str:
-    from harness.units import format_bytes as fb
-
     lines = [
         f"Capacity plan: {p.model} ({p.num_params / 1e9:.2f} B parameters, {p.dtype})",
         f"  GPU memory                {fb(p.gpu_mem_bytes)} x utilisation {p.gpu_util:.2f}",

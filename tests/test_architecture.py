@@ -307,3 +307,90 @@ def test_the_view_rule_finds_a_bare_dict():
     tree = ast.parse("def page(summary: dict, meta: dict | None = None, blocks: dict[str, int] = None): ...")
     args = tree.body[0].args.args
     assert [bare_dict(a.annotation) for a in args] == [True, True, False]
+
+
+PROJECT_TOPS = set(LAYERS)
+
+
+def project_import(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] in PROJECT_TOPS for a in node.names)
+    return isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] in PROJECT_TOPS)
+
+
+def unexplained_imports(source: str) -> list[int]:
+    """The lines of the project imports inside a function body with no comment saying why: none on the statement's
+    own lines, none on the line directly above the run of import statements it belongs to (imports one after
+    another, blank lines between them allowed, as ruff's isort sorts them into sections)."""
+    lines = source.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):  # every statement list below the function: if, try, with, loop bodies too
+            for field in ("body", "orelse", "finalbody"):
+                body = getattr(node, field, None)
+                if not isinstance(body, list):
+                    continue
+                start = None  # the first statement of the current run of imports
+                for i, stmt in enumerate(body):
+                    if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                        start = None
+                        continue
+                    prev = body[i - 1] if i else None
+                    joined = start is not None and isinstance(prev, (ast.Import, ast.ImportFrom)) and \
+                        not any(line.strip() for line in lines[prev.end_lineno:stmt.lineno - 1])
+                    start = start if joined else stmt
+                    own = any("#" in line for line in lines[stmt.lineno - 1:stmt.end_lineno])
+                    above = lines[start.lineno - 2].strip().startswith("#") if start.lineno > 1 else False
+                    if project_import(stmt) and not own and not above:
+                        out.append(stmt.lineno)
+    return sorted(set(out))
+
+
+# Files another change was editing when this rule came (issue 74), their imports not yet moved or explained: the
+# merger empties this list (harness/run/bench.py: 1, `from harness.analysis.summary import finalize` in Bench.run).
+PENDING = {"harness/run/bench.py"}
+
+
+def test_every_import_inside_a_function_says_why():
+    """Imports in the module header, where they show a module's neighbours, unless a comment says why not (kept out
+    of `fragbench --help`, torch kept out of a light path, an optional extra, a cycle): on the import's line or the
+    line above its run of imports."""
+    found = []
+    for top in LAYERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in PENDING:
+                continue
+            found += [f"{rel}:{line}" for line in unexplained_imports(path.read_text())]
+    assert not found, "imports inside functions without a comment saying why:\n" + "\n".join(found)
+
+
+def test_the_import_rule_finds_an_unexplained_import():
+    source = '''
+import json
+
+
+def run(args):
+    # imported when the verb runs: `fragbench --help` stays light
+    from harness.sim.simulator import run_simulation
+    from harness.views.sim_report import render_text
+
+    import numpy
+
+    from harness.plan import make_plan
+    return json, run_simulation, render_text, numpy, make_plan
+
+
+def show():
+    """A docstring is no reason."""
+    from harness.units import format_bytes
+    import yaml
+    if format_bytes:
+        from workloads.spec import load_spec  # cycle: workloads.spec imports this module
+        from workloads.traces import resolve
+        return load_spec, resolve, yaml
+'''
+    # the one under a docstring, and the one a comment on its neighbour's line does not cover
+    assert unexplained_imports(source) == [18, 22]

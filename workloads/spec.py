@@ -10,7 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workloads.traces import TraceError
+from workloads.traces import ATTRIBUTION, TraceError, detect_format, resolve
 
 
 class SpecError(ValueError):
@@ -167,8 +167,6 @@ def load_spec(name: str) -> WorkloadSpec:
 
 def trace_spec(path: Path) -> WorkloadSpec:
     """A bare trace file: replay its times and lengths, lengths scaled from an 8k context."""
-    from workloads.traces import ATTRIBUTION, detect_format, resolve
-
     try:
         fmt = detect_format(resolve(str(path)))
     except TraceError as e:

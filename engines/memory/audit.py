@@ -5,6 +5,7 @@ when the state is sound."""
 
 from __future__ import annotations
 
+from engines.memory.allocstats import AllocatorOOM
 from engines.memory.blocks import LARGE_BUFFER_BYTES, MIN_BLOCK_BYTES, Block
 from engines.memory.caching import CachingAllocator
 
@@ -110,8 +111,6 @@ def exercise(alloc: CachingAllocator, ops: list[tuple], check: bool = True) -> l
     """Run `ops` on the allocator, auditing after each: ("alloc", n, bytes, stream) allocates block n (an OOM is
     an answer, not a failure), ("free", n) frees it where it lives and, freed again, must be refused,
     ("empty_cache",) empties the cache. The first broken invariant, named with the op before it; else none."""
-    from engines.memory.allocstats import AllocatorOOM
-
     live: dict[int, Block] = {}
     gone: list[Block] = []
     for i, op in enumerate(ops):

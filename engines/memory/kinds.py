@@ -4,6 +4,7 @@ what implements it (engines/memory/cuda.py imports the interface; the interface 
 from __future__ import annotations
 
 from engines.memory.arena import Arena, DeviceMemory, Placement
+from engines.memory.caching_memory import CachingMemory
 
 MEMORY_KINDS = ("arena", "cuda", "caching")
 
@@ -20,7 +21,5 @@ def make_memory(kind: str, capacity_bytes: int, device: str = "cpu", placement: 
 
         return CudaMemory(capacity_bytes, device, headroom_bytes)
     if kind == "caching":
-        from engines.memory.caching_memory import CachingMemory
-
         return CachingMemory(capacity_bytes, alloc_conf, backing_device=device)
     raise ValueError(f"memory backend must be one of {', '.join(MEMORY_KINDS)}, not {kind!r}")

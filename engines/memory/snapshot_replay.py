@@ -418,6 +418,7 @@ class MemoryRecording:
     def note_cap(self, device: str) -> None:
         """The per-process cap in force once the engine is built (--memory cuda sets it then; what was reserved
         before lies under it): the replay's capacity, as the allocator computes it from the fraction."""
+        # torch.cuda's side, here alone: `fragbench allocator` (cli/allocator.py) imports this module without torch
         import torch
 
         from engines.memory.cuda import cuda_device

@@ -16,6 +16,7 @@ from engines.engine import Engine, EngineStats, Request
 from engines.kv import Breakdown, KVStats
 from engines.sequence import FinishReason, SeqStatus, Sequence
 from engines.shapes import batched_tokens
+from engines.token_sampling import prompt_logprobs
 
 
 class HFContinuousBatchingEngine(Engine):
@@ -94,7 +95,6 @@ class HFContinuousBatchingEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from engines.token_sampling import prompt_logprobs
 
         if self.scorer is None:
             self.scorer = AutoModelForCausalLM.from_pretrained(self.model_dir).to(self.device).eval()

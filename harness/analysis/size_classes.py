@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from engines.memory.allocconf import parse_alloc_conf
 from engines.memory.blocks import SIZE_CLASSES, round_size, size_class
-from engines.shapes import ModelShape, load_shape, preset_names
+from engines.shapes import ModelNotFound, ModelShape, load_shape, preset_names
 from harness.analysis.records import RunConfig
 
 REFERENCE = ("llama-3-8b", "bfloat16")  # the real model whose classes the CPU's should fall in
@@ -76,8 +76,6 @@ def rule_pick(lengths: Sequence[int], max_len: int, ref: dict[str, dict[str, flo
 def run_rule(requests, cfg: RunConfig) -> dict | None:
     """The comparison for a `--memory caching` run, on the requests it sent (prompt + target output tokens, each
     once); None for another memory, or where the model can no longer be read."""
-    from engines.shapes import ModelNotFound
-
     if cfg.memory != "caching" or requests is None or not len(requests):
         return None
     max_len = int(cfg.max_seq_len or 2048)

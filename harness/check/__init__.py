@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engines.api.stats import StatsPayload
+from engines.shapes import load_shape
 from harness.check.measures import (
     CheckConfig,
     ChurnLoad,
@@ -31,8 +32,11 @@ from harness.check.measures import (
     sustained,
 )
 from harness.monitoring.envelope import envelope
+from harness.plan import make_plan
 from harness.run.integrity_probes import IntegrityProbes
 from harness.run.telemetry import family_named, scrape
+from workloads.generate import trace
+from workloads.spec import load_spec
 
 __all__ = ["QUESTIONS", "Answer", "CheckConfig", "Found", "Question", "Session", "Unreachable", "classify_layout",
            "run_check"]
@@ -104,9 +108,6 @@ def layout(s: Session) -> Found:
 
 
 def near_limit(s: Session) -> Found:
-    from workloads.generate import trace
-    from workloads.spec import load_spec
-
     cfg = s.cfg
     t = trace(load_spec(cfg.workload), cfg.seed, cfg.max_seq_len, s.shape.vocab_size)
     totals = np.array([len(r.prompt_ids) + r.max_tokens for r in t.requests])
@@ -151,9 +152,6 @@ QUESTIONS: tuple[Question, ...] = (
 
 def run_check(cfg: CheckConfig) -> dict:
     """Every question in order, each answered from a measurement of this run."""
-    from engines.shapes import load_shape
-    from harness.plan import make_plan
-
     reachable(cfg.target)
     shape = load_shape(cfg.model)
     metrics = Metrics(cfg.metrics_url)

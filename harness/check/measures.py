@@ -23,7 +23,10 @@ from harness.analysis.integrity import sentence
 from harness.analysis.summary_records import Integrity
 from harness.fetch import answers, request, stream, text_or_none
 from harness.run.loadargs import LoadArgs, run_loadgen
-from harness.run.telemetry import detect, family_named, scrape
+from harness.run.targets import Target
+from harness.run.telemetry import NoTelemetry, Telemetry, detect, family_named, scrape
+from harness.units import KvBudget
+from workloads.spec import load_spec
 
 
 class Unreachable(RuntimeError):
@@ -342,11 +345,8 @@ def kv_integrity(result: Integrity) -> Found:
 def sustained(cfg: CheckConfig, model_name: str | None) -> Found:
     """The bench's own knee search (calibration, then bracketing and bisection) with the target as its one
     engine: the same search, SLO and interval as `bench --target`'s capacity."""
+    # torch (through run/bench.py) loads for this question alone: `check --capacity-time 0` runs without it
     from harness.run.bench import Bench, BenchConfig
-    from harness.run.targets import Target
-    from harness.run.telemetry import NoTelemetry, Telemetry
-    from harness.units import KvBudget
-    from workloads.spec import load_spec
 
     if cfg.capacity_s <= 0:
         return Found("UNKNOWN", None, "skipped: --capacity-time 0")

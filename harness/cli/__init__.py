@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from engines.procs import exit_on_sigterm
 from harness.cli import (
     ab,
     allocator,
@@ -38,8 +39,6 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engines.procs import exit_on_sigterm
-
     exit_on_sigterm()  # every verb unwinds on SIGTERM, stopping the processes it started
     try:
         args = build_parser().parse_args(argv)

@@ -9,16 +9,16 @@ import sys
 import time
 from pathlib import Path
 
+from engines.registry import IN_HOUSE, names
+from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
 from harness.cli.args import UsageError, usage_errors
+from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
 def register(sub) -> None:
-    from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-    from harness.cli.kv_budget import add_kv_budget
-
     ab = sub.add_parser("ab", help="BASE's build against NEW's, served side by side and benched in one run per turn "
                                    "(ABBA, each turn a fresh stream both get), and the memory gate; exit 0 PASS, "
                                    "1 FAIL, 3 INCONCLUSIVE, 2 bad input")
@@ -46,8 +46,6 @@ def register(sub) -> None:
 
 
 def engines_of(text: str) -> list[str]:
-    from engines.registry import IN_HOUSE, names
-
     known = names(*IN_HOUSE)
     engines = [e.strip() for e in text.split(",") if e.strip()]
     wrong = [e for e in engines if e not in known]
@@ -65,6 +63,7 @@ def new_args(pairs: list[str]) -> dict[str, list[str]]:
 
 
 def checked(args: argparse.Namespace):
+    # imported when the verb runs: `fragbench --help` does not load numpy, pandas or scipy
     from harness.run.ab_runs import ABPlan
 
     engines = engines_of(args.engines)
@@ -79,6 +78,7 @@ def checked(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load these (numpy, pandas, scipy)
     from harness.analysis.ab import overall
     from harness.run.ab_runs import measure
     from harness.run.memory_gate_runs import memory_gate

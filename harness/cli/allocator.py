@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.cli.args import size_arg, usage_errors
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.units import format_bytes
 
 
 def register(sub) -> None:
@@ -36,9 +37,9 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load the replay (pickle, difflib)
     from engines.memory.allocconf import parse_alloc_conf
     from engines.memory.snapshot_replay import SnapshotError, dump_paths, load_trace, replay
-    from harness.units import format_bytes
 
     with usage_errors(SnapshotError):
         trace = load_trace(args.snapshot)

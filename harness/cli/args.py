@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engines.shapes import ModelNotFound, load_shape
 from harness.units import parse_size
 
 
@@ -116,8 +117,6 @@ def run_dir(path: str) -> Path:
 
 
 def shape_of(model: str):
-    from engines.shapes import ModelNotFound, load_shape
-
     with usage_errors(ModelNotFound):
         return load_shape(model)
 
@@ -136,6 +135,7 @@ def add_gpu_flags(parser: argparse.ArgumentParser, required: bool, speed: bool =
 
 def gpu_of(args: argparse.Namespace):
     """--gpu PRESET or --gpu-mem SIZE (with --hbm-bw and --peak-flops where the verb has them)."""
+    # imported when a verb calls this: `fragbench --help` does not load it
     from harness.gpus import resolve_gpu
 
     with usage_errors(ValueError):
@@ -143,6 +143,7 @@ def gpu_of(args: argparse.Namespace):
 
 
 def spec_of(name: str):
+    # imported when a verb calls this: `fragbench --help` does not load yaml or the workload specs
     from workloads.spec import SpecError, load_spec
 
     with usage_errors(SpecError):
@@ -153,6 +154,7 @@ def workload_checked(name: str):
     """The workload's spec, its trace file (if it replays one) read and checked: what the checks before a run
     need, in one line where they fail. Its requests are not drawn: simulate's parent drew a Mooncake replay's
     12,031 prompts only to read the spec, 4.8 s of a 30 s run, and every job drew its own again."""
+    # imported when a verb calls this: `fragbench --help` does not load numpy
     from workloads.generate import trace_rows
     from workloads.traces import TraceError
 
@@ -164,6 +166,7 @@ def workload_checked(name: str):
 
 
 def trace_of(name: str, seed: int, max_seq_len: int, vocab_size: int):
+    # imported when a verb calls this: `fragbench --help` does not load numpy
     from workloads.generate import trace
     from workloads.traces import TraceError
 
@@ -173,6 +176,7 @@ def trace_of(name: str, seed: int, max_seq_len: int, vocab_size: int):
 
 
 def device_of(requested: str) -> str:
+    # imported when a verb calls this: `fragbench --help` does not load the arena
     from engines.memory.arena import resolve_device
 
     with usage_errors(ValueError):

@@ -6,9 +6,14 @@ import argparse
 import shlex
 from pathlib import Path
 
+from engines import SERVED, UnknownName, pick
+from engines.registry import described, entry, listing, memory_refusal
+from engines.shapes import load_shape
 from harness.cli.args import (
     UsageError,
     add_api_flag,
+    device_of,
+    model_dir,
     positive_int,
     usage_errors,
     workload_checked,
@@ -20,8 +25,6 @@ from harness.units import KvBudget
 
 
 def register(sub) -> None:
-    from engines.registry import described, listing
-
     bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report",
                            epilog=described())
     bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
@@ -107,9 +110,6 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
 def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
     """--kv-budget, or --kv-budgets' list (parsed and de-duplicated by bytes by their flags): each a size that
     holds one max-length sequence of the model, by every engine's own rule."""
-    from engines.registry import entry
-    from engines.shapes import load_shape
-
     budgets = args.kv_budgets if args.kv_budgets is not None else [args.kv_budget]
     flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
     if not budgets:
@@ -124,6 +124,7 @@ def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
 
 
 def settings_refusal(memory: str, engines: list[str]) -> None:
+    # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.analysis.alloc_settings_summary import compared_engines
 
     if memory != "caching":
@@ -135,9 +136,7 @@ def settings_refusal(memory: str, engines: list[str]) -> None:
 
 
 def config(args: argparse.Namespace):
-    from engines import SERVED, UnknownName, pick
-    from engines.registry import entry, memory_refusal
-    from harness.cli.args import device_of, model_dir
+    # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.run.targets import TargetRefused, open_targets
 
     with usage_errors(UnknownName):
@@ -179,6 +178,7 @@ def config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)  # every refusal before the harness (and torch) loads: a bad command line exits at once
+    # after the refusals: a bad command line exits before torch and plotly load
     from harness.run.bench import Bench
     from harness.views.report import render
 

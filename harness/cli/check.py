@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
     add_api_flag,
@@ -20,8 +21,6 @@ from harness.cli.args import (
 
 
 def register(sub) -> None:
-    from engines.shapes import DTYPE_BYTES
-
     chk = sub.add_parser("check", help="pre-deployment sanity check of any OpenAI-compatible server")
     chk.add_argument("--target", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     chk.add_argument("--metrics-url", help="Prometheus metrics (default: TARGET/metrics)")
@@ -42,7 +41,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.shapes import DTYPE_BYTES
+    # imported when the verb runs: `fragbench --help` does not load numpy, pandas or plotly
     from harness.check import CheckConfig, Unreachable, run_check
     from harness.views.check_report import render_check
 

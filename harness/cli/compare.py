@@ -25,6 +25,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.analysis.speed_probe import agreement
     from harness.views.compare import compare, load_probe, load_summary, render_html, render_text
 

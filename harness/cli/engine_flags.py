@@ -38,6 +38,7 @@ def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> No
 
 def alloc_conf_arg(text: str) -> str:
     """A PYTORCH_CUDA_ALLOC_CONF string, checked as PyTorch checks it (the bad key or value, named)."""
+    # imported when a flag is read: `fragbench --help` does not load it
     from engines.memory.allocconf import AllocConfError, parse_alloc_conf
 
     try:
@@ -48,6 +49,7 @@ def alloc_conf_arg(text: str) -> str:
 
 
 def engine_from_flags(args: argparse.Namespace):
+    # imported when an engine is built: `fragbench --help` does not load the factory and the KV policies
     from engines.factory import EngineConfigError, EngineSpec, make_engine
 
     model_dir(args.model)
@@ -84,6 +86,7 @@ def use_real_alloc_conf(conf: str) -> None:
     a server started by hand sets them here, before the model touches CUDA, and in the allocator if it already runs."""
     import os
 
+    # torch and the allocator's settings load for --alloc-conf under --memory cuda alone
     import torch
 
     from engines.memory.allocconf import alloc_conf_environ

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from engines import ENGINES
 from harness.cli.args import UsageError, fraction_arg, positive_int
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags
 
@@ -20,8 +21,6 @@ def prompt_ids_arg(text: str) -> list[int]:
 
 
 def register(sub) -> None:
-    from engines import ENGINES
-
     gen = sub.add_parser("generate", help="offline generation through any engine")
     add_engine_flags(gen, ENGINES)
     gen.add_argument("--prompt", action="append", default=[],
@@ -51,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def generate_with(engine, args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load torch or transformers
     from transformers import AutoTokenizer
 
     from engines.api.validation import InvalidRequest, check_engine, check_lengths, check_prompts

@@ -31,6 +31,7 @@ def magnitude_arg(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load pandas or plotly
     from harness.views.history import ChangePoint, ChangePointsUnavailable, render_history
 
     with usage_errors(ValueError, ChangePointsUnavailable):

@@ -38,6 +38,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load the load generator's arguments
     from harness.run.loadargs import LoadArgs, run_loadgen, worker_argv
 
     if args.worker:  # everything else comes from the master

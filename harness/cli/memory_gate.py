@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from engines.registry import names
+from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
 from harness.cli.args import UsageError, usage_errors
 
 
@@ -18,8 +20,6 @@ def add_sides(parser) -> None:
 
 
 def register(sub) -> None:
-    from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-
     gate = sub.add_parser("memory-gate", help="the deterministic memory gate: preemptions, OOMs by cause, Figure-2 "
                                               "shares and blocks of every KV policy on one fixed trace in virtual "
                                               "time, BASE's code against NEW's; exit 1 where NEW is worse")
@@ -43,8 +43,8 @@ def add_gate_flags(p: argparse.ArgumentParser, margin: float) -> None:
 
 def checked_engine_args(pairs: list[str]) -> list[str]:
     """ENGINE=ARGS for a known engine, and a KV fault only where its policy takes one: one line where not."""
+    # imported when the verb runs: `fragbench --help` does not load yaml or the KV policies
     from engines.kv.faults import FAULTS
-    from engines.registry import names
     from harness.sim.memory_gate_sim import engine_flags
 
     known = names()
@@ -70,6 +70,7 @@ def margin_of(points: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load these
     from harness.run.memory_gate_runs import memory_gate
     from harness.run.trees import TreeError, tree_of
     from harness.views.memory_gate_section import render_text, write_page

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines.shapes import BUILD_DTYPES, load_shape, preset_names
 from harness.cli.args import Parser, UsageError, usage_errors
 
 
 def register(sub) -> None:
-    from engines.shapes import BUILD_DTYPES
-
     model = sub.add_parser("model", help="model presets and the tiny model").add_subparsers(
         dest="model_verb", required=True, parser_class=Parser
     )
@@ -24,8 +23,6 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from engines.shapes import load_shape, preset_names
-
     print(f"{'preset':<14}{'params':>10}{'layers':>8}{'kv_heads':>10}{'head_dim':>10}{'kv_bytes/token(fp16)':>22}")
     for name in preset_names():
         s = load_shape(name)
@@ -35,8 +32,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load psutil
     from engines.modelbuild import BuildRefused, build_model
-    from engines.shapes import preset_names
 
     if args.preset not in preset_names():
         raise UsageError(f"unknown model preset {args.preset!r}; presets: {', '.join(preset_names())}")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from engines.shapes import DTYPE_BYTES
 from harness.cli.args import add_gpu_flags, fraction_arg, gpu_of, positive_int, shape_of, trace_of
 
 
 def register(sub) -> None:
-    from engines.shapes import DTYPE_BYTES
-
     plan = sub.add_parser("plan", help="capacity plan for a model on a GPU")
     plan.add_argument("--model", required=True, help="preset name or model directory")
     add_gpu_flags(plan, required=True)
@@ -26,6 +25,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load the planner
     from harness.plan import SHAREGPT_MIX, make_plan, render_plan, workload_mix
 
     shape = shape_of(args.model)

@@ -17,6 +17,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load pandas, scipy or plotly
     from harness.analysis.rundir import load_meta
     from harness.analysis.summary import finalize
     from harness.sim.twin import twin_of

@@ -44,6 +44,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load yaml
     from harness.monitoring.families import rules_for
     from harness.monitoring.rules import RulesRefused, Thresholds, envelope_from_check
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines import SERVED
+from engines.registry import Kind, described, entry
 from harness.cli.args import UsageError, device_of, number_in, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
 def register(sub) -> None:
-    from engines import SERVED
-    from engines.registry import described
-
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine", epilog=described())
     add_engine_flags(srv, SERVED)
     srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
@@ -48,18 +47,19 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from engines.registry import Kind, entry
 
     recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
         if args.slow_step != 1.0:
             raise UsageError(f"--slow-step: the {args.engine} engine steps in a process of its own; fragbench "
                              "cannot slow its steps")
+        # a peer's proxy (aiohttp) loads for a peer engine alone
         from engines.peers.base import PeerUnavailable, serve_peer
 
         with usage_errors(PeerUnavailable):
             return serve_peer(args.engine, args.model, args.kv_budget.bytes, args.max_seq_len, args.block_size,
                               args.host, args.port)
+    # torch, transformers and aiohttp load when the verb runs: `fragbench --help` loads none of them
     from transformers import AutoTokenizer
 
     from engines.api.server import CompletionServer, serve
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if not hasattr(engine, "step_recorder"):
             raise UsageError(f"--step-log: the {args.engine} engine is not scheduled by fragbench; it has no steps "
                              "to record")
+        # loaded for --step-log alone
         from engines.scheduled.steps import StepRecorder
 
         engine.step_recorder = StepRecorder(Path(args.step_log))
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
 def memory_recording(args: argparse.Namespace):
     """--record-memory-history: refused in one line where there is no CUDA allocator of this process to record
     (no CUDA device, the engine on the CPU, a peer serving from its own process)."""
+    # loaded for --record-memory-history alone: `fragbench --help` does not load the replay (pickle, difflib)
     from engines.memory.snapshot_replay import MemoryRecording
-    from engines.registry import Kind, entry
 
     if entry(args.engine).kind is Kind.PEER:
         raise UsageError(f"--record-memory-history: the {args.engine} engine serves from a process of its own; "

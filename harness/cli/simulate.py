@@ -7,6 +7,9 @@ import json
 import os
 from pathlib import Path
 
+from engines import UnknownName, pick
+from engines.registry import described, entry, listing, policies
+from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
     add_gpu_flags,
@@ -22,9 +25,6 @@ from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 
 def register(sub) -> None:
-    from engines.registry import described, entry, listing, policies
-    from engines.shapes import DTYPE_BYTES
-
     sim = sub.add_parser("simulate", help="KV policies and scheduler at real-model scale, step-time model",
                          epilog=described(policies()))
     # required unless --grid gives them (checked in run: argparse cannot make a flag required but for another)
@@ -83,6 +83,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.grid:
+        # loaded for --grid alone: `fragbench --help` and a single simulation do not load it
         from harness.cli.simulate_grid import run_grid_verb
 
         return run_grid_verb(args)
@@ -93,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"simulate needs {', '.join(missing)} (or --grid GRID.yaml)")
     check_memory_flags(args)  # before the heavy imports and the workload's draw: a wrong flag costs no wait
-    from engines import UnknownName, pick
-    from engines.registry import policies
+    # after the flags' checks: a wrong flag exits before pandas and plotly load, and `fragbench --help` loads neither
     from harness.analysis.capacity import SLO
     from harness.plan import PlanRefused, fitting_plan
     from harness.sim.progress import SimulationProgress
@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_memory_flags(args: argparse.Namespace) -> None:
     """--alloc-conf and --placement each belong to one --memory; several settings must differ."""
+    # imported when the verb runs: `fragbench --help` does not load pandas
     from harness.sim.alloc_settings_sim import SettingsRefused, check_settings
 
     if args.memory != "caching" and args.alloc_conf:
@@ -150,6 +151,7 @@ def check_memory_flags(args: argparse.Namespace) -> None:
 
 def print_settings(sims: list, args: argparse.Namespace) -> int:
     """Several --alloc-conf: each setting's output and the side-by-side table (or their JSON), a page each."""
+    # imported for several --alloc-conf alone: `fragbench --help` does not load pandas or plotly
     import sys
 
     from harness.sim.alloc_settings_sim import combined, side_by_side

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from harness.cli.args import UsageError, usage_errors
+from harness.sim.progress import SimulationProgress
 
 # flags of a single simulation that a grid file replaces (it names its models, GPUs, ... itself)
 SINGLE_ONLY = ("model", "gpu", "gpu_mem", "workload", "policy", "placement", "alloc_conf", "requests", "max_seq_len",
@@ -24,8 +25,9 @@ def run_grid_verb(args: argparse.Namespace) -> int:
         raise UsageError(f"--grid takes its configurations from {args.grid}: drop {', '.join(given)}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    # after the flags' checks: a wrong flag exits before pandas loads (simulate.py imports this module for --grid)
     from harness.sim.grid import GridError, load_grid
-    from harness.sim.gridrun import RayUnavailable, check_address, import_ray
+    from harness.sim.gridrun import RayUnavailable, best_per_model, check_address, import_ray, run_grid
 
     with usage_errors(RayUnavailable):  # before the grid's checks: a missing extra is told at once
         if args.ray or args.ray_address:
@@ -35,8 +37,7 @@ def run_grid_verb(args: argparse.Namespace) -> int:
     with usage_errors(GridError):
         grid = load_grid(args.grid)
     out_dir = Path(args.out) if args.out else Path("results") / "grid" / Path(args.grid).stem
-    from harness.sim.gridrun import run_grid
-    from harness.sim.progress import SimulationProgress
+    # after the grid file's checks: a bad file exits before plotly loads
     from harness.views.grid_page import render_grid, render_grid_text
 
     started = time.perf_counter()
@@ -47,8 +48,6 @@ def run_grid_verb(args: argparse.Namespace) -> int:
     wall_s = time.perf_counter() - started
     page = render_grid(table, resumed, out_dir)
     if args.json:
-        from harness.sim.gridrun import best_per_model
-
         best = best_per_model(table)
         print(json.dumps({"configurations": len(table), "resumed": resumed, "wall_s": wall_s,
                           "where": "ray" if args.ray or args.ray_address else f"{args.jobs or os.cpu_count()} jobs",

@@ -29,6 +29,7 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
 
 def check_sweep_args(args: argparse.Namespace, spec) -> None:
     """Flags that cannot make a sweep: one line each, before anything starts."""
+    # imported when a verb checks its sweep: `fragbench --help` does not load numpy or pandas
     from harness.analysis.capacity import SweepRefused, check_sweep
     from workloads.generate import closed_concurrency
 

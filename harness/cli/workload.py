@@ -26,6 +26,7 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load yaml or the workload specs
     from workloads.spec import preset_names
 
     for name in preset_names():
@@ -35,6 +36,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    # imported when the verb runs: `fragbench --help` does not load numpy
     from workloads.generate import describe
 
     print(describe(trace_of(args.name, args.seed, args.max_seq_len, args.vocab_size)))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engines.procs import spawn, stop
 from harness.analysis.ab import (
     MIN_TURNS,
     SIDES,
@@ -80,8 +81,6 @@ def serve_args(engine: str, side: str, plan: ABPlan) -> list[str]:
 
 def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple[subprocess.Popen, str]:
     """One build's server on a free loopback port, from the build's own tree; its URL once healthy."""
-    from engines.procs import spawn, stop
-
     model = str(Path(plan.model).resolve())
     cmd = [tree.python, "-m", "harness.cli", "serve", "--engine", engine, "--model", model, "--kv-budget",
            plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *serve_args(engine, side, plan)]
@@ -172,8 +171,6 @@ def fixed_turn(urls: dict[str, str], plan: ABPlan, turn: int, turns: Turns, say:
 
 def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> tuple[Turns, list[ABFigure]]:
     """Serve both builds of every engine, then turns until every figure is decided or the time is spent."""
-    from engines.procs import stop
-
     servers: list[subprocess.Popen] = []
     urls: dict[str, str] = {}
     turns, figures = Turns(), []

@@ -14,6 +14,8 @@ from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
 from harness.run.stats_poller import StatsPoller
 from harness.run.supervisor import Supervisor
+from workloads.generate import trace
+from workloads.spec import load_spec
 
 LOADGEN_STARTUP_S = 3.0  # the load generator starts its trace this long after it is launched: none late
 
@@ -27,9 +29,6 @@ class Calibration:
         window (requests still running count: an engine that runs many at once finishes them later) over
         the workload's mean output per request. The offered rate starts at four times the workload's own and
         doubles until the engine falls behind (at most four windows)."""
-        from workloads.generate import trace
-        from workloads.spec import load_spec
-
         reqs = trace(load_spec(self.cfg.workload), self.cfg.seed, self.cfg.max_seq_len).requests
         span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
         offered = 4 * (len(reqs) - 1) / span if span > 0 else 10.0

@@ -18,6 +18,7 @@ from harness.results import Journal
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.provenance import git_sha, hardware, versions
+from harness.run.speed_probes import DESCRIBED, reading
 from harness.units import KvBudget
 
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
@@ -98,8 +99,6 @@ class RunWriter:
 
     def speed_probe(self, at: str) -> None:
         """The machine's speed now (harness/run/speed_probes.py), appended to run.json's `speed_probe`."""
-        from harness.run.speed_probes import DESCRIBED, reading
-
         probe = self.meta.setdefault("speed_probe", {**DESCRIBED, "readings": []})
         probe["readings"].append(reading(at))
         self.write()

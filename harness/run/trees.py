@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.procs import spawn, stop
+
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ROOT / ".ab" / "trees"
 KEPT_TREES = 3  # revisions' work trees kept for the next nights (each a checkout of the repository's files)
@@ -124,8 +126,6 @@ class ChildResult:
 def run_child(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> ChildResult:
     """A child in a process group of its own that dies with us, stopped whole (its own children too) at the limit
     or when we are interrupted."""
-    from engines.procs import spawn, stop
-
     proc = spawn(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)

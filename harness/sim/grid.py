@@ -23,11 +23,21 @@ from pathlib import Path
 
 import yaml
 
+from engines.kv_categories import CATEGORIES
+from engines.memory.allocconf import AllocConfError, parse_alloc_conf
+from engines.registry import entry, policies
+from engines.shapes import DTYPE_BYTES, ModelNotFound, load_shape
 from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch, knee_point
 from harness.analysis.summary_records import PolicyFigures
+from harness.gpus import GPUS, USD_PER_GPU_HOUR, gpu_preset
+from harness.plan import make_plan
+from harness.sim.roofline import StepModel
 from harness.sim.simulator import SimJob, calibrated_rps, run_job
 from harness.units import parse_size
+from workloads.generate import has_shared_prefixes
+from workloads.spec import SpecError, load_spec
+from workloads.traces import TraceError, resolve
 
 # Axes in the order of the table's columns. None: the axis' default when the file leaves it out (kv_budget
 # and gpu_util are one axis spelled two ways: a fixed KV budget, or the share of the GPU the server takes).
@@ -123,12 +133,6 @@ def load_grid(path: str | Path) -> Grid:
 
 def _checked(key: str, value, path) -> object:
     """One axis value as the point keeps it, or GridError naming the key."""
-    from engines.registry import entry, policies
-    from engines.shapes import DTYPE_BYTES, ModelNotFound, load_shape
-    from harness.gpus import GPUS
-    from workloads.spec import SpecError, load_spec
-    from workloads.traces import TraceError, resolve
-
     def bad(why: str) -> GridError:
         return GridError(f"grid file {path}: key {key!r}: {why}")
 
@@ -169,8 +173,6 @@ def _checked(key: str, value, path) -> object:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(f"a positive number of tokens, not {value!r}")
         elif key == "alloc_conf" and value != ARENA:
-            from engines.memory.allocconf import AllocConfError, parse_alloc_conf
-
             try:
                 parse_alloc_conf(str(value))
             except AllocConfError as e:
@@ -206,8 +208,6 @@ def _scalar(key: str, value, path):
 
 
 def _prices(overrides, path) -> dict[str, float]:
-    from harness.gpus import GPUS, USD_PER_GPU_HOUR
-
     prices = dict(USD_PER_GPU_HOUR)
     if overrides is None:
         return prices
@@ -224,11 +224,6 @@ def _prices(overrides, path) -> dict[str, float]:
 
 def point_plan(p: GridPoint):
     """The point's model, GPU, workload and plan; the plan's `fits` and `reason` say whether it can serve."""
-    from engines.shapes import load_shape
-    from harness.gpus import gpu_preset
-    from harness.plan import make_plan
-    from workloads.spec import load_spec
-
     shape, gpu, spec = load_shape(p.model), gpu_preset(p.gpu), load_spec(p.workload)
     max_seq_len = p.max_seq_len or spec.max_seq_len or shape.max_seq_len
     if p.kv_budget is None:
@@ -249,9 +244,6 @@ def point_plan(p: GridPoint):
 
 def evaluate(p: GridPoint) -> dict:
     """The point's row: a calibration, then a knee search at the SLO. Pure: the same point, the same row."""
-    from harness.sim.roofline import StepModel
-    from workloads.generate import has_shared_prefixes
-
     shape, gpu, spec, plan = point_plan(p)
     row = {**{k: getattr(p, k) for k in (*AXES, "requests", "seed", "slo_ttft", "slo_tpot")}, "key": p.key(),
            "kv_budget_bytes": int(plan.kv_budget_bytes),
@@ -303,8 +295,6 @@ def evaluate(p: GridPoint) -> dict:
 
 def _empty_capacity() -> dict:
     """A point that cannot serve (or completed nothing): no capacity, the columns present all the same."""
-    from engines.kv_categories import CATEGORIES
-
     return {"calibrated_rps": None, "sustained_rps": 0.0, "sustained_where": "cannot serve", "sustained_lo_rps": None,
             "sustained_hi_rps": None, "knee_offered_rps": None, "knee_slo_attainment": None,
             **{f"{c}_share": None for c in CATEGORIES}, "knee_mean_running": None, "oom_policy": 0,

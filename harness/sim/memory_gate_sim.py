@@ -21,6 +21,12 @@ import json
 import shlex
 import sys
 
+from engines.kv.faults import inject
+from engines.scheduled.scheduler import SchedulerConfig
+from engines.shapes import batched_tokens, load_shape
+from harness.gpus import GPU
+from workloads.spec import load_spec
+
 # bench's CPU defaults (Makefile): the tiny model's KV in float32 (4,096 B a token), a 16 MiB budget, the scheduled
 # engines' 64 sequences and their token budget; static-max admits as a naive server does (--no-preflight)
 DEFAULTS = {"model": "tiny-llama", "dtype": "float32", "kv_budget_bytes": 16 * 2**20, "block_size": 16,
@@ -47,20 +53,15 @@ def engine_flags(text: str) -> tuple[dict, list[str]]:
 
 
 def step_device():
-    from harness.gpus import GPU
-
     return GPU("memory-gate-cpu", 0, **STEP_DEVICE_SPEED)
 
 
 def measure(policy: str, flags: dict, cfg: argparse.Namespace) -> dict:
     """One policy's figures on the fixed trace (see the module's docstring)."""
-    from engines.kv.faults import inject
-    from engines.scheduled.scheduler import SchedulerConfig
-    from engines.shapes import batched_tokens, load_shape
+    # numpy and pandas load in the measuring child alone: cli/memory_gate.py imports this module for engine_flags
     from harness.sim.roofline import StepModel
     from harness.sim.simulator import make_sim_policy, simulate_policy
     from workloads.generate import has_shared_prefixes, iter_requests
-    from workloads.spec import load_spec
 
     shape = load_shape(cfg.model)
     spec = load_spec(cfg.workload)

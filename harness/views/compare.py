@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.analysis.operating import OPERATING_FIGURES, shared_point
+from harness.analysis.records import RunRecord
 from harness.analysis.speed_probe import Agreement, SpeedProbe
+from harness.analysis.summary import summarize
 from harness.analysis.summary_records import CapacityBlock, Summary
 
 # figure -> whether higher is better (the ungated figures pooled over a run's points)
@@ -73,16 +75,12 @@ class Row:
 
 def load_summary(run_dir: Path) -> Summary:
     """A run's summary.json (a run never summarized: summarized now, not written)."""
-    from harness.analysis.summary import summarize
-
     path = run_dir / "summary.json"
     return Summary.model_validate(json.loads(path.read_text()) if path.is_file() else summarize(run_dir))
 
 
 def load_probe(run_dir: Path) -> SpeedProbe | None:
     """A run's speed probe from its run.json (None: a run recorded before the probe, or no run.json)."""
-    from harness.analysis.records import RunRecord
-
     try:
         return RunRecord.read(run_dir).speed_probe
     except (FileNotFoundError, ValueError):

@@ -9,6 +9,8 @@ from harness.analysis.summary_records import Summary
 from harness.gpus import GPU, GPUS
 from harness.plan import BENCH_REGIMES, GPU_TARGET_CONCURRENCY, live_tokens_per_request, workload_mix
 from harness.sim.roofline import StepModel
+from workloads.generate import trace
+from workloads.spec import load_spec
 
 MiB = 2**20
 
@@ -26,9 +28,6 @@ def cpu_rule() -> str:
 
 
 def mean_live_tokens(workload: str, seed: int, max_seq_len: int, vocab_size: int) -> float:
-    from workloads.generate import trace
-    from workloads.spec import load_spec
-
     mix = workload_mix(trace(load_spec(workload), seed, max_seq_len, vocab_size).requests, workload, max_seq_len)
     return live_tokens_per_request(mix, max_seq_len, 16)
 

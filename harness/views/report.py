@@ -38,6 +38,7 @@ from harness.views.html import (
 from harness.views.regime import regime_words
 from harness.views.twin_section import twin_section
 from harness.views.verdict import verdict
+from workloads.spec import SpecError, load_spec
 
 SECTIONS = ("verdict", "capacity", "twin", "integrity", "memory-breakdown", "figure2", "scheduler", "oom-events",
             "memory-map", "debug-pass", "latency", "throughput", "workload", "config")
@@ -343,8 +344,6 @@ def throughput(requests: pd.DataFrame) -> str:
 
 
 def workload(requests: pd.DataFrame, meta: RunRecord) -> str:
-    from workloads.spec import SpecError, load_spec
-
     first = requests[requests.engine == requests.engine.iloc[0]] if len(requests) else requests
     fig = make_subplots(rows=1, cols=3, subplot_titles=("prompt tokens", "output tokens (target)", "arrivals / s"))
     fig.add_trace(go.Histogram(x=first.prompt_tokens, showlegend=False), row=1, col=1)

@@ -348,11 +348,6 @@ def unexplained_imports(source: str) -> list[int]:
     return sorted(set(out))
 
 
-# Files another change was editing when this rule came (issue 74), their imports not yet moved or explained: the
-# merger empties this list (harness/run/bench.py: 1, `from harness.analysis.summary import finalize` in Bench.run).
-PENDING = {"harness/run/bench.py"}
-
-
 def test_every_import_inside_a_function_says_why():
     """Imports in the module header, where they show a module's neighbours, unless a comment says why not (kept out
     of `fragbench --help`, torch kept out of a light path, an optional extra, a cycle): on the import's line or the
@@ -361,8 +356,6 @@ def test_every_import_inside_a_function_says_why():
     for top in LAYERS:
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in PENDING:
-                continue
             found += [f"{rel}:{line}" for line in unexplained_imports(path.read_text())]
     assert not found, "imports inside functions without a comment saying why:\n" + "\n".join(found)
 

@@ -16,6 +16,7 @@ from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.steady import fewest_to_pass
+from harness.analysis.summary import finalize
 from harness.results import Journal
 from harness.run.alloc_settings_runs import run_settings
 from harness.run.calibration import LOADGEN_STARTUP_S, Calibration
@@ -71,8 +72,6 @@ class Bench:
 
     # -- the whole run
     def run(self) -> Path:
-        from harness.analysis.summary import finalize
-
         with self.console.progress() as shower:
             if self.cfg.sweep:
                 self.record.sweep(self.cfg.rates, self.cfg.point_s, self.design,

@@ -148,3 +148,27 @@ def test_the_text_and_the_page_name_every_figure_and_the_memory_gate(tmp_path):
     assert "memory gate: PASS" in text
     page = write_page("FAIL", figures, memory, ("HEAD", "working tree"), [tmp_path / "turn1"], tmp_path / "ab.html")
     assert "tpot_p50_s" in page.read_text() and "Memory gate: PASS" in page.read_text()
+
+
+def test_a_build_s_run_waits_until_no_server_holds_a_request(monkeypatch):
+    """The other build's server, still decoding what the last run left it, would share the machine with the next
+    build's run: quiesce waits for both to hold nothing."""
+    from types import SimpleNamespace
+
+    import harness.run.ab_runs as ab_runs
+
+    held = {"http://a": [2, 1, 0], "http://b": [0]}
+
+    def stats(url):
+        queue = held[url]
+        return SimpleNamespace(running=queue.pop(0) if len(queue) > 1 else queue[0], waiting=0)
+
+    monkeypatch.setattr(ab_runs, "fetch_stats", stats)
+    monkeypatch.setattr(ab_runs.time, "sleep", lambda s: None)
+    said = []
+    ab_runs.quiesce({"paged.base": "http://a", "paged.new": "http://b"}, said.append)
+    assert held["http://a"] == [0] and said == []
+    monkeypatch.setattr(ab_runs, "QUIET_S", 0.0)
+    held["http://a"] = [5]
+    ab_runs.quiesce({"paged.base": "http://a"}, said.append)
+    assert said and "paged.base still held" in said[0]

@@ -35,11 +35,13 @@ from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of
 from harness.analysis.summary_records import Summary
 from harness.run.servers import READY, ServerFailed, healthy, tail
+from harness.run.stats_poller import fetch_stats
 from harness.run.trees import ROOT, Tree, run_child
 
 SERVE_TIMEOUT_S = 300
 FIXED_JUDGED = 30  # requests a fixed-rate point judges per build: analysis/operating.py's OPERATING_JUDGED
 SEARCH_SHARE = 0.75  # of a turn's time, the search's; the fixed-rate runs take the rest (about 60 s a server)
+QUIET_S = 60  # the longest a run waits for every server to hold no request
 MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
 
 
@@ -132,12 +134,34 @@ def build_urls(urls: dict[str, str], engines: list[str], side: str) -> dict[str,
     return {e: urls[side_name(e, side)] for e in engines}
 
 
-def search_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float, turns: Turns) -> None:
+def holding(url: str) -> bool:
+    """The server holds a request (running or waiting), by its /stats; a server that does not say counts as idle."""
+    stats = fetch_stats(url)
+    return stats is not None and (stats.running or 0) + (stats.waiting or 0) > 0
+
+
+def quiesce(urls: dict[str, str], say: Callable[[str], None]) -> None:
+    """Wait until no server of either build holds a request, before a build's run: a search ends on an overloaded
+    point and its server decodes what it holds until its steps notice the closed streams, which would fall on the
+    next build's run. In A/A runs the second build of a turn read slower in four turns of five (TPOT 3.9x, 2.1x,
+    1.4x; then 0.43x and 0.88x with the order reversed)."""
+    deadline = time.monotonic() + QUIET_S
+    busy = [n for n, u in urls.items() if holding(u)]
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.5)
+        busy = [n for n, u in urls.items() if holding(u)]
+    if busy:
+        say(f"ab: {', '.join(busy)} still held requests after {QUIET_S} s; measuring anyway")
+
+
+def search_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float, turns: Turns,
+                say: Callable[[str], None]) -> None:
     """Every engine's knee search, one build's run then the other's (the bench stops itself at --time; the limit
     is a guard)."""
     what = ["--sweep", "--time", f"{turn_s / len(SIDES):.0f}", "--calibrate-duration", "8"]
     points: dict[str, list[Judged]] = {}
     for side in side_order(turn):
+        quiesce(urls, say)
         run_dir = bench_run(build_urls(urls, plan.engines, side), side_folder(plan, side), plan, turn, what, "",
                             3 * turn_s + 600)
         meta = RunRecord.read(run_dir)
@@ -158,6 +182,7 @@ def fixed_turn(urls: dict[str, str], plan: ABPlan, turn: int, turns: Turns, say:
             continue
         what = ["--rates", f"{rate:g}", "--point-requests", str(FIXED_JUDGED), "--point-duration", "10"]
         for side in side_order(turn):
+            quiesce(urls, say)
             run_dir = bench_run(build_urls(urls, [engine], side), side_folder(plan, side, fixed=True), plan, turn,
                                 what, f"-{engine}-at-{rate:.3g}", 1200)
             summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
@@ -192,7 +217,7 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
             k = len(turns.points)
             this_s = min(turn_s, max(left, least))
             say(f"ab: turn {k + 1}, {this_s:.0f} s, order {', '.join(side_order(k))}")
-            search_turn(urls, plan, k, SEARCH_SHARE * this_s, turns)
+            search_turn(urls, plan, k, SEARCH_SHARE * this_s, turns, say)
             fixed_turn(urls, plan, k, turns, say)
             figures = turns.figures(plan.engines, plan.threshold)
             say(f"ab: after turn {k + 1}: {overall([f.verdict for f in figures])}")

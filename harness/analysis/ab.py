@@ -171,13 +171,15 @@ def turn_ratio(pairs: pd.DataFrame, name: str, rng: np.random.Generator) -> Turn
         b, n = np.where(rows.ok_base, np.nan_to_num(b), 0.0), np.where(rows.ok_new, np.nan_to_num(n), 0.0)
     keep = np.isfinite(b) & np.isfinite(n) & ((b > 0) & (n > 0) if both_ok else True)
     b, n = b[keep], n[keep]
-    if len(b) < MIN_PAIRS or statistic(b) <= 0 or statistic(n) <= 0:
+    if len(b) < MIN_PAIRS:
+        return None
+    base, new = float(statistic(b)), float(statistic(n))
+    if base <= 0 or new <= 0:
         return None
     draws = block_indices(len(b), rng)
     logs = np.log(np.maximum(statistic(n[draws], axis=1), 1e-12) / np.maximum(statistic(b[draws], axis=1), 1e-12))
     lo, hi = np.quantile(logs, [0.05, 0.95])
-    return TurnRatio(float(statistic(b)), float(statistic(n)), math.log(statistic(n) / statistic(b)),
-                     float(hi - lo) / 2 / Z90)
+    return TurnRatio(base, new, math.log(new / base), float(hi - lo) / 2 / Z90)
 
 
 def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, float]]:
@@ -208,11 +210,11 @@ def operating_figures(engine: str, turns: list[dict[str, FixedSide]], threshold:
         b, n = sides.get(side_name(engine, "base")), sides.get(side_name(engine, "new"))
         if b and n and b.point.key == n.point.key and all(below_knee(s.point, attainment) for s in (b, n)):
             shared.append((b, n))
+    pairs = [paired(b.requests, n.requests) for b, n in shared]  # once a turn, read by every figure
     out = []
     for name in PAIRED:
-        ratios = [r for k, (b, n) in enumerate(shared)
-                  if (r := turn_ratio(paired(b.requests, n.requests), name, named_rng(SEED, f"{engine}:{name}:{k}")))
-                  is not None]
+        ratios = [r for k, turn in enumerate(pairs)
+                  if (r := turn_ratio(turn, name, named_rng(SEED, f"{engine}:{name}:{k}"))) is not None]
         if not ratios:
             out.append(figure(engine, name, None, None, None, None, threshold,
                               "no rate both builds sustained with margin was measured in any turn"))

@@ -167,17 +167,17 @@ gpu-check: setup model
 	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
 # Nightly: `fragbench ab` of this checkout against the last revision that passed the nightly (results/nightly-passed)
-# or a ref given as BASE=REV (none passed yet: HEAD against itself, an A/A): the deterministic memory gate, then
-# both builds served side by side, each build's engines benched as one run per turn (ABBA, each turn a fresh stream
-# both get), each build's runs a results folder (results/ab/base, results/ab/new); then the history of NEW's runs,
-# night after night the head's (a trend, not the gate). It exits as ab does
-# (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), and records HEAD as the last that passed on a PASS.
-# AB_TIME: within 40 minutes on 2 cores, installs included: 2,400 s less set-up (265 s, the slowest fresh clone
-# measured) and the servers' starts and the memory gate (about 20 s) leave 2,115 s; 1,800 s (two turns of 900 s)
-# keeps about 300 s for the turns' overruns (a 150 s turn took 148 s whole, report and twin included; 900 s turns
-# are not measured yet).
+# or a ref given as BASE=REV (none passed yet: HEAD against itself, an A/A, and it says so): the deterministic memory
+# gate, the step's instruction counts, then both builds served side by side and, per engine, pairs of short blocks at
+# one fixed rate (AB, BA, ...), decided as the field's gates decide (docs/method.md, Nightly); then one knee search of
+# each build (reported, not gated) into results/ab/base and results/ab/new, and the history of NEW's runs, night after
+# night (a trend, not the gate). It exits as ab does (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), and
+# records HEAD as the last that passed on a PASS: the next night compares against it.
+# AB_TIME, the pairs' time: within 40 minutes on 2 cores, installs included: 2,400 s less set-up (265 s, the slowest
+# fresh clone measured), the servers' starts, the memory gate and the instruction counts (about 300 s), the knee turn
+# (300 s) and the rate checks (about 120 s) leave about 1,400 s; 1,200 s keeps the rest for the last pair's overrun.
 BASE ?=
-AB_TIME ?= 1800
+AB_TIME ?= 1200
 NIGHTLY_PASSED := results/nightly-passed
 nightly: setup model
 	@base="$(BASE)"; [ -n "$$base" ] || base=$$(cat $(NIGHTLY_PASSED) 2>/dev/null); \

@@ -1,5 +1,6 @@
-"""`fragbench ab`'s figures and verdicts (harness/analysis/ab.py) and its command line; the measurement itself
-(servers from two trees, a bench per turn) is the same bench `make bench` runs, timed by hand (docs/method.md)."""
+"""`fragbench ab`'s rule, figures and verdicts (harness/analysis/ab.py), its blocks' rows (harness/run/ab_blocks.py)
+and its command line; the measurement itself (servers from two trees, pairs of blocks) is timed by hand
+(docs/method.md, Nightly)."""
 
 from __future__ import annotations
 
@@ -10,29 +11,27 @@ import pandas as pd
 import pytest
 
 from harness.analysis.ab import (
-    FixedSide,
-    TurnRatio,
-    knee_figure,
-    margin_rate,
-    operating_figures,
+    ALPHA,
+    CONFIRM_PAIRS,
+    EngineGate,
+    Pair,
+    decide,
+    fit_pairs,
+    instructions_figure,
     overall,
-    pooled,
-    side_name,
-    verdict_of,
+    side_order,
 )
-from harness.analysis.knee import Judged
-from harness.analysis.summary_records import CapacityPoint
-from harness.run.ab_runs import side_order
+from harness.run.ab_blocks import judged_rows
 from tests.conftest import run_cli
-from workloads.streams import key_of, snap
 
 
-@pytest.mark.parametrize(("ci", "higher", "verdict"), [
-    ((0.95, 1.04), True, "PASS"), ((0.70, 0.85), True, "FAIL"), ((0.85, 1.02), True, "INCONCLUSIVE"),
-    ((1.15, 1.30), True, "INCONCLUSIVE"), ((1.15, 1.30), False, "FAIL"), ((0.70, 0.85), False, "INCONCLUSIVE"),
-    ((0.92, 1.08), False, "PASS"), (None, True, "INCONCLUSIVE")])
-def test_a_figure_fails_wholly_on_the_worse_side_and_passes_inside_the_threshold(ci, higher, verdict):
-    assert verdict_of(ci, 0.10, higher) == verdict
+def series(rng, mu: float, spread: float, k: int, order_effect: float = 0.0) -> tuple[list[float], list[int]]:
+    order = [1 if i % 2 == 0 else -1 for i in range(k)]
+    return [mu + order_effect * o + spread * rng.standard_normal() for o in order], order
+
+
+def test_pairs_alternate_their_order():
+    assert [side_order(k) for k in range(3)] == [("base", "new"), ("new", "base"), ("base", "new")]
 
 
 def test_the_overall_verdict_is_the_worst():
@@ -40,119 +39,154 @@ def test_the_overall_verdict_is_the_worst():
     assert overall(["INCONCLUSIVE", "FAIL", "PASS"]) == "FAIL" and overall([]) == "INCONCLUSIVE"
 
 
-def test_turns_are_abba():
-    assert [side_order(k) for k in range(3)] == [("base", "new"), ("new", "base"), ("base", "new")]
+def test_the_order_term_takes_out_what_the_second_run_of_a_pair_meets():
+    """Every pair's second build reads 10 % slower (the machine, not the build): the build's effect stays 0."""
+    y = [0.1 if k % 2 else -0.1 for k in range(10)]  # AB: new second, +0.1; BA: base second, -0.1
+    f = fit_pairs(np.array(y) * -1, np.array([1 if k % 2 == 0 else -1 for k in range(10)]))
+    assert abs(f.mu) < 1e-9 and f.se < 1e-6
+    assert fit_pairs(np.zeros(5), np.array([1, -1, 1, -1, 1])) is None  # under the first look
+    assert fit_pairs(np.zeros(8), np.ones(8)) is None  # one order alone tells no build from the machine
 
 
-def test_pooling_weighs_the_tighter_turn_and_narrows():
-    loose, tight = TurnRatio(1.0, 1.2, math.log(1.2), 0.2), TurnRatio(1.0, 1.0, 0.0, 0.02)
-    _, _, ratio, ci = pooled([loose, tight])
-    assert 1.0 <= ratio < 1.01 and ci[1] - ci[0] < 2 * 1.6449 * 0.02 * 1.01
+def test_an_a_a_night_passes_and_a_few_pairs_do_not():
+    rng = np.random.default_rng(1)
+    y, order = series(rng, 0.0, 0.08, 10)
+    assert decide(y, order, 0.10, 10).verdict == "PASS"
+    assert decide(y[:8], order[:8], 0.10, 10).verdict == "INCONCLUSIVE"  # fewer pairs than a PASS needs
+    noisy, order = series(rng, 0.0, 0.6, 10)
+    noisy = list(np.array(noisy) - np.mean(noisy))  # no change, measured loosely: no PASS
+    assert decide(noisy, order, 0.10, 10).verdict == "INCONCLUSIVE"
 
 
-def test_turns_that_disagree_beyond_their_intervals_widen_the_pooled_one():
-    """An A/A whose AB turn met a busy machine during B (3.9x, tight) and whose BA turn did not (1.0x): the
-    spread between turns enters the interval, which then holds 1 (no FAIL)."""
-    busy, quiet = TurnRatio(1.0, 3.9, math.log(3.9), 0.1), TurnRatio(1.0, 1.0, 0.0, 0.1)
-    _, _, _, ci = pooled([busy, quiet])
-    assert ci[0] < 1 < ci[1]
-    _, _, _, agree = pooled([TurnRatio(1.0, 1.0, 0.01, 0.03), TurnRatio(1.0, 1.0, -0.01, 0.03)])
-    assert 0.95 < agree[0] and agree[1] < 1.05
+def test_an_improvement_passes():
+    y, order = series(np.random.default_rng(2), -math.log(1.2), 0.08, 10)
+    assert decide(y, order, 0.10, 10).verdict == "PASS"
 
 
-def curve(rate: float, knee: float) -> float:
-    return 1 / (1 + math.exp(-(math.log(9) - 25 * (math.log(rate) - math.log(knee)))))
+def test_a_regression_is_sighted_then_confirmed_by_fresh_pairs():
+    y, order = series(np.random.default_rng(3), math.log(1.2), 0.05, 6 + CONFIRM_PAIRS)
+    first = decide(y[:6], order[:6], 0.10, 10)
+    assert first.verdict == "INCONCLUSIVE" and first.sighted_at == 6 and first.fit.p_worse() < ALPHA
+    assert decide(y[:8], order[:8], 0.10, 10, first.sighted_at).verdict == "INCONCLUSIVE"  # confirming
+    done = decide(y, order, 0.10, 10, first.sighted_at)
+    assert done.verdict == "FAIL" and done.ratio == pytest.approx(1.2, rel=0.05) and done.ci[0] > 1.1
 
 
-def points(rng, knee: float, n: int = 80) -> list[Judged]:
-    rates = [snap(knee * f) for f in (0.8, 0.93, 1.0, 1.07, 1.2)]
-    return [Judged(r, key_of(r, i + 1), (rng.random(n) < curve(r, knee)).astype(float), np.arange(n))
-            for i, r in enumerate(rates)]
+def test_fresh_pairs_that_do_not_confirm_leave_it_open():
+    y, order = series(np.random.default_rng(4), math.log(1.2), 0.05, 6)
+    y += [0.0, 0.0, 0.0, 0.0]
+    order += [1, -1, 1, -1]
+    d = decide(y, order, 0.10, 10, sighted_at=6)
+    assert d.verdict == "INCONCLUSIVE" and d.sighted_at is None
 
 
-def test_the_knee_ratio_fails_a_slower_new_build_and_holds_one_on_a_a():
-    """Two turns each: NEW's knee 30 % under BASE's FAILs; the same knee on both sides never FAILs."""
-    rng = np.random.default_rng(5)
-    slower = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 2.1)}
-              for _ in range(2)]
-    f = knee_figure("paged", slower, 0.9, 0.10)
-    assert f.verdict == "FAIL" and f.ci[1] < 0.9 and f.base > f.new
-    same = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 3.0)}
-            for _ in range(2)]
-    g = knee_figure("paged", same, 0.9, 0.10)
-    assert g.verdict != "FAIL" and g.ci[0] < 1 < g.ci[1]
-    assert knee_figure("paged", [{}], 0.9, 0.1).verdict == "INCONCLUSIVE"
+def test_a_significant_change_inside_the_floor_does_not_fail():
+    """5 % slower, measured tightly: significant, but not past the 10 % floor."""
+    y, order = series(np.random.default_rng(5), math.log(1.05), 0.01, 12)
+    d = decide(y, order, 0.10, 10)
+    assert d.fit.p_worse() < ALPHA and d.verdict == "PASS"
 
 
-def test_the_margin_rate_is_half_the_lower_knee_interval_s_low_end():
-    rng = np.random.default_rng(7)
-    turns = [{side_name("paged", "base"): points(rng, 3.0), side_name("paged", "new"): points(rng, 2.4)}]
-    rate = margin_rate("paged", turns, 0.9)
-    assert rate is not None and 0.8 < rate <= 0.5 * 2.4  # half of new's lower end (about 2.2), on the grid
-    assert margin_rate("paged", [{side_name("paged", "base"): points(rng, 3.0)}], 0.9) is None
+def block(scale: float, seed: int, n: int = 30, missed: int = 0) -> pd.DataFrame:
+    """A block of n requests whose sizes vary 3x (the same stream on both sides), 3 % noise per request; `missed`
+    requests of it failed (every third)."""
+    sizes = np.random.default_rng(0).uniform(1, 3, n)
+    noise = np.random.default_rng(seed).normal(1, 0.03, n)
+    failed = (np.arange(n) % 3 == 2) & (np.arange(n) < 3 * missed)
+    return pd.DataFrame({"stream_index": np.arange(n), "status": np.where(failed, "error", "ok"), "met": ~failed,
+                         "ttft_s": 0.05 * sizes * noise, "tpot_s": 0.01 * sizes * noise * scale,
+                         "output_tokens": np.where(failed, 0, (40 * sizes).round())})
 
 
-def fixed(tpot_scale: float, seed: int, failed: int = 0, n: int = 30) -> FixedSide:
-    """A fixed-rate point of n requests whose sizes (hence latencies) vary 3x between requests, as a stream's
-    do; `tpot_scale` the build's speed, 2 % noise per request, `failed` requests failed (every fifth)."""
-    sizes = np.random.default_rng(0).uniform(1, 3, n)  # the stream: the same on both sides
-    noise = np.random.default_rng(seed).normal(1, 0.02, n)
-    ok = ~((np.arange(n) % 5 == 4) & (np.arange(n) < 5 * failed))
-    requests = pd.DataFrame({"stream_index": np.arange(n), "arrival_s": np.arange(n) / 1.5,
-                             "status": np.where(ok, "ok", "error"), "ttft_s": 0.05 * sizes * noise,
-                             "tpot_s": 0.01 * sizes * noise * tpot_scale, "output_tokens": (40 * sizes).round()})
-    point = CapacityPoint.model_validate({"key": "g2", "offered_rps": 1.5, "slo_attainment": 1.0, "steady": True})
-    return FixedSide(point, requests)
+def gate_of(new_scale: float, pairs: int, missed: int = 0) -> EngineGate:
+    gate = EngineGate("paged", 0.10, 10)
+    for k in range(pairs):
+        gate.add(Pair("paged", k, 3.2, f"ab{k}", side_order(k), block(1.0, 2 * k), block(new_scale, 2 * k + 1,
+                                                                                          missed=missed)))
+        if gate.settled():
+            break
+    return gate
 
 
-def test_latency_at_the_fixed_rate_pairs_the_requests_and_fails_a_slower_step():
-    """The requests' own spread (3x) cancels in the pairing: 20 % slower steps FAIL, an A/A PASSes."""
-    turns = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.2, 2 * k + 1)} for k in range(2)]
-    figures = {f.figure: f for f in operating_figures("paged", turns, 0.10, 0.9)}
-    assert figures["tpot_p50_s"].verdict == "FAIL" and figures["tpot_p50_s"].ratio == pytest.approx(1.2, abs=0.03)
-    assert figures["ttft_p50_s"].verdict == "PASS" and figures["output_tokens_per_s"].verdict == "PASS"
-    same = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.0, 2 * k + 1)} for k in range(2)]
-    assert {f.verdict for f in operating_figures("paged", same, 0.10, 0.9)} == {"PASS"}
-    none = operating_figures("paged", [{"paged.base": fixed(1.0, 0)}], 0.10, 0.9)
-    assert {f.verdict for f in none} == {"INCONCLUSIVE"}
-    one_order = operating_figures("paged", turns[:1], 0.10, 0.9)  # AB alone: the machine's drift is not told apart
-    assert {f.verdict for f in one_order} == {"INCONCLUSIVE"} and all(f.ci is None for f in one_order)
+def test_a_step_20_percent_slower_fails_and_an_a_a_passes_on_paired_requests():
+    slow = gate_of(1.2, 16)
+    assert slow.verdict() == "FAIL" and len(slow.pairs) == 6 + CONFIRM_PAIRS
+    tpot = next(f for f in slow.figures() if f.figure == "tpot_p50_s")
+    assert tpot.ratio == pytest.approx(1.2, rel=0.03) and tpot.gated
+    same = gate_of(1.0, 16)
+    assert same.verdict() == "PASS" and len(same.pairs) == 10
+    reported = {f.figure: f for f in same.figures()}
+    assert reported["ttft_p50_s"].verdict == "reported" and not reported["ttft_p50_s"].gated
+    assert reported["output_tokens_per_s"].ratio == pytest.approx(1.0, abs=1e-9)
 
 
-def test_requests_new_failed_count_against_its_tokens():
-    turns = [{"paged.base": fixed(1.0, 2 * k), "paged.new": fixed(1.0, 2 * k + 1, failed=6)} for k in range(2)]
-    tokens = {f.figure: f for f in operating_figures("paged", turns, 0.10, 0.9)}["output_tokens_per_s"]
-    assert tokens.verdict == "FAIL" and tokens.ratio < 0.85
+def test_requests_new_misses_where_base_met_them_fail_and_are_never_dropped():
+    """NEW fails a third of its requests at the same speed: its latency on the rest is BASE's, but the misses,
+    paired request by request, FAIL it."""
+    gate = gate_of(1.0, 16, missed=10)
+    figures = {f.figure: f for f in gate.figures()}
+    assert figures["slo_misses"].verdict == "FAIL" and gate.verdict() == "FAIL"
+    assert figures["tpot_p50_s"].verdict != "FAIL"
+    assert figures["output_tokens_per_s"].ratio < 0.8
+
+
+def test_a_crash_of_new_fails_its_engine():
+    gate = gate_of(1.0, 2)
+    gate.crashed = "paged.new's server exited (70): AssertionError: block 3 freed while read"
+    assert gate.verdict() == "FAIL" and gate.settled()
+    assert any(f.figure == "crash" and "AssertionError" in f.why for f in gate.figures())
+
+
+def test_instructions_are_compared_as_counted():
+    assert instructions_figure("paged", 1e9, 1.2e9, 0.10).verdict == "FAIL"
+    assert instructions_figure("paged", 1e9, 1.004e9, 0.10).verdict == "PASS"
+    assert instructions_figure("paged", None, 1e9, 0.10).verdict == "INCONCLUSIVE"
+    gate = gate_of(1.0, 16)
+    gate.instructions = instructions_figure("paged", 1e9, 1.25e9, 0.10)
+    assert gate.verdict() == "FAIL"
+
+
+def test_a_block_s_judged_request_without_a_row_is_a_miss():
+    rows = [{"stream_key": "ab0", "stream_index": 0, "status": "ok", "ttft_s": 0.1, "tpot_s": 0.01,
+             "output_tokens": 5},
+            {"stream_key": "abcheck0", "stream_index": 1, "status": "ok", "ttft_s": 0.1, "tpot_s": 0.01,
+             "output_tokens": 5}]
+    frame = judged_rows(rows, "ab0", np.array([0, 1]), np.array([1.0, 0.0]))
+    assert frame.status.tolist() == ["ok", "error"] and frame.met.tolist() == [True, False]
 
 
 def test_bad_input_is_one_line(tmp_path, tiny_model):
     for args in (["no-such-revision-xyz", "--model", str(tiny_model)], ["HEAD", "--engines", "nosuch"],
                  ["HEAD", "--engines", "paged", "--threshold", "0"], ["HEAD", "--model", str(tmp_path)],
-                 ["HEAD", "--new-engine-args", "paged=--inject-kv-fault nosuch"]):
+                 ["HEAD", "--new-engine-args", "paged=--inject-kv-fault nosuch"], ["HEAD", "--pairs", "3"],
+                 ["HEAD", "--knee-time", "-5"], ["HEAD", "--base-engine-args", "nosuch=--x"]):
         r = run_cli("ab", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_text_and_the_page_name_every_figure_and_the_memory_gate(tmp_path):
-    from harness.analysis.ab import figure
     from harness.analysis.memory_gate import MemorySide, PolicyMemory, gate
+    from harness.run.ab_runs import Measured
     from harness.views.ab_page import render_text, write_page
     from tests.test_memory_gate import FIGURES
 
     side = MemorySide(trace={"workload": "mixed-churn"}, policies={"paged": PolicyMemory(**FIGURES)})
     memory = gate(side, side)
-    figures = [figure("paged", "knee", 3.0, 2.0, 0.667, (0.6, 0.75), 0.1),
-               figure("paged", "tpot_p50_s", None, None, None, None, 0.1, "no shared stream")]
-    text = render_text("FAIL", figures, memory, 0.1, [tmp_path / "turn1"])
-    assert "ab: FAIL" in text and "[0.600, 0.750]" in text and "no shared stream" in text
-    assert "memory gate: PASS" in text
-    page = write_page("FAIL", figures, memory, ("HEAD", "working tree"), [tmp_path / "turn1"], tmp_path / "ab.html")
+    slow = gate_of(1.2, 16)
+    measured = Measured(gates={"paged": slow}, rates={"paged": 3.2},
+                        speed=[{"compute_s": [0.010]}, {"compute_s": [0.020]}])
+    figures = measured.figures()
+    text = render_text("FAIL", {"paged": "FAIL"}, figures, memory, 0.1, measured)
+    assert "ab: FAIL" in text and "paged: FAIL at 3.2 req/s" in text and "tpot_p50_s" in text
+    assert "memory gate: PASS" in text and "speed moved" in text and "confirmed" in text
+    page = write_page("FAIL", {"paged": "FAIL"}, figures, memory, ("HEAD", "working tree"), measured, 0.1,
+                      tmp_path / "ab.html")
     assert "tpot_p50_s" in page.read_text() and "Memory gate: PASS" in page.read_text()
 
 
-def test_a_build_s_run_waits_until_no_server_holds_a_request(monkeypatch):
-    """The other build's server, still decoding what the last run left it, would share the machine with the next
-    build's run: quiesce waits for both to hold nothing."""
+def test_a_block_waits_until_no_server_holds_a_request(monkeypatch):
+    """The other build's server, still decoding what the last block left it, would share the machine with the next
+    block: quiesce waits for both to hold nothing."""
     from types import SimpleNamespace
 
     import harness.run.ab_runs as ab_runs

@@ -1,55 +1,72 @@
-"""The A/B gate's figures and verdicts (`fragbench ab`): BASE's build against NEW's, measured in one run.
+"""The A/B gate's figures and verdicts (`fragbench ab`): BASE's build against NEW's, decided as the field's gates
+decide (Firecracker's A/B runs, Chromium's Pinpoint, asv): many short replicated pairs, a FAIL only where a
+regression is both significant and past an effect floor and fresh pairs confirm it, a PASS on non-inferiority.
 
-Each engine's two builds are served side by side. Each turn benches every engine of one build as one bench run
-(the engines under their own names, in a results folder of that build: OUT/base, OUT/new), then the other build's,
-both on the turn's fresh stream (its own seed), the builds' order reversed every turn (ABBA). The figures, per
-engine, each NEW / BASE with its 90 % interval:
-- `knee`: the sustained rate at the SLO, from one joint fit of every turn's points (harness/analysis/kneefit.py:
-  the two builds as two engines, each turn's stream keys kept apart), the ratio read from the fit's draws;
-- `ttft_p50_s`, `tpot_p50_s`, `output_tokens_per_s`: at a rate both builds sustain with margin (`margin_rate`:
-  the operating table's rule, analysis/operating.rule_rate, on the lower end of the two builds' pooled knee
-  intervals so far: half of it, on the grid), measured after each turn's search as a fixed rate on the turn's
-  stream, both builds the same requests (ABBA too); a turn's pair counts where both judged it at steady state
-  within the SLO. Each turn's ratio is taken over the requests both builds were sent, paired by their index in
-  the stream, its interval from a block bootstrap that resamples the same requests on both sides (what a
-  request's size does to its latency cancels); the turns pooled by inverse variance.
-A figure FAILs when its interval lies wholly on the worse side of 1 +- threshold, PASSes when it lies inside
-1 +- threshold, and is INCONCLUSIVE otherwise (or where it could not be measured); the gate FAILs if any figure
-(or the memory gate) fails, else is INCONCLUSIVE if any figure is, else PASSes."""
+The unit is the pair. Per engine, both builds' servers run side by side (harness/run/ab_runs.py); pair k is one
+fresh stream (its own key), sent at one fixed rate well under both builds' knees to one build and then the other,
+the order alternating (AB, BA, AB, ...). Each build judges about 30 requests of it at steady state.
+
+- `tpot_p50_s`, the carrying figure: a pair's log ratio is the median, over the requests both builds completed, of
+  log(NEW's TPOT / BASE's) for that request: a request's own size cancels, and a step 20 % slower is 1.2x.
+- `slo_misses`: the requests a build judged and missed (the SLO's rule; a failed or unfinished request misses),
+  paired: NEW missing a request BASE met is evidence of a regression (an exact one-sided binomial test on the
+  discordant requests, McNemar's), never a dropped pair.
+- `instructions`: each engine's step at fixed batch shapes counted in instructions under callgrind
+  (harness/run/ab_instructions.py): no load moves it, so it is compared as it is, without statistics.
+- `ttft_p50_s`, `output_tokens_per_s` (pairs, as TPOT) and `knee` (a short knee search of each build) are
+  reported beside them, never gated: a capacity collapse shows as NEW missing the SLO at a rate BASE sustains, and
+  `history` keeps the slow drifts.
+
+The rule on the pairs' log ratios y_k (`decide`): a least-squares fit y_k = mu + gamma o_k, o_k = +1 for AB and -1
+for BA (what the second run of a pair meets on this machine: a warm cache, the first's leftovers), equal weights,
+t with k - 2 degrees of freedom.
+- FAIL: one-sided p < ALPHA (0.01) against mu = 0, the estimate exp(mu) past 1 + threshold, and then CONFIRM_PAIRS
+  fresh pairs confirm it: all pairs together still meet both, and the fresh pairs alone are worse than no change
+  at one-sided p < 0.05 (a Firecracker-style retry: the first sighting is the hypothesis, the fresh pairs the
+  test).
+- PASS: the upper one-sided 95 % bound of exp(mu) under 1 + threshold, from at least `min_pairs` pairs
+  (non-inferiority: an improvement passes).
+- INCONCLUSIVE otherwise: more pairs while time remains.
+An engine FAILs where any of its gated figures does, PASSes where all do; the gate FAILs where an engine or the
+memory gate does (a crash of NEW's build included), PASSes where every engine does, else is INCONCLUSIVE.
+benchmarks/ab_study.py measures the rule's false FAIL rate and its power (docs/method.md, Nightly)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from harness.analysis.knee import Judged, named_rng
+from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit, fit
-from harness.analysis.operating import SEED, below_knee, block_indices, rule_rate
-from harness.analysis.summary_records import CapacityPoint
 
-Z90 = 1.6449  # the standard normal's 95th percentile: a central 90 % interval is +- Z90 standard errors
-# figure -> whether higher is better
-FIGURES = {"knee": True, "ttft_p50_s": False, "tpot_p50_s": False, "output_tokens_per_s": True}
 SIDES = ("base", "new")
+ALPHA = 0.01  # a FAIL's one-sided significance against no change
+PASS_CONFIDENCE = 0.95  # a PASS's one-sided bound
+CONFIRM_PAIRS = 4  # fresh pairs a FAIL's first sighting must be confirmed by
+CONFIRM_ALPHA = 0.05  # their own one-sided significance
+MIN_LOOK_PAIRS = 6  # the first look: t with 4 degrees of freedom after the order term
+MIN_PAIR_REQUESTS = 10  # requests both builds completed that make a pair's latency ratio
+SLO_FLOOR = 0.05  # NEW's net share of a pair's requests missed where BASE met them, past which misses may FAIL
+# figure -> whether higher is better; the gated ones decide, the rest are reported
+GATED = ("tpot_p50_s", "slo_misses", "instructions")
+REPORTED = ("ttft_p50_s", "output_tokens_per_s", "knee")
+HIGHER_BETTER = {"tpot_p50_s": False, "slo_misses": False, "instructions": False, "ttft_p50_s": False,
+                 "output_tokens_per_s": True, "knee": True}
+VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 
 
 def side_name(engine: str, side: str) -> str:
-    """The name a build's server is benched under (a target's name: letters, digits, '.', '_', '-')."""
+    """The name a build's server goes by (a target's name: letters, digits, '.', '_', '-')."""
     return f"{engine}.{side}"
 
 
-def verdict_of(ci: tuple[float, float] | None, threshold: float, higher_better: bool) -> str:
-    """The contract's rule on NEW / BASE's interval; `threshold` a share (0.10 for 10 %)."""
-    if ci is None:
-        return "INCONCLUSIVE"
-    lo, hi = ci
-    worse = hi < 1 - threshold if higher_better else lo > 1 + threshold
-    if worse:
-        return "FAIL"
-    return "PASS" if 1 - threshold <= lo and hi <= 1 + threshold else "INCONCLUSIVE"
+def side_order(pair: int) -> tuple[str, ...]:
+    """AB, BA, AB, ...: the builds' order alternates every pair."""
+    return SIDES if pair % 2 == 0 else SIDES[::-1]
 
 
 def overall(verdicts: list[str]) -> str:
@@ -58,27 +75,319 @@ def overall(verdicts: list[str]) -> str:
     return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts or not verdicts else "PASS"
 
 
+# -- one pair
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One fresh stream both builds of an engine were sent at `rate_rps`, in `order`; each side's judged requests
+    (stream_index, status, met, ttft_s, tpot_s, output_tokens)."""
+
+    engine: str
+    number: int
+    rate_rps: float
+    key: str
+    order: tuple[str, ...]
+    base: pd.DataFrame
+    new: pd.DataFrame
+
+    @property
+    def order_sign(self) -> int:
+        return 1 if self.order[0] == "base" else -1
+
+    def both(self) -> pd.DataFrame:
+        """The requests both builds judged, matched by their place in the stream."""
+        return self.base.merge(self.new, on="stream_index", suffixes=("_base", "_new"))
+
+    def json(self) -> dict:
+        return {"engine": self.engine, "pair": self.number, "rate_rps": self.rate_rps, "key": self.key,
+                "order": "".join("A" if s == "base" else "B" for s in self.order), "judged_base": len(self.base),
+                "judged_new": len(self.new), "tpot_log_ratio": log_ratio(self, "tpot_s"),
+                "ttft_log_ratio": log_ratio(self, "ttft_s"), "discordant": list(discordant(self))}
+
+
+def log_ratio(pair: Pair, column: str) -> float | None:
+    """The median over the requests both builds completed of log(NEW's value / BASE's): None under
+    MIN_PAIR_REQUESTS such requests."""
+    both = pair.both()
+    if both.empty:
+        return None
+    ok = (both.status_base == "ok") & (both.status_new == "ok")
+    b = pd.to_numeric(both.loc[ok, f"{column}_base"], errors="coerce").to_numpy(dtype=float)
+    n = pd.to_numeric(both.loc[ok, f"{column}_new"], errors="coerce").to_numpy(dtype=float)
+    keep = np.isfinite(b) & np.isfinite(n) & (b > 0) & (n > 0)
+    if keep.sum() < MIN_PAIR_REQUESTS:
+        return None
+    return float(np.median(np.log(n[keep] / b[keep])))
+
+
+def tokens_log_ratio(pair: Pair) -> float | None:
+    """log(NEW's output tokens / BASE's) over the requests both judged: a failed request gives its build none."""
+    both = pair.both()
+    tokens = [float(pd.to_numeric(both[f"output_tokens_{s}"], errors="coerce").fillna(0)
+                    .where(both[f"status_{s}"] == "ok", 0).sum()) for s in SIDES]
+    return math.log(tokens[1] / tokens[0]) if len(both) >= MIN_PAIR_REQUESTS and min(tokens) > 0 else None
+
+
+def discordant(pair: Pair) -> tuple[int, int, int]:
+    """(requests BASE met and NEW missed, requests NEW met and BASE missed, requests both judged)."""
+    both = pair.both()
+    if both.empty:
+        return 0, 0, 0
+    b, n = both.met_base.astype(bool), both.met_new.astype(bool)
+    return int((b & ~n).sum()), int((n & ~b).sum()), len(both)
+
+
+# -- the rule
+
+
+@dataclass(frozen=True)
+class Fit:
+    """mu (the log ratio, NEW over BASE, worse positive), its standard error and degrees of freedom."""
+
+    mu: float
+    se: float
+    df: int
+
+    def p_worse(self) -> float:
+        """One-sided p against mu = 0 toward worse."""
+        if self.se <= 0:
+            return 0.0 if self.mu > 0 else 1.0
+        return float(stats.t.sf(self.mu / self.se, self.df))
+
+    def upper(self, confidence: float = PASS_CONFIDENCE) -> float:
+        return self.mu + float(stats.t.ppf(confidence, self.df)) * self.se
+
+    def lower(self, confidence: float = PASS_CONFIDENCE) -> float:
+        return self.mu - float(stats.t.ppf(confidence, self.df)) * self.se
+
+
+def fit_pairs(y: np.ndarray, order: np.ndarray) -> Fit | None:
+    """Least squares of y on an intercept and the order term (+1 AB, -1 BA), equal weights; None under
+    MIN_LOOK_PAIRS pairs or where the order does not vary (both orders are needed to tell a build from the
+    machine's drift within a pair)."""
+    y, order = np.asarray(y, dtype=float), np.asarray(order, dtype=float)
+    if len(y) < MIN_LOOK_PAIRS or len(set(order.tolist())) < 2:
+        return None
+    x = np.column_stack([np.ones_like(y), order])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    df = len(y) - 2
+    resid = y - x @ coef
+    s2 = float(resid @ resid) / df
+    cov = s2 * np.linalg.inv(x.T @ x)
+    return Fit(float(coef[0]), math.sqrt(max(float(cov[0, 0]), 0.0)), df)
+
+
+def confirms(fresh: np.ndarray) -> bool:
+    """Fresh pairs replicate a sighted regression: by themselves worse than no change at one-sided p < CONFIRM_ALPHA
+    (t with n - 1 degrees of freedom; AB and BA alternate within them, so the order cancels in their mean)."""
+    if len(fresh) < 2 or fresh.std(ddof=1) == 0:
+        return bool(len(fresh) and fresh.mean() > 0)
+    t = fresh.mean() / (fresh.std(ddof=1) / math.sqrt(len(fresh)))
+    return float(stats.t.sf(t, len(fresh) - 1)) < CONFIRM_ALPHA
+
+
+def failing(f: Fit, threshold: float) -> bool:
+    """Significant against no change, and an estimate past the effect floor."""
+    return f.p_worse() < ALPHA and f.mu > math.log(1 + threshold)
+
+
+def passing(f: Fit, threshold: float) -> bool:
+    """Non-inferior: the upper one-sided 95 % bound under 1 + threshold."""
+    return f.upper() < math.log(1 + threshold)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str
+    pairs: int
+    fit: Fit | None = None
+    sighted_at: int | None = None  # the pair count at which a FAIL was first sighted (its confirmation follows)
+    why: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return math.exp(self.fit.mu) if self.fit else None
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        """The two-sided 90 % interval (its upper end is the PASS bound)."""
+        return (math.exp(self.fit.lower()), math.exp(self.fit.upper())) if self.fit else None
+
+
+def decide(y: list[float], order: list[int], threshold: float, min_pairs: int,
+           sighted_at: int | None = None) -> Decision:
+    """The rule (module docstring) on the pairs so far; `sighted_at` carries a first sighting of a FAIL from an
+    earlier look (the pairs after it are its confirmation)."""
+    k = len(y)
+    f = fit_pairs(np.array(y), np.array(order))
+    if f is None:
+        return Decision("INCONCLUSIVE", k, None, None, f"{k} pair(s): fewer than {MIN_LOOK_PAIRS} of both orders")
+    if failing(f, threshold):
+        if sighted_at is None:
+            return Decision("INCONCLUSIVE", k, f, k, f"a regression sighted at {k} pairs (p = {f.p_worse():.2g}): "
+                                                     f"{CONFIRM_PAIRS} fresh pairs to confirm it")
+        fresh = np.array(y[sighted_at:])
+        if len(fresh) < CONFIRM_PAIRS:
+            why = f"confirming: {len(fresh)} of {CONFIRM_PAIRS} fresh pairs"
+            return Decision("INCONCLUSIVE", k, f, sighted_at, why)
+        if confirms(fresh):
+            why = (f"p = {f.p_worse():.2g} over {k} pairs; {len(fresh)} fresh pairs confirmed it (their own ratio "
+                   f"{math.exp(fresh.mean()):.3f})")
+            return Decision("FAIL", k, f, sighted_at, why)
+        return Decision("INCONCLUSIVE", k, f, None, "a sighted regression the fresh pairs did not confirm")
+    if passing(f, threshold) and k >= min_pairs:
+        return Decision("PASS", k, f, None, f"upper 95 % bound {math.exp(f.upper()):.3f} < {1 + threshold:g}")
+    return Decision("INCONCLUSIVE", k, f, None, f"{k} pairs: neither a confirmed regression nor non-inferior")
+
+
+# the SLO misses: McNemar's exact test on the discordant requests, pooled over pairs
+
+
+@dataclass(frozen=True)
+class Misses:
+    new_only: int  # requests BASE met and NEW missed
+    base_only: int
+    judged: int  # requests both judged
+
+    @property
+    def net_share(self) -> float:
+        return (self.new_only - self.base_only) / self.judged if self.judged else 0.0
+
+    def p_worse(self) -> float:
+        n = self.new_only + self.base_only
+        return float(stats.binomtest(self.new_only, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+    def failing(self) -> bool:
+        return self.p_worse() < ALPHA and self.net_share > SLO_FLOOR
+
+
+def misses_of(pairs: list[Pair]) -> Misses:
+    counts = np.array([discordant(p) for p in pairs] or [(0, 0, 0)])
+    return Misses(*(int(c) for c in counts.sum(axis=0)))
+
+
+def decide_misses(pairs: list[Pair], sighted_at: int | None) -> Decision:
+    """The same sighting and confirmation as `decide`, on the discordant requests."""
+    m, k = misses_of(pairs), len(pairs)
+    why = f"{m.new_only} requests missed by NEW alone, {m.base_only} by BASE alone, of {m.judged}"
+    if not m.failing() or k < MIN_LOOK_PAIRS:  # the same first look as the latency's
+        return Decision("PASS" if m.net_share <= SLO_FLOOR else "INCONCLUSIVE", k, None, None, why)
+    if sighted_at is None:
+        return Decision("INCONCLUSIVE", k, None, k, why + f" (p = {m.p_worse():.2g}): fresh pairs to confirm it")
+    fresh = misses_of(pairs[sighted_at:])
+    if k - sighted_at < CONFIRM_PAIRS:
+        return Decision("INCONCLUSIVE", k, None, sighted_at, why + "; confirming")
+    if fresh.new_only > fresh.base_only:
+        return Decision("FAIL", k, None, sighted_at, why + f" (p = {m.p_worse():.2g}), confirmed by fresh pairs")
+    return Decision("INCONCLUSIVE", k, None, None, why + "; the fresh pairs did not confirm it")
+
+
+# -- an engine's figures
+
+
 @dataclass(frozen=True)
 class ABFigure:
     engine: str
     figure: str
-    base: float | None
-    new: float | None
     ratio: float | None  # NEW / BASE
-    ci: tuple[float, float] | None  # its 90 % interval
-    verdict: str
+    ci: tuple[float, float] | None  # its 90 % interval where it has one
+    verdict: str  # PASS, FAIL, INCONCLUSIVE; "reported" for a figure that does not gate
     why: str = ""
+    base: float | None = None
+    new: float | None = None
+    pairs: int = 0
+
+    @property
+    def gated(self) -> bool:
+        return self.figure in GATED
 
     def json(self) -> dict:
-        return {"engine": self.engine, "figure": self.figure, "verdict": self.verdict, "base": self.base,
-                "new": self.new, "ratio": self.ratio, "ci": list(self.ci) if self.ci else None, "why": self.why}
+        return {"engine": self.engine, "figure": self.figure, "verdict": self.verdict, "gated": self.gated,
+                "base": self.base, "new": self.new, "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "ci": [round(x, 4) for x in self.ci] if self.ci else None, "pairs": self.pairs, "why": self.why}
 
 
-def figure(engine: str, name: str, base: float | None, new: float | None, ratio: float | None,
-           ci: tuple[float, float] | None, threshold: float, why: str = "") -> ABFigure:
-    rounded = tuple(round(x, 4) for x in ci) if ci else None
-    return ABFigure(engine, name, base, new, None if ratio is None else round(ratio, 4), rounded,
-                    verdict_of(ci, threshold, FIGURES[name]), why)
+def decision_figure(engine: str, name: str, d: Decision, verdict: str | None = None) -> ABFigure:
+    return ABFigure(engine, name, d.ratio, d.ci, verdict or d.verdict, d.why, pairs=d.pairs)
+
+
+@dataclass
+class EngineGate:
+    """One engine's pairs and where its decision stands; `sighted` carries a FAIL's first sighting per figure."""
+
+    engine: str
+    threshold: float
+    min_pairs: int
+    pairs: list[Pair] = field(default_factory=list)
+    sighted: dict[str, int | None] = field(default_factory=lambda: {"tpot_p50_s": None, "slo_misses": None})
+    instructions: ABFigure | None = None
+    crashed: str | None = None  # NEW's server died during a pair: what its log said
+
+    def add(self, pair: Pair) -> None:
+        self.pairs.append(pair)
+        for name, d in self.decisions().items():
+            self.sighted[name] = d.sighted_at
+
+    def series(self, column: str) -> tuple[list[float], list[int]]:
+        kept = [(r, p.order_sign) for p in self.pairs if (r := log_ratio(p, column)) is not None]
+        return [r for r, _ in kept], [o for _, o in kept]
+
+    def decisions(self) -> dict[str, Decision]:
+        y, order = self.series("tpot_s")
+        return {"tpot_p50_s": decide(y, order, self.threshold, self.min_pairs, self.sighted["tpot_p50_s"]),
+                "slo_misses": decide_misses(self.pairs, self.sighted["slo_misses"])}
+
+    def verdict(self) -> str:
+        if self.crashed:
+            return "FAIL"
+        d = self.decisions()
+        verdicts = [d["tpot_p50_s"].verdict, d["slo_misses"].verdict]
+        if self.instructions is not None:
+            verdicts.append(self.instructions.verdict)
+        return overall(verdicts)
+
+    def settled(self) -> bool:
+        """No more pairs would change it: a confirmed FAIL, a crash, or a PASS of every figure measured so far."""
+        return self.crashed is not None or self.verdict() != "INCONCLUSIVE"
+
+    def figures(self) -> list[ABFigure]:
+        d = self.decisions()
+        out = [decision_figure(self.engine, "tpot_p50_s", d["tpot_p50_s"]),
+               decision_figure(self.engine, "slo_misses", d["slo_misses"])]
+        if self.crashed:
+            out.append(ABFigure(self.engine, "crash", None, None, "FAIL", f"NEW's server died: {self.crashed}"))
+        if self.instructions is not None:
+            out.append(self.instructions)
+        y, order = self.series("ttft_s")
+        out.append(reported(self.engine, "ttft_p50_s", y, order, self.threshold))
+        tokens = [(r, p.order_sign) for p in self.pairs if (r := tokens_log_ratio(p)) is not None]
+        out.append(reported(self.engine, "output_tokens_per_s", [r for r, _ in tokens], [o for _, o in tokens],
+                            self.threshold))
+        return out
+
+
+def reported(engine: str, name: str, y: list[float], order: list[int], threshold: float) -> ABFigure:
+    """A figure measured on the pairs and reported with its 90 % interval, never gated."""
+    f = fit_pairs(np.array(y), np.array(order))
+    if f is None:
+        return ABFigure(engine, name, None, None, "reported", f"{len(y)} pair(s): no interval", pairs=len(y))
+    return ABFigure(engine, name, math.exp(f.mu), (math.exp(f.lower()), math.exp(f.upper())), "reported",
+                    f"{len(y)} pairs, not gated", pairs=len(y))
+
+
+def instructions_figure(engine: str, base: float | None, new: float | None, threshold: float,
+                        why: str = "") -> ABFigure:
+    """Instructions of the engine's fixed step shapes, NEW / BASE: counted, not sampled, so compared as it is
+    (an A/A reads within 0.5 %): FAIL past 1 + threshold, else PASS."""
+    if not base or not new:
+        return ABFigure(engine, "instructions", None, None, "INCONCLUSIVE", why or "not counted", base, new)
+    ratio = new / base
+    return ABFigure(engine, "instructions", ratio, None, "FAIL" if ratio > 1 + threshold else "PASS",
+                    why or "callgrind's count of the step at fixed batch shapes", base, new)
+
+
+# -- the knee, reported
 
 
 def turn_keyed(points: list[Judged], turn: int) -> list[Judged]:
@@ -87,8 +396,9 @@ def turn_keyed(points: list[Judged], turn: int) -> list[Judged]:
     return [replace(p, key=f"t{turn}:{p.key}") for p in points]
 
 
-def pooled_fit(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> KneeFit | None:
-    """One fit of every turn's points of the engine's two builds (`turns`: per turn, side name -> points)."""
+def knees_fit(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> KneeFit | None:
+    """The knee fit of every search turn's points of the engine's two builds (per turn, side name -> points): each
+    build fitted as an engine of its own (harness/analysis/kneefit.py), the two independent."""
     points = {side_name(engine, s): [] for s in SIDES}
     for k, per_side in enumerate(turns):
         for name in points:
@@ -96,133 +406,14 @@ def pooled_fit(engine: str, turns: list[dict[str, list[Judged]]], target: float)
     return fit(points, target)
 
 
-def margin_rate(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> float | None:
-    """The rate both builds sustain with margin: the operating table's rule on the lower of their knee intervals'
-    lower ends (None where a build has no knee yet, or the rate is too low to judge its requests in a minute)."""
-    knees = pooled_fit(engine, turns, target)
-    names = [side_name(engine, s) for s in SIDES]
-    if knees is None or any(n not in knees.estimates for n in names):
-        return None
-    return rule_rate([min(knees.estimates[n].ci[0] for n in names)])
-
-
-def knee_figure(engine: str, turns: list[dict[str, list[Judged]]], target: float, threshold: float) -> ABFigure:
-    """NEW's knee over BASE's from one fit of every turn's points."""
-    knees = pooled_fit(engine, turns, target)
+def knee_figure(engine: str, turns: list[dict[str, list[Judged]]], target: float) -> ABFigure:
+    """NEW's knee over BASE's, reported (never gated: a night's search cannot tell 10 %)."""
+    knees = knees_fit(engine, turns, target)
     b, n = side_name(engine, "base"), side_name(engine, "new")
     if knees is None or b not in knees.estimates or n not in knees.estimates:
-        return figure(engine, "knee", None, None, None, None, threshold, "no knee measured on one side")
+        return ABFigure(engine, "knee", None, None, "reported", "no knee measured on one side")
     ratio, ci = knees.ratio(n, b)
     eb, en = knees.estimates[b], knees.estimates[n]
-    why = "" if eb.bracketed and en.bracketed else "a knee not bracketed: a bound"
-    return figure(engine, "knee", round(eb.rps, 4), round(en.rps, 4), ratio, ci if not why else None, threshold, why)
-
-
-@dataclass(frozen=True)
-class FixedSide:
-    """One build's fixed-rate point of a turn and its requests after the point's warm-up (every status)."""
-
-    point: CapacityPoint
-    requests: pd.DataFrame
-
-
-def point_requests(requests: pd.DataFrame, point: CapacityPoint) -> pd.DataFrame:
-    """The point's requests (its stream at its rate) that arrived after its warm-up."""
-    rows = requests[(requests.stream_key == point.key)
-                    & np.isclose(pd.to_numeric(requests.offered_rps, errors="coerce"), point.offered_rps)]
-    arrival = pd.to_numeric(rows.arrival_s, errors="coerce")
-    return rows[arrival >= arrival.min() + (point.warmup_s or 0.0)] if len(rows) else rows
-
-
-@dataclass(frozen=True)
-class TurnRatio:
-    """One turn's NEW / BASE of a figure at its operating point, in log scale with its standard error."""
-
-    base: float
-    new: float
-    log_ratio: float
-    se: float
-
-
-# figure -> (request column, statistic over requests, whether a request must have completed on both sides):
-# latency is compared where both builds completed the request, tokens over every request (a failure gives none)
-PAIRED = {"ttft_p50_s": ("ttft_s", np.median, True), "tpot_p50_s": ("tpot_s", np.median, True),
-          "output_tokens_per_s": ("output_tokens", np.sum, False)}
-MIN_PAIRS = 10  # fewer requests both builds judged give no interval worth the name
-MIN_TURNS = 2  # AB and BA: the least that tells a build from the machine's drift during a turn
-
-
-def paired(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """The requests both builds were sent (one stream: the same index is the same request), in BASE's arrival
-    order, with `ok` and the figures' columns suffixed `_base` and `_new`."""
-    cols = ["stream_index", "arrival_s", "status", *(c for c, _, _ in PAIRED.values())]
-    b, n = (frame[cols].assign(ok=frame.status == "ok") for frame in (base, new))
-    return b.merge(n, on="stream_index", suffixes=("_base", "_new")).sort_values("arrival_s_base", kind="stable")
-
-
-def turn_ratio(pairs: pd.DataFrame, name: str, rng: np.random.Generator) -> TurnRatio | None:
-    """A figure's NEW / BASE over one turn's paired requests, its standard error from a block bootstrap that
-    resamples requests (neighbours in arrival order together, as operating.point_intervals does) on both sides
-    at once: the same requests, so what they share cancels."""
-    column, statistic, both_ok = PAIRED[name]
-    rows = pairs[pairs.ok_base & pairs.ok_new] if both_ok else pairs
-    b, n = (pd.to_numeric(rows[f"{column}_{s}"], errors="coerce").to_numpy(dtype=float) for s in SIDES)
-    if not both_ok:
-        b, n = np.where(rows.ok_base, np.nan_to_num(b), 0.0), np.where(rows.ok_new, np.nan_to_num(n), 0.0)
-    keep = np.isfinite(b) & np.isfinite(n) & ((b > 0) & (n > 0) if both_ok else True)
-    b, n = b[keep], n[keep]
-    if len(b) < MIN_PAIRS:
-        return None
-    base, new = float(statistic(b)), float(statistic(n))
-    if base <= 0 or new <= 0:
-        return None
-    draws = block_indices(len(b), rng)
-    logs = np.log(np.maximum(statistic(n[draws], axis=1), 1e-12) / np.maximum(statistic(b[draws], axis=1), 1e-12))
-    lo, hi = np.quantile(logs, [0.05, 0.95])
-    return TurnRatio(base, new, math.log(new / base), float(hi - lo) / 2 / Z90)
-
-
-def pooled(ratios: list[TurnRatio]) -> tuple[float, float, float, tuple[float, float]]:
-    """(base, new, ratio, 90 % interval) pooled over turns by random effects (DerSimonian-Laird): a turn's
-    interval covers its requests, not the machine of its moment, so where the turns disagree by more than their
-    own intervals allow, the spread between them (tau^2) is added to each turn's variance. One AB turn read a
-    machine busy during B's run as a 3.9x TPOT (A/A): the BA turn after it widens the pooled interval instead of
-    averaging it away. The values are the turns' geometric means."""
-    y = np.array([r.log_ratio for r in ratios])
-    var = np.array([max(r.se, 1e-6) ** 2 for r in ratios])
-    w = 1 / var
-    fixed = float((w * y).sum() / w.sum())
-    q = float((w * (y - fixed) ** 2).sum())
-    c = float(w.sum() - (w ** 2).sum() / w.sum())
-    tau2 = max(0.0, (q - (len(y) - 1)) / c) if c > 0 else 0.0
-    w = 1 / (var + tau2)
-    log_ratio, se = float((w * y).sum() / w.sum()), float(1 / math.sqrt(w.sum()))
-    geo = [math.exp(sum(math.log(getattr(r, side)) for r in ratios) / len(ratios)) for side in SIDES]
-    return geo[0], geo[1], math.exp(log_ratio), (math.exp(log_ratio - Z90 * se), math.exp(log_ratio + Z90 * se))
-
-
-def operating_figures(engine: str, turns: list[dict[str, FixedSide]], threshold: float,
-                      attainment: float) -> list[ABFigure]:
-    """TTFT, TPOT and output tokens/s at each fixed-rate turn's pair, NEW / BASE over the same requests, turns
-    pooled."""
-    shared = []
-    for sides in turns:
-        b, n = sides.get(side_name(engine, "base")), sides.get(side_name(engine, "new"))
-        if b and n and b.point.key == n.point.key and all(below_knee(s.point, attainment) for s in (b, n)):
-            shared.append((b, n))
-    pairs = [paired(b.requests, n.requests) for b, n in shared]  # once a turn, read by every figure
-    out = []
-    for name in PAIRED:
-        ratios = [r for k, turn in enumerate(pairs)
-                  if (r := turn_ratio(turn, name, named_rng(SEED, f"{engine}:{name}:{k}"))) is not None]
-        if not ratios:
-            out.append(figure(engine, name, None, None, None, None, threshold,
-                              "no rate both builds sustained with margin was measured in any turn"))
-            continue
-        base, new, ratio, ci = pooled(ratios)
-        rates = ", ".join(sorted({f"{b.point.offered_rps:.3g}" for b, _ in shared}))
-        why = f"{len(ratios)} turn(s), the same requests on both sides, at {rates} req/s"
-        if len(ratios) < MIN_TURNS:  # AB alone: a machine that drifted during the turn reads as B's doing
-            ci, why = None, why + "; one order only (AB), no interval"
-        out.append(figure(engine, name, round(base, 6), round(new, 6), ratio, ci, threshold, why))
-    return out
+    why = "two independent fits, not gated" + ("" if eb.bracketed and en.bracketed else "; a knee not bracketed")
+    return ABFigure(engine, "knee", ratio, tuple(ci) if ci else None, "reported", why, round(eb.rps, 4),
+                    round(en.rps, 4))

@@ -6,7 +6,6 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
@@ -19,29 +18,40 @@ EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
 
 def register(sub) -> None:
-    ab = sub.add_parser("ab", help="BASE's build against NEW's, served side by side and benched in one run per turn "
-                                   "(ABBA, each turn a fresh stream both get), and the memory gate; exit 0 PASS, "
-                                   "1 FAIL, 3 INCONCLUSIVE, 2 bad input")
+    ab = sub.add_parser("ab", help="BASE's build against NEW's, served side by side: per engine many short pairs of "
+                                   "blocks at one fixed rate (AB, BA, ...; each pair a fresh stream both get), "
+                                   "decided as the field's gates decide, and the memory gate; exit 0 PASS, 1 FAIL, "
+                                   "3 INCONCLUSIVE, 2 could not run")
     add_sides(ab)
     ab.add_argument("--engines", default="paged,static-oracle",
                     help="engines measured, comma-separated (default: %(default)s, the headline pair)")
-    ab.add_argument("--time", type=float, default=1800.0, metavar="S",
-                    help="seconds of measurement, all turns together (default: %(default)g; each turn half of it, "
-                         "at least 150 s a server, so two turns, ABBA, which run even where they overrun it; more "
-                         "while a figure is INCONCLUSIVE and time remains)")
+    ab.add_argument("--time", type=float, default=1200.0, metavar="S",
+                    help="seconds for the pairs, all engines together: pairs go on while an engine is undecided and "
+                         "time remains (default: %(default)g; a pair of paged takes about 40 s here, of "
+                         "static-oracle about 55 s)")
+    ab.add_argument("--pairs", type=int, default=10, metavar="N",
+                    help="pairs an engine needs before it can PASS (default: %(default)s, from the rule's study, "
+                         "docs/method.md); a FAIL may come from 6 pairs on, once 4 fresh pairs confirm it")
+    ab.add_argument("--knee-time", type=float, default=300.0, metavar="S",
+                    help="seconds for one knee search of each build after the pairs, reported beside the gate and "
+                         "never gating it; 0 skips it (default: %(default)g)")
     ab.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
-                    help="a figure FAILs when its 90 %% interval of NEW / BASE lies wholly past 1 -+ PCT %% on the "
-                         "worse side, PASSes inside 1 +- PCT %% (default: %(default)g, as compare's)")
+                    help="the effect floor: a figure FAILs when NEW is worse than 1 + PCT %% times BASE, "
+                         "significantly (one-sided p < 0.01) and confirmed by fresh pairs; PASSes when the upper "
+                         "one-sided 95 %% bound of NEW / BASE lies under 1 + PCT %% (default: %(default)g)")
     ab.add_argument("--out", default="results/ab", metavar="DIR",
-                    help="where each build's bench runs go (DIR/base and DIR/new, its searches, and DIR/base-fixed, "
-                         "DIR/new-fixed: results folders `history` reads) and the page (DIR/reports) (default: "
-                         "%(default)s)")
+                    help="where the run goes: DIR/gate-<run id> (pairs.jsonl, a line a pair as it is measured; the "
+                         "blocks' requests; ab.json), each build's knee search (DIR/base, DIR/new: results folders "
+                         "`history` reads) and the page (DIR/reports) (default: %(default)s)")
     ab.add_argument("--json", action="store_true", help="print one JSON object: verdict, figures, memory (default: "
                                                         "text)")
     ab.add_argument("--model", default="models/tiny-llama", help="model directory both builds serve (default: "
                                                                   "%(default)s; make model builds it)")
     add_kv_budget(ab, "16MiB", "bytes of KV cache each server gets")
     add_gate_flags(ab, DEFAULT_SHARE_MARGIN)
+    ab.add_argument("--base-engine-args", action="append", default=[], metavar="ENGINE=ARGS",
+                    help="serve flags for BASE's engine alone, the twin of --new-engine-args (repeatable): a fault "
+                         "on BASE's side makes NEW an improvement, which must PASS (default: none)")
     ab.set_defaults(func=run)
 
 
@@ -71,10 +81,15 @@ def checked(args: argparse.Namespace):
         raise UsageError(f"--time must be positive, not {args.time:g}")
     if not 0 < args.threshold < 100:
         raise UsageError(f"--threshold is a percentage between 0 and 100, not {args.threshold:g}")
+    if args.pairs < 6:
+        raise UsageError(f"--pairs must be at least 6 (the rule's first look), not {args.pairs}")
+    if args.knee_time < 0:
+        raise UsageError(f"--knee-time must be 0 or more seconds, not {args.knee_time:g}")
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (run `make model`)")
     return ABPlan(engines, args.time, args.threshold / 100, Path(args.out), args.model,
-                  str(args.kv_budget.bytes), new_args(args.new_engine_args))
+                  str(args.kv_budget.bytes), new_args(args.new_engine_args), new_args(args.base_engine_args),
+                  args.pairs, args.knee_time)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,15 +107,24 @@ def run(args: argparse.Namespace) -> int:
         (lambda text: print(text, flush=True))
     with usage_errors(TreeError, ServerFailed):
         base, new = tree_of(args.base), tree_of(args.new)
+        if base.sha is not None and base.sha == new.sha:
+            say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): an A/A run")
         memory = memory_gate(base, new, args.new_engine_args, margin)
         say(f"ab: memory gate {memory.verdict}; serving {len(plan.engines) * 2} servers")
-        turns, figures = measure(base, new, plan, say)
-    verdict = overall([f.verdict for f in figures] + [memory.verdict])
-    page = write_page(verdict, figures, memory, (base.label, new.label), turns.dirs,
-                      plan.out / "reports" / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.html")
+        measured = measure(base, new, plan, say)
+    figures = measured.figures()
+    engines = {e: g.verdict() for e, g in measured.gates.items()}
+    missing = ["INCONCLUSIVE" for e in plan.engines if e not in engines]  # no rate BASE sustained: not measured
+    verdict = overall(list(engines.values()) + missing + [memory.verdict])
+    page = write_page(verdict, engines, figures, memory, (base.label, new.label), measured, plan.threshold,
+                      plan.out / "reports" / f"ab-{plan.run_id}.html")
+    record = {"verdict": verdict, "engines": engines, "rates_rps": measured.rates,
+              "figures": [f.json() for f in figures], "memory": memory.json(), "notes": measured.notes,
+              "speed_probe": measured.speed, "turns": [str(d) for d in measured.dirs], "page": str(page),
+              "pairs": str(plan.gate_dir / "pairs.jsonl")}
+    (plan.gate_dir / "ab.json").write_text(json.dumps(record, indent=2))
     if args.json:
-        print(json.dumps({"verdict": verdict, "figures": [f.json() for f in figures], "memory": memory.json(),
-                          "turns": [str(d) for d in turns.dirs], "page": str(page)}, indent=2))
+        print(json.dumps(record, indent=2))
     else:
-        print(render_text(verdict, figures, memory, plan.threshold, turns.dirs) + f"\npage: {page}")
+        print(render_text(verdict, engines, figures, memory, plan.threshold, measured) + f"\npage: {page}")
     return EXIT[verdict]

@@ -1,9 +1,9 @@
-"""`fragbench ab`'s measurement: each engine of each build served from its own work tree, and this checkout's
-bench measuring one build's servers as one run (its calibration, knee search, SLO and summary, in that build's
-results folder), then the other build's, then, per engine, a fixed-rate run of each build at a rate both sustain
-with margin (ab.margin_rate), turn after turn, each turn a fresh stream (its own seed) both builds are given, their
-order reversed every turn (ABBA), until every figure is PASS or FAIL or the time is spent (harness/analysis/ab.py
-judges them)."""
+"""`fragbench ab`'s measurement: each engine of each build served from its own work tree, and, per engine, many
+short pairs of blocks (harness/run/ab_blocks.py) at one fixed rate well under both builds' knees, the builds'
+order alternating pair by pair (AB, BA, ...), each pair a fresh stream both are sent; the pairs decided as they
+come (harness/analysis/ab.py) until every engine is PASS or a confirmed FAIL, or the time is spent. Then, where
+time was given for it, one knee search of each build (this checkout's bench over the build's servers, each build's
+run in its own results folder, as make bench writes them), reported beside the gate, never gating it."""
 
 from __future__ import annotations
 
@@ -17,75 +17,85 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.procs import spawn, stop
-from harness.analysis.ab import (
-    MIN_TURNS,
-    SIDES,
-    ABFigure,
-    FixedSide,
-    knee_figure,
-    margin_rate,
-    operating_figures,
-    overall,
-    point_requests,
-    side_name,
-)
+from harness.analysis.ab import SIDES, ABFigure, EngineGate, Pair, knee_figure, side_name, side_order
+from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged
+from harness.analysis.operating import OPERATING_JUDGED, operating_rate
 from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of
-from harness.analysis.summary_records import Summary
+from harness.run.ab_blocks import BlockServer, Crashed, close_server, open_server, run_block
+from harness.run.loadargs import LoadArgs
 from harness.run.servers import READY, ServerFailed, healthy, tail
+from harness.run.speed_probes import reading
 from harness.run.stats_poller import fetch_stats
 from harness.run.trees import ROOT, Tree, run_child
+from workloads.spec import load_spec
+from workloads.streams import Streams, snap
 
 SERVE_TIMEOUT_S = 300
-FIXED_JUDGED = 30  # requests a fixed-rate point judges per build: analysis/operating.py's OPERATING_JUDGED
-SEARCH_SHARE = 0.75  # of a turn's time, the search's; the fixed-rate runs take the rest (about 60 s a server)
-QUIET_S = 60  # the longest a run waits for every server to hold no request
-MIN_TURN_S_PER_SERVER = 150  # a calibration and a bracket of a few points per build (75 s left one point of one)
+QUIET_S = 60  # the longest a block waits for every server to hold no request
+BLOCK_LIMIT_S = 90  # a block's judging bound: 30 requests at the slowest rate the check may leave (0.4 req/s)
+RATE_CHECKS = 3  # halvings of the rate the check may make before it gives up on an engine
+FALLBACK_RPS = 1.0  # an engine the operating table has no rate for starts its check here
+WORKLOAD = "mixed-churn"
 
 
 @dataclass(frozen=True)
 class ABPlan:
     engines: list[str]
-    time_s: float
+    time_s: float  # the pairs' time, all engines together
     threshold: float  # a share
     out: Path
     model: str
-    kv_budget: str
+    kv_budget: str  # bytes
     new_engine_args: dict[str, list[str]]
+    base_engine_args: dict[str, list[str]] = field(default_factory=dict)
+    min_pairs: int = 10
+    knee_time_s: float = 0.0
     seed0: int = 0
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+
+    @property
+    def gate_dir(self) -> Path:
+        """This run's pairs, blocks, servers' logs and ab.json: OUT/gate-<run id> (a night's, beside the others)."""
+        return self.out / f"gate-{self.run_id}"
 
 
 @dataclass
-class Turns:
-    """What the turns measured, per turn: each side's judged points and capacity blocks."""
+class Measured:
+    """What the run measured: each engine's gate, its rate, the knee turn's points and the runs' folders."""
 
-    dirs: list[Path] = field(default_factory=list)  # every run: the searches' and the fixed rates'
-    points: list[dict[str, list[Judged]]] = field(default_factory=list)  # per search turn, side name -> points
-    fixed: list[dict[str, FixedSide]] = field(default_factory=list)  # per fixed-rate turn, side name -> its point
+    gates: dict[str, EngineGate] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    knee_points: list[dict[str, list[Judged]]] = field(default_factory=list)
+    dirs: list[Path] = field(default_factory=list)
     target: float = 0.9
+    speed: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
-    def figures(self, engines: list[str], threshold: float) -> list[ABFigure]:
+    def figures(self) -> list[ABFigure]:
         out = []
-        for e in engines:
-            out.append(knee_figure(e, self.points, self.target, threshold))
-            out += operating_figures(e, self.fixed, threshold, self.target)
+        for engine, gate in self.gates.items():
+            out += gate.figures()
+            if self.knee_points:
+                out.append(knee_figure(engine, self.knee_points, self.target))
         return out
 
 
-def serve_args(engine: str, side: str, plan: ABPlan) -> list[str]:
+def engine_args(plan: ABPlan, engine: str, side: str) -> list[str]:
     """A build's serve flags: bench's defaults for the engine (static-max admits unchecked, as make bench serves
-    it) and, on NEW's side, --new-engine-args."""
+    it) and that side's own (--base-engine-args, --new-engine-args)."""
     base = ["--no-preflight"] if engine == "static-max" else []
-    return base + (plan.new_engine_args.get(engine, []) if side == "new" else [])
+    own = plan.new_engine_args if side == "new" else plan.base_engine_args
+    return base + own.get(engine, [])
 
 
-def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple[subprocess.Popen, str]:
+def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple[subprocess.Popen, str, Path]:
     """One build's server on a free loopback port, from the build's own tree; its URL once healthy."""
     model = str(Path(plan.model).resolve())
     cmd = [tree.python, "-m", "harness.cli", "serve", "--engine", engine, "--model", model, "--kv-budget",
-           plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *serve_args(engine, side, plan)]
+           plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *engine_args(plan, engine, side)]
     log_path = logs / f"{side_name(engine, side)}.log"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**tree.env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -94,44 +104,14 @@ def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple
     deadline = time.monotonic() + SERVE_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServerFailed(f"{side_name(engine, side)} did not start (exit {proc.returncode}): {tail(log_path)}")
+            raise Crashed(side_name(engine, side), side,
+                          f"{side_name(engine, side)} did not start (exit {proc.returncode}): {tail(log_path)}")
         found = READY.search(log_path.read_text(errors="replace"))
         if found and healthy(found.group(1)):
-            return proc, found.group(1)
+            return proc, found.group(1), log_path
         time.sleep(0.3)
     stop(proc)
     raise ServerFailed(f"{side_name(engine, side)} not healthy after {SERVE_TIMEOUT_S} s: {tail(log_path)}")
-
-
-def side_order(turn: int) -> tuple[str, ...]:
-    """ABBA: the builds' order reversed every turn."""
-    return SIDES if turn % 2 == 0 else SIDES[::-1]
-
-
-def side_folder(plan: ABPlan, side: str, fixed: bool = False) -> Path:
-    """A build's results folder (its searches), or the one of its fixed-rate runs: bench's layout, so `history`
-    and `report` read each build's runs as they read make bench's."""
-    return plan.out / (f"{side}-fixed" if fixed else side)
-
-
-def bench_run(targets: dict[str, str], out: Path, plan: ABPlan, turn: int, what: list[str], label: str,
-              limit_s: float) -> Path:
-    """This checkout's bench over one build's servers (engine name -> URL), on the turn's seed, `what` its
-    measurement, written to `out`."""
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-{out.name}-turn{turn + 1}{label}"
-    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "", *what, "--seed", str(plan.seed0 + turn),
-           "--out", str(out), "--reports", str(out / "reports"), "--run-id", run_id, "--grace", "5"]
-    for name, url in targets.items():
-        cmd += ["--target", f"{name}={url}"]
-    done = run_child(cmd, ROOT, dict(os.environ), limit_s)
-    if done.returncode != 0:
-        raise ServerFailed(f"turn {turn + 1}'s bench ({run_id}) failed: {done.last_line}")
-    return out / run_id
-
-
-def build_urls(urls: dict[str, str], engines: list[str], side: str) -> dict[str, str]:
-    """One build's servers under their engines' own names: its run is that build's bench of those engines."""
-    return {e: urls[side_name(e, side)] for e in engines}
 
 
 def holding(url: str) -> bool:
@@ -141,92 +121,142 @@ def holding(url: str) -> bool:
 
 
 def quiesce(urls: dict[str, str], say: Callable[[str], None]) -> None:
-    """Wait until no server of either build holds a request, before a build's run: a search ends on an overloaded
-    point and its server decodes what it holds until its steps notice the closed streams, which would fall on the
-    next build's run. In A/A runs the second build of a turn read slower in four turns of five (TPOT 3.9x, 2.1x,
-    1.4x; then 0.43x and 0.88x with the order reversed)."""
+    """Wait until no server of either build holds a request before a block: a block's tail, still decoding on one
+    build's server, would fall on the other build's block (in A/A runs the second build of a turn read slower in
+    four turns of five before the gate waited)."""
     deadline = time.monotonic() + QUIET_S
     busy = [n for n, u in urls.items() if holding(u)]
     while busy and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.3)
         busy = [n for n, u in urls.items() if holding(u)]
     if busy:
         say(f"ab: {', '.join(busy)} still held requests after {QUIET_S} s; measuring anyway")
 
 
-def search_turn(urls: dict[str, str], plan: ABPlan, turn: int, turn_s: float, turns: Turns,
-                say: Callable[[str], None]) -> None:
-    """Every engine's knee search, one build's run then the other's (the bench stops itself at --time; the limit
-    is a guard)."""
-    what = ["--sweep", "--time", f"{turn_s / len(SIDES):.0f}", "--calibrate-duration", "8"]
-    points: dict[str, list[Judged]] = {}
-    for side in side_order(turn):
+def check_rate(engine: str, base: BlockServer, plan: ABPlan, slo: SLO, urls: dict[str, str],
+               say: Callable[[str], None]) -> float | None:
+    """The engine's pair rate: the operating table's (FALLBACK_RPS where it has none), checked on BASE tonight
+    with one block and halved while BASE misses the SLO there (a table drawn on faster nights over-asks a slower
+    one); None where BASE misses at every rate tried."""
+    rate = operating_rate(WORKLOAD, int(plan.kv_budget), plan.model, engine) or FALLBACK_RPS
+    for attempt in range(RATE_CHECKS + 1):
         quiesce(urls, say)
-        run_dir = bench_run(build_urls(urls, plan.engines, side), side_folder(plan, side), plan, turn, what, "",
-                            3 * turn_s + 600)
-        meta = RunRecord.read(run_dir)
-        own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
-        turns.dirs.append(run_dir)
-        points.update({side_name(e, side): judged for e, (_, judged) in own.items()})
-        turns.target = meta.config.slo.attainment
-    turns.points.append(points)
+        rows = run_block(base, 10_000 + attempt, f"abcheck{attempt}", rate, OPERATING_JUDGED, BLOCK_LIMIT_S)
+        met = float(rows.met.mean()) if len(rows) else 0.0
+        say(f"ab: {engine}: BASE met {met:.0%} of {len(rows)} judged at {rate:g} req/s "
+            f"({'kept' if met >= slo.attainment else 'halved'})")
+        if met >= slo.attainment:
+            return rate
+        rate = snap(rate / 2)
+    return None
 
 
-def fixed_turn(urls: dict[str, str], plan: ABPlan, turn: int, turns: Turns, say: Callable[[str], None]) -> None:
-    """Per engine, both builds at the rate they sustain with margin, on the turn's stream, in the turn's order."""
-    sides: dict[str, FixedSide] = {}
-    for engine in plan.engines:
-        rate = margin_rate(engine, turns.points, turns.target)
-        if rate is None:
-            say(f"ab: turn {turn + 1}: {engine} has no rate both builds sustain with margin yet")
-            continue
-        what = ["--rates", f"{rate:g}", "--point-requests", str(FIXED_JUDGED), "--point-duration", "10"]
-        for side in side_order(turn):
-            quiesce(urls, say)
-            run_dir = bench_run(build_urls(urls, [engine], side), side_folder(plan, side, fixed=True), plan, turn,
-                                what, f"-{engine}-at-{rate:.3g}", 1200)
-            summary = Summary.model_validate(json.loads((run_dir / "summary.json").read_text()))
-            turns.dirs.append(run_dir)
-            requests = load_frames(run_dir)["requests"]
-            point = summary.capacity[engine].points[-1]
-            sides[side_name(engine, side)] = FixedSide(point, point_requests(requests[requests.engine == engine],
-                                                                             point))
-    turns.fixed.append(sides)
+def pair(engine: str, k: int, servers: dict[str, BlockServer], rate: float, urls: dict[str, str],
+         say: Callable[[str], None]) -> Pair:
+    """Pair k: stream `ab<k>` to one build then the other, in the pair's order."""
+    key, rows = f"ab{k}", {}
+    for side in side_order(k):
+        quiesce(urls, say)
+        rows[side] = run_block(servers[side], k, key, rate, OPERATING_JUDGED, BLOCK_LIMIT_S)
+    return Pair(engine, k, rate, key, side_order(k), rows["base"], rows["new"])
 
 
-def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> tuple[Turns, list[ABFigure]]:
-    """Serve both builds of every engine, then turns until every figure is decided or the time is spent."""
-    servers: list[subprocess.Popen] = []
+def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> Measured:
+    """Serve both builds of every engine, check each engine's rate, then pairs engine by engine, round after
+    round, until every engine is settled or the time is spent; then the knee turn, where time was given."""
+    slo, m = SLO(), Measured()
+    streams = Streams(load_spec(WORKLOAD), plan.seed0)
+    began, t0 = time.monotonic(), time.time()
+    traffic = LoadArgs(workload=WORKLOAD, duration_s=plan.time_s + 3600.0, seed=plan.seed0, grace_s=10.0,
+                       target="", out=plan.out, t0=t0)
+    servers: dict[str, dict[str, BlockServer]] = {}
     urls: dict[str, str] = {}
-    turns, figures = Turns(), []
-    began = time.monotonic()
+    m.speed.append(reading("start"))
+    pairs_log = plan.gate_dir / "pairs.jsonl"
+    plan.gate_dir.mkdir(parents=True, exist_ok=True)
     try:
         for engine in plan.engines:
+            servers[engine] = {}
             for side, tree in zip(SIDES, (base, new), strict=True):
-                proc, urls[side_name(engine, side)] = start(tree, engine, side, plan, plan.out / "servers")
-                servers.append(proc)
-        least = MIN_TURN_S_PER_SERVER * len(urls)
-        turn_s = max(least, plan.time_s / 2)  # two turns (ABBA) where the time allows
-        while True:
-            left = plan.time_s - (time.monotonic() - began)
-            # BA follows AB whatever the time left (a turn overruns its share by its fixed-rate runs and the
-            # bench's own start and finish: at --time 600 the first turn took 337 s and left no second); after
-            # that, a turn only where the time left holds one
-            if len(turns.points) >= MIN_TURNS and left < least:
-                break
-            k = len(turns.points)
-            this_s = min(turn_s, max(left, least))
-            say(f"ab: turn {k + 1}, {this_s:.0f} s, order {', '.join(side_order(k))}")
-            search_turn(urls, plan, k, SEARCH_SHARE * this_s, turns, say)
-            fixed_turn(urls, plan, k, turns, say)
-            figures = turns.figures(plan.engines, plan.threshold)
-            say(f"ab: after turn {k + 1}: {overall([f.verdict for f in figures])}")
-            # ABBA whole before any verdict: one turn alone (A then B) would read a machine that slowed during it
-            # as B's doing (one AB turn read slow-step 1.2 as TPOT 1.95x)
-            if k + 1 >= MIN_TURNS and overall([f.verdict for f in figures]) != "INCONCLUSIVE":
-                break
+                name = side_name(engine, side)
+                proc, urls[name], log = start(tree, engine, side, plan, plan.gate_dir / "servers")
+                servers[engine][side] = open_server(name, side, urls[name], proc, log, plan.gate_dir / "blocks" / name,
+                                                    traffic, streams, slo)
+        for engine in plan.engines:
+            rate = check_rate(engine, servers[engine]["base"], plan, slo, urls, say)
+            if rate is None:
+                m.notes.append(f"{engine}: BASE missed the SLO at every rate checked: no pairs")
+                continue
+            m.rates[engine] = rate
+            m.gates[engine] = EngineGate(engine, plan.threshold, plan.min_pairs)
+        k = 0
+        while (open_ := [e for e, g in m.gates.items() if not g.settled()]) and \
+                time.monotonic() - began < plan.time_s:
+            for engine in open_:
+                gate = m.gates[engine]
+                try:
+                    p = pair(engine, k, servers[engine], m.rates[engine], urls, say)
+                except Crashed as crash:
+                    if crash.side == "base":
+                        raise ServerFailed(f"BASE's {crash}") from None
+                    gate.crashed = str(crash)
+                    say(f"ab: {engine}: FAIL: {crash}")
+                    continue
+                gate.add(p)
+                with open(pairs_log, "a") as f:
+                    f.write(json.dumps(p.json()) + "\n")
+                d = gate.decisions()["tpot_p50_s"]
+                ratio = f"TPOT x{d.ratio:.3f} [{d.ci[0]:.3f}, {d.ci[1]:.3f}]" if d.ci else "TPOT: no interval yet"
+                say(f"ab: {engine} pair {k + 1} ({''.join('A' if s == 'base' else 'B' for s in p.order)}): "
+                    f"{ratio}; {gate.verdict()} ({d.why})")
+            k += 1
+        left = plan.knee_time_s
+        if left > 0 and m.gates:
+            knee_turn(urls, plan, [e for e in plan.engines if e in m.gates], left, m, say)
+    except Crashed as crash:  # a server that died outside a pair: its start
+        if crash.side == "base":
+            raise ServerFailed(f"BASE's {crash}") from None
+        engine = crash.name.rsplit(".", 1)[0]
+        m.gates.setdefault(engine, EngineGate(engine, plan.threshold, plan.min_pairs)).crashed = str(crash)
+        say(f"ab: {engine}: FAIL: {crash}")
     finally:
-        for proc in servers:
-            stop(proc)
-    return turns, figures
+        for per in servers.values():
+            for server in per.values():
+                close_server(server)
+        m.speed.append(reading("end"))
+    return m
 
+
+# -- the knee turn (reported)
+
+
+def bench_run(targets: dict[str, str], out: Path, plan: ABPlan, turn: int, what: list[str], limit_s: float) -> Path:
+    """This checkout's bench over one build's servers (engine name -> URL), on the turn's seed, written to `out`."""
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-ab-{out.name}-turn{turn + 1}"
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "", *what, "--seed", str(plan.seed0 + turn),
+           "--out", str(out), "--reports", str(out / "reports"), "--run-id", run_id, "--grace", "5"]
+    for name, url in targets.items():
+        cmd += ["--target", f"{name}={url}"]
+    done = run_child(cmd, ROOT, dict(os.environ), limit_s)
+    if done.returncode != 0:
+        raise ServerFailed(f"the knee turn's bench ({run_id}) failed: {done.last_line}")
+    return out / run_id
+
+
+def knee_turn(urls: dict[str, str], plan: ABPlan, engines: list[str], time_s: float, m: Measured,
+              say: Callable[[str], None]) -> None:
+    """Every engine's knee search, one build's run then the other's, each in that build's results folder (`history`
+    reads OUT/new night after night)."""
+    say(f"ab: the knee turn, {time_s:.0f} s (reported, not gated)")
+    what = ["--sweep", "--time", f"{time_s / len(SIDES):.0f}", "--calibrate-duration", "8"]
+    points: dict[str, list[Judged]] = {}
+    for side in SIDES:
+        quiesce(urls, say)
+        run_dir = bench_run({e: urls[side_name(e, side)] for e in engines}, plan.out / side, plan, 0, what,
+                            3 * time_s + 600)
+        meta = RunRecord.read(run_dir)
+        own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
+        m.dirs.append(run_dir)
+        points.update({side_name(e, side): judged for e, (_, judged) in own.items()})
+        m.target = meta.config.slo.attainment
+    m.knee_points.append(points)

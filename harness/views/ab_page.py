@@ -1,12 +1,14 @@
-"""`fragbench ab`'s verdict as text and as an HTML page: every figure NEW / BASE with its interval and verdict, the
-memory gate beside it, the turns' run folders (each a bench run: its own report)."""
+"""`fragbench ab`'s verdict as text and as an HTML page: each engine's verdict first, then every figure NEW / BASE
+(gated or reported) with its interval, the rule in one paragraph, the memory gate, the machine's speed probe, and
+the pairs' and the knee turn's files."""
 
 from __future__ import annotations
 
+import statistics
 from html import escape
 from pathlib import Path
 
-from harness.analysis.ab import ABFigure
+from harness.analysis.ab import ALPHA, CONFIRM_PAIRS, PASS_CONFIDENCE, ABFigure
 from harness.analysis.memory_gate import MemoryGate
 from harness.views.memory_gate_section import render_html as memory_html
 from harness.views.memory_gate_section import render_text as memory_text
@@ -16,38 +18,63 @@ def fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def rule(threshold: float) -> str:
+    return (f"per engine, pairs of blocks at one fixed rate (AB, BA, ...), one paired log ratio a pair; FAIL: "
+            f"one-sided p < {ALPHA:g} and NEW / BASE past {1 + threshold:g}, confirmed by {CONFIRM_PAIRS} fresh "
+            f"pairs; PASS: the upper one-sided {PASS_CONFIDENCE:.0%} bound under {1 + threshold:g}; reported "
+            "figures never gate")
+
+
+def speed_line(speed: list[dict]) -> str:
+    """What the machine's speed probe read at the start and the end (the median of its compute repeats)."""
+    if len(speed) < 2:
+        return "speed probe: not read"
+    first, last = (statistics.median(r["compute_s"]) for r in (speed[0], speed[-1]))
+    return (f"speed probe (numpy compute, median): {1e3 * first:.1f} ms at the start, {1e3 * last:.1f} ms at the end "
+            f"(x{last / first:.2f}): " + ("the machine's speed held" if 0.8 <= last / first <= 1.25 else
+                                          "the machine's speed moved during the run"))
+
+
 def figure_line(f: ABFigure) -> str:
     ci = f"[{f.ci[0]:.3f}, {f.ci[1]:.3f}]" if f.ci else "n/a"
     tail = f" ({f.why})" if f.why else ""
-    return f"  {f.engine:<14}{f.figure:<22}{fmt(f.base):>10}{fmt(f.new):>10}{fmt(f.ratio):>9} {ci:<18}{f.verdict}{tail}"
+    return f"  {f.engine:<14}{f.figure:<21}{fmt(f.ratio):>9} {ci:<17}{f.pairs:>6}  {f.verdict}{tail}"
 
 
-def render_text(verdict: str, figures: list[ABFigure], memory: MemoryGate, threshold: float,
-                turn_dirs: list[Path]) -> str:
-    lines = [f"ab: {verdict}",
-             f"figures (NEW / BASE, 90 % interval; FAIL wholly past 1 -+ {100 * threshold:g} % on the worse side, PASS "
-             "inside 1 +- it)",
-             f"  {'engine':<14}{'figure':<22}{'base':>10}{'new':>10}{'ratio':>9} {'90 %':<18}verdict"]
+def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate,
+                threshold: float, measured) -> str:
+    lines = [f"ab: {verdict}"]
+    lines += [f"  {e}: {v} at {measured.rates.get(e, 0):g} req/s" for e, v in engines.items()]
+    lines += [f"  {n}" for n in measured.notes]
+    lines += [f"rule: {rule(threshold)}",
+              f"  {'engine':<14}{'figure':<21}{'ratio':>9} {'90 %':<17}{'pairs':>6}  verdict"]
     lines += [figure_line(f) for f in figures]
-    lines += [memory_text(memory), "turns: " + (", ".join(str(d) for d in turn_dirs) or "none")]
+    lines += [memory_text(memory), speed_line(measured.speed),
+              "knee turn: " + (", ".join(str(d) for d in measured.dirs) or "none")]
     return "\n".join(lines)
 
 
-def write_page(verdict: str, figures: list[ABFigure], memory: MemoryGate, labels: tuple[str, str],
-               turn_dirs: list[Path], out: Path) -> Path:
+def write_page(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate,
+               labels: tuple[str, str], measured, threshold: float, out: Path) -> Path:
+    verdicts = "".join(f"<li><b>{escape(e)}</b>: {v} at {measured.rates.get(e, 0):g} req/s</li>"
+                       for e, v in engines.items()) + "".join(f"<li>{escape(n)}</li>" for n in measured.notes)
     rows = "".join(
-        f"<tr class='{f.verdict.lower()}'><td>{escape(f.engine)}</td><td>{escape(f.figure)}</td><td>{fmt(f.base)}</td>"
-        f"<td>{fmt(f.new)}</td><td>{fmt(f.ratio)}</td><td>{escape(str(list(f.ci)) if f.ci else 'n/a')}</td>"
+        f"<tr class='{f.verdict.lower()}'><td>{escape(f.engine)}</td><td>{escape(f.figure)}</td>"
+        f"<td>{'gated' if f.gated else 'reported'}</td><td>{fmt(f.ratio)}</td>"
+        f"<td>{escape(f'[{f.ci[0]:.3f}, {f.ci[1]:.3f}]' if f.ci else 'n/a')}</td><td>{f.pairs}</td>"
         f"<td>{f.verdict}</td><td>{escape(f.why)}</td></tr>" for f in figures)
-    turns = "".join(f"<li>{escape(str(d))}</li>" for d in turn_dirs)
+    turns = "".join(f"<li>{escape(str(d))}</li>" for d in measured.dirs) or "<li>none</li>"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>ab</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.fail{background:#fde2e1}.inconclusive{background:#fff6d5}"
         ".diff{background:#fff6d5}</style></head><body>"
-        f"<h1>{escape(labels[0])} (BASE) vs {escape(labels[1])} (NEW): {verdict}</h1>"
-        "<h2>Measured, one run per turn</h2><table><tr><th>engine</th><th>figure</th><th>BASE</th><th>NEW</th>"
-        f"<th>NEW / BASE</th><th>90 %</th><th>verdict</th><th>why</th></tr>{rows}</table>"
-        f"<p>Turns (each a bench run with its own report):</p><ul>{turns}</ul>{memory_html(memory)}</body></html>")
+        f"<h1>{escape(labels[0])} (BASE) vs {escape(labels[1])} (NEW): {verdict}</h1><ul>{verdicts}</ul>"
+        f"<p>{escape(speed_line(measured.speed))}</p>"
+        "<h2>Figures, NEW / BASE</h2><table><tr><th>engine</th><th>figure</th><th>role</th><th>NEW / BASE</th>"
+        f"<th>90 %</th><th>pairs</th><th>verdict</th><th>why</th></tr>{rows}</table>"
+        f"<p>The rule: {escape(rule(threshold))} (docs/method.md, Nightly).</p>"
+        f"<p>The knee turn (each a bench run with its own report):</p><ul>{turns}</ul>{memory_html(memory)}"
+        "</body></html>")
     return out

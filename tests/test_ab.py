@@ -206,3 +206,24 @@ def test_a_block_waits_until_no_server_holds_a_request(monkeypatch):
     held["http://a"] = [5]
     ab_runs.quiesce({"paged.base": "http://a"}, said.append)
     assert said and "paged.base still held" in said[0]
+
+
+def test_the_step_diagnostic_prices_both_builds_fits_on_base_s_steps(tmp_path):
+    """Each build's steps fitted on their work, priced on BASE's steps: a step 1.2x slower reads 1.2x whatever
+    the two builds' batches were."""
+    from harness.run.ab_runs import step_figure
+
+    rng = np.random.default_rng(0)
+    logs = {}
+    for side, scale, n in (("base", 1.0, 200), ("new", 1.2, 300)):
+        rows = pd.DataFrame({"decodes": rng.integers(0, 8, n), "prefills": rng.integers(0, 2, n),
+                             "context_tokens": rng.integers(0, 4000, n)})
+        rows["tokens"] = rows.decodes + 64 * rows.prefills
+        rows["duration_s"] = scale * (0.002 + 0.0005 * rows.decodes + 0.00002 * rows.tokens
+                                      + 1e-6 * rows.context_tokens)
+        logs[side] = tmp_path / f"{side}.csv"
+        rows.to_csv(logs[side], index=False)
+    f = step_figure("paged", logs)
+    assert f.ratio == pytest.approx(1.2, rel=0.01) and f.verdict == "reported" and not f.gated
+    (tmp_path / "short.csv").write_text("duration_s,decodes,prefills,tokens,context_tokens\n0.1,1,0,1,10\n")
+    assert step_figure("paged", {"base": tmp_path / "short.csv", "new": logs["new"]}).ratio is None

@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from engines.procs import spawn, stop
+from engines.registry import Kind, entry
 from harness.analysis.ab import SIDES, ABFigure, EngineGate, Pair, knee_figure, side_name, side_order
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged
@@ -30,6 +33,7 @@ from harness.run.servers import READY, ServerFailed, healthy, tail
 from harness.run.speed_probes import reading
 from harness.run.stats_poller import fetch_stats
 from harness.run.trees import ROOT, Tree, run_child
+from harness.sim import stepfit
 from workloads.spec import load_spec
 from workloads.streams import Streams, snap
 
@@ -74,10 +78,14 @@ class Measured:
     speed: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    steps: dict[str, ABFigure] = field(default_factory=dict)
+
     def figures(self) -> list[ABFigure]:
         out = []
         for engine, gate in self.gates.items():
             out += gate.figures()
+            if engine in self.steps:
+                out.append(self.steps[engine])
             if self.knee_points:
                 out.append(knee_figure(engine, self.knee_points, self.target))
         return out
@@ -91,11 +99,20 @@ def engine_args(plan: ABPlan, engine: str, side: str) -> list[str]:
     return base + own.get(engine, [])
 
 
+def step_log(plan: ABPlan, engine: str, side: str) -> Path | None:
+    """Where a scheduled engine's server records its steps (None for an engine fragbench does not schedule)."""
+    if entry(engine).kind != Kind.SCHEDULED:
+        return None
+    return plan.gate_dir / "servers" / f"{side_name(engine, side)}.steps.csv"
+
+
 def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple[subprocess.Popen, str, Path]:
     """One build's server on a free loopback port, from the build's own tree; its URL once healthy."""
     model = str(Path(plan.model).resolve())
+    steps = step_log(plan, engine, side)
     cmd = [tree.python, "-m", "harness.cli", "serve", "--engine", engine, "--model", model, "--kv-budget",
-           plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *engine_args(plan, engine, side)]
+           plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *engine_args(plan, engine, side),
+           *(["--step-log", str(steps)] if steps else [])]
     log_path = logs / f"{side_name(engine, side)}.log"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**tree.env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -224,7 +241,32 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
             for server in per.values():
                 close_server(server)
         m.speed.append(reading("end"))
+    for engine in m.gates:
+        logs = {side: step_log(plan, engine, side) for side in SIDES}
+        if all(p is not None and p.is_file() for p in logs.values()):
+            m.steps[engine] = step_figure(engine, logs)
     return m
+
+
+def step_figure(engine: str, logs: dict[str, Path]) -> ABFigure:
+    """The engines' own step time, a diagnostic: each build's steps fitted on their work (harness/sim/stepfit.py:
+    decodes, prefill chunks, tokens, context read), both fits priced on BASE's steps; NEW / BASE, reported."""
+    try:
+        fits = {side: stepfit.load(str(path)) for side, path in logs.items()}
+    except stepfit.StepModelError as e:
+        return ABFigure(engine, "step_s", None, None, "reported", str(e))
+    rows = pd.read_csv(logs["base"])
+
+    def priced(model: stepfit.FittedStepModel) -> float:
+        c = model.coefficients
+        return float(sum(c[name] * (len(rows) if col is None else rows[col].to_numpy(float).sum())
+                         for name, col in stepfit.TERMS.items()))
+
+    base, new = priced(fits["base"]), priced(fits["new"])
+    r2 = ", ".join("n/a" if f.fit_r2 is None else f"{f.fit_r2:.2f}" for f in fits.values())
+    return ABFigure(engine, "step_s", new / base if base > 0 else None, None, "reported",
+                    f"each build's step model (r2 {r2}) priced on "
+                    f"BASE's {len(rows)} steps; a diagnostic, not gated", base, new)
 
 
 # -- the knee turn (reported)

@@ -146,13 +146,14 @@ def test_instructions_are_compared_as_counted():
     assert gate.verdict() == "FAIL"
 
 
-def test_a_block_s_judged_request_without_a_row_is_a_miss():
-    rows = [{"stream_key": "ab0", "stream_index": 0, "status": "ok", "ttft_s": 0.1, "tpot_s": 0.01,
-             "output_tokens": 5},
-            {"stream_key": "abcheck0", "stream_index": 1, "status": "ok", "ttft_s": 0.1, "tpot_s": 0.01,
-             "output_tokens": 5}]
-    frame = judged_rows(rows, "ab0", np.array([0, 1]), np.array([1.0, 0.0]))
-    assert frame.status.tolist() == ["ok", "error"] and frame.met.tolist() == [True, False]
+def test_a_block_s_judged_request_that_never_ended_is_a_miss():
+    from harness.analysis.capacity import SLO
+
+    row = {"status": "ok", "ttft_s": 0.1, "tpot_s": 0.01, "output_tokens": 5, "e2e_s": 0.14, "stream": True}
+    late = {**row, "ttft_s": 3.0, "e2e_s": 3.1}
+    frame = judged_rows([(0, row), (1, None), (2, late), (3, {**row, "status": "error"})], SLO())
+    assert frame.status.tolist() == ["ok", "error", "ok", "error"]
+    assert frame.met.tolist() == [True, False, False, False]
 
 
 def test_bad_input_is_one_line(tmp_path, tiny_model):

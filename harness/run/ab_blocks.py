@@ -13,19 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from engines.procs import stop
-from harness.analysis.capacity import SLO
+from harness.analysis.capacity import SLO, meets_slo
 from harness.results import JournalTail
 from harness.run.loadargs import LoadArgs, start_loadgen, stop_loadgen
-from harness.run.points import PointJob, PointRunner
+from harness.run.points import PointJob, PointRunner, cancelled
 from harness.run.servers import tail
 from workloads.schedule import ScheduleWriter
 from workloads.streams import Streams
 
 COLUMNS = ["stream_index", "status", "met", "ttft_s", "tpot_s", "output_tokens"]
+FINISH_S = 60.0  # the longest a block waits for its judged requests to end (a long answer near the SLO: ~40 s)
 WARMUP_S = 3.0  # a block's first seconds of arrivals, sent and not judged: the same requests on both builds
 
 
@@ -83,30 +83,40 @@ def open_server(name: str, side: str, url: str, proc: subprocess.Popen, log: Pat
 def run_block(server: BlockServer, number: int, key: str, rate_rps: float, judged: int, limit_s: float,
               show: Callable[[str], None] = lambda text: None) -> pd.DataFrame:
     """One block: `judged` requests of stream `key` at `rate_rps` after its warm-up, at most `limit_s` of judging;
-    their rows (COLUMNS; a judged request still unanswered when the block ended is a miss with status `error`).
-    The warm-up is a fixed count of the stream's first requests (WARMUP_S of arrivals at the rate), not one read
-    off each block's own latencies: both builds of a pair then judge the same requests, whatever each met. A rate
-    well under the knee needs little warm-up."""
+    their rows (COLUMNS). The warm-up is a fixed count of the stream's first requests (WARMUP_S of arrivals at the
+    rate), not one read off each block's own latencies, and the block waits (up to FINISH_S) for every judged
+    request to end: both builds of a pair judge the same requests, whatever each met, and a slow build's long
+    requests are judged, not left out as still running. A rate well under the knee needs little warm-up."""
     server.check()
     skip = math.ceil(WARMUP_S * rate_rps)
     job = PointJob(number, rate_rps, key, 0, min_judged=judged + skip, max_judged=judged + skip, fixed=True,
                    target=server.runner.slo.attainment, warm=False, stop_by_s=server.runner.clock() + limit_s)
-    result = server.runner.run(job, show)
+    server.runner.run(job, show)
+    runner = server.runner
+    segments = [seg for seg in runner.segments if seg.key == key and seg.point == number]
+    sent = [(r, i) for r, i in runner.sent(segments, float("inf")) if i >= skip and not cancelled(r)][:judged]
+    deadline = time.monotonic() + FINISH_S
+    while any(r.request_id not in runner.rows for r, _ in sent) and time.monotonic() < deadline:
+        server.check()
+        time.sleep(0.25)
+        runner.refresh()
     server.check()
-    keep = result.index >= skip
-    return judged_rows(server.runner.rows.values(), key, result.index[keep], result.met[keep])
+    return judged_rows([(i, runner.rows.get(r.request_id)) for r, i in sent], runner.slo)
 
 
-def judged_rows(rows, key: str, index: np.ndarray, met: np.ndarray) -> pd.DataFrame:
-    """The block's judged requests: each one's row where the load generator wrote one, its verdict beside it."""
-    verdict = dict(zip(index.tolist(), met.astype(bool).tolist(), strict=True))
-    found = {int(r["stream_index"]): r for r in rows if r.get("stream_key") == key and r.get("stream_index") in verdict}
-    out = []
-    for i, ok in verdict.items():
-        r = found.get(i, {"status": "error", "ttft_s": None, "tpot_s": None, "output_tokens": 0})
-        out.append({"stream_index": i, "status": r["status"], "met": ok, "ttft_s": r["ttft_s"],
-                    "tpot_s": r["tpot_s"], "output_tokens": r["output_tokens"]})
-    return pd.DataFrame(out, columns=COLUMNS)
+def judged_rows(sent: list[tuple[int, dict | None]], slo: SLO) -> pd.DataFrame:
+    """The block's judged requests (stream index, its row or None), each with its verdict by the SLO's rule: a
+    request that did not complete, or never ended, missed."""
+    out = pd.DataFrame([{"stream_index": i, "status": "error", "ttft_s": None, "tpot_s": None, "output_tokens": 0,
+                         "e2e_s": None, **{k: row.get(k) for k in ("status", "ttft_s", "tpot_s", "output_tokens",
+                                                                   "e2e_s") if row}}
+                        for i, row in sent],
+                       columns=["stream_index", "status", "ttft_s", "tpot_s", "output_tokens", "e2e_s"])
+    ok = out.status == "ok"
+    out["met"] = False
+    if ok.any():
+        out.loc[ok, "met"] = meets_slo(out[ok], slo).fillna(False).astype(bool).to_numpy()
+    return out[COLUMNS]
 
 
 def close_server(server: BlockServer, grace_s: float = 10.0) -> None:

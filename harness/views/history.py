@@ -171,7 +171,6 @@ def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0,
             say: Callable[[str], None] = quiet) -> dict:
     """The runs, the skipped folders and every setting's change points, as `history --json` prints them; `say`
     hears a line per phase (the CLI's progress on stderr)."""
-    say(f"reading the runs of {results}")
     runs, skipped = read_runs(results)
     if not runs:
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped) or "the folder holds no run"

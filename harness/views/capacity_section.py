@@ -21,11 +21,13 @@ def where_words(c: CapacityBlock) -> str:
         c.sustained_where, "")
 
 
-def rate_words(c: CapacityBlock) -> str:
+def rate_words(c: CapacityBlock, unit: str = "") -> str:
+    """The rate, its interval, its unit (where a sentence needs it, beside the numbers), then what bounds it."""
     ci = c.sustained_rps_ci
     unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.rests_on_unsteady \
         else ""
-    return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
+    return (f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + unit + where_words(c)
+            + unsettled)
 
 
 def rival_in(summary: Summary) -> str | None:
@@ -167,7 +169,7 @@ def capacity_sentence(summary: Summary) -> str:
     slo = next(iter(capacity.values())).slo
     order = sorted(capacity, key=lambda e: -capacity[e].sustained_rps)
     has_ci = any(c.sustained_rps_ci for c in capacity.values())
-    rates = ", ".join(f"{e} {rate_words(capacity[e])} req/s" for e in order)
+    rates = ", ".join(f"{e} {rate_words(capacity[e], ' req/s')}" for e in order)
     line = (f"Sustained request rate within the SLO (TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s:g} s for "
             f"{100 * slo.attainment:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
             f"steady state): {rates}")

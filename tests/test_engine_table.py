@@ -84,7 +84,7 @@ def test_report_exports_the_per_request_and_per_engine_tables_as_csv_and_json(tm
     r = run_cli("report", str(run), "--format", "text")
     assert r.returncode == 0, r.stderr
     assert "TTFT ms" in r.stdout and "static-max" in r.stdout
-    assert "fragbench report: summarizing" in r.stderr  # a line per phase
+    assert "s: summarizing the journals" in r.stderr  # a line per phase
 
 
 def test_bench_prints_the_table_under_its_decision_line(tmp_path, monkeypatch, capsys):

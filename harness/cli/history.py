@@ -35,7 +35,7 @@ def magnitude_arg(text: str) -> float:
 
 def progress(t0: float) -> Callable[[str], None]:
     """A line per phase on stderr (stdout keeps the answer, or the JSON)."""
-    return lambda line: print(f"fragbench history: {line} ({time.monotonic() - t0:.1f} s)", file=sys.stderr,
+    return lambda line: print(f"fragbench history: at {time.monotonic() - t0:.1f} s: {line}", file=sys.stderr,
                               flush=True)
 
 

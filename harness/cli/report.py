@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def phase(t0: float, what: str) -> None:
     """A line per phase on stderr: finalizing a long run, or simulating its twin, takes a while."""
-    print(f"fragbench report: {what} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+    print(f"fragbench report: at {time.monotonic() - t0:.1f} s: {what}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -74,8 +74,9 @@ def engine_table(summary: Summary) -> str:
     note = (f"sustained: the highest offered rate with {100 * slo.attainment:.0f} % of requests within TTFT <= "
             f"{slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; " if slo else
             "sustained: n/a (one offered rate, no knee search: bench --sweep measures it); ")
-    note += ("latency, served and tokens over the judged requests; failed: OOM'd, rejected, errors or crashed; "
-             "unfinished: still in flight when the run's grace period ended.")
+    note += ("latency, served and tokens over every point's judged requests; " if slo else
+             "latency, served and tokens over the churn window; ")
+    note += "failed: OOM'd, rejected, errors or crashed; unfinished: still in flight when the run's grace period ended."
     lines = [line.rstrip() for line in console.export_text().rstrip().splitlines()]
     return "\n".join([*lines, *textwrap.wrap(note, WIDTH)])
 

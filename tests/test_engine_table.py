@@ -109,3 +109,11 @@ def test_bench_prints_the_table_under_its_decision_line(tmp_path, monkeypatch, c
     assert out.index("TTFT ms") < out.index("results:")
     assert "static-max" in out and "3 / 3" in out  # its OOMs by cause
     assert (run / "engines.csv").is_file() and (tmp_path / "reports" / "r.html").is_file()
+
+
+def test_report_of_a_run_whose_json_is_broken_says_which_file_in_one_line(tmp_path):
+    run = write_run(tmp_path / "a", {"paged": FAST}, duration_s=5)
+    (run / "run.json").write_text("{cut off")
+    r = run_cli("report", str(run), "--format", "csv")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "run.json is not JSON" in r.stderr and "Traceback" not in r.stderr

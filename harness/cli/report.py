@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.cli.args import run_dir
+from harness.cli.args import UsageError, run_dir
 
 FORMATS = ("html", "csv", "json", "text")
 
@@ -28,6 +28,17 @@ def register(sub) -> None:
     report.set_defaults(func=run)
 
 
+def read_json(path: Path) -> dict:
+    """A run's JSON file, or the CLI's one line naming it (a run cut off mid-write, a file edited by hand)."""
+    try:
+        out = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not JSON ({e})") from None
+    if not isinstance(out, dict):
+        raise UsageError(f"{path} is not a JSON object")
+    return out
+
+
 def phase(t0: float, what: str) -> None:
     """A line per phase on stderr: finalizing a long run, or simulating its twin, takes a while."""
     print(f"fragbench report: at {time.monotonic() - t0:.1f} s: {what}", file=sys.stderr, flush=True)
@@ -43,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     directory = run_dir(args.run_dir)
     before = directory / "summary.json"
-    simulated = before.is_file() and "twin" in json.loads(before.read_text())
+    simulated = before.is_file() and "twin" in read_json(before)
     # a partial run gets its parquet files and summary from what it wrote; a complete one that bench finished
     # before it simulated its twin gets its twin, in the same one write
+    read_json(directory / "run.json")  # its one line where it is not JSON, before load_meta reads it
     complete = load_meta(directory).get("status") == "complete"
     twin = complete and not simulated
     phase(t0, "summarizing the journals" + (" (a swept run's twin simulated too: seconds to minutes)" if twin else ""))

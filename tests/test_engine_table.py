@@ -117,3 +117,23 @@ def test_report_of_a_run_whose_json_is_broken_says_which_file_in_one_line(tmp_pa
     r = run_cli("report", str(run), "--format", "csv")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "run.json is not JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_opens_with_its_verdict_and_prints_no_python_reprs():
+    from harness.views.check_report import check_text
+
+    result = {"target": "http://127.0.0.1:8000", "metrics_found": "vllm", "questions": [
+        {"id": 1, "question": "KV bytes per token?", "status": "PASS", "answer": 131072, "evidence": "2 x 32 x 8"},
+        {"id": 2, "question": "KV budget?", "status": "WARN", "answer": {"plan_tokens": None, "server_tokens": 4096},
+         "evidence": "the server's"},
+        {"id": 9, "question": "Sustained rate?", "status": "FAIL",
+         "answer": {"sustained_rps": 2.125, "sustained_rps_ci": [1.5, 2.75]}, "evidence": "knee search"},
+        {"id": 5, "question": "Free memory?", "status": "UNKNOWN", "answer": None, "evidence": "no NVML"}]}
+    lines = check_text(result).splitlines()
+    assert lines[0] == ("check: FAIL (1 FAIL, 1 WARN, 1 UNKNOWN, 1 PASS) for http://127.0.0.1:8000, metrics: vllm; "
+                        "exit 1: a question FAILed")
+    text = "\n".join(lines)
+    assert "answer: plan_tokens unknown, server_tokens 4,096" in text
+    assert "answer: sustained_rps 2.125, sustained_rps_ci [1.5, 2.75]" in text and "answer: 131,072" in text
+    answers = [line for line in lines if line.lstrip().startswith("answer:")]
+    assert len(answers) == 4 and not any(c in line for line in answers for c in ("{", "None", "'"))

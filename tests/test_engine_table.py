@@ -137,3 +137,13 @@ def test_check_opens_with_its_verdict_and_prints_no_python_reprs():
     assert "answer: sustained_rps 2.125, sustained_rps_ci [1.5, 2.75]" in text and "answer: 131,072" in text
     answers = [line for line in lines if line.lstrip().startswith("answer:")]
     assert len(answers) == 4 and not any(c in line for line in answers for c in ("{", "None", "'"))
+
+
+def test_history_says_each_phase_on_stderr_and_keeps_stdout_for_its_answer(tmp_path):
+    finalize(write_run(tmp_path / "results" / "r1", {"paged": FAST}, duration_s=5))
+    r = run_cli("history", str(tmp_path / "results"), "--out", str(tmp_path / "h.html"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["runs"][0]["run_id"] == "r1"  # stdout is the JSON alone
+    phases = r.stderr.strip().splitlines()
+    assert phases[0].startswith("fragbench history: at ") and "1 runs read (0 skipped); finding change points" in \
+        phases[0] and "drawing the page" in phases[1]

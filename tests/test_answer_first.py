@@ -1,5 +1,6 @@
-"""The answer first: bench ends with a per-engine table read from the typed summary, and a run's per-request and
-per-engine tables export as CSV or JSON with their units in the column names."""
+"""The answer first (issue 81): bench ends with a per-engine table read from the typed summary; a run's
+per-request and per-engine tables export as CSV or JSON with their units in the column names; check opens with its
+verdict; report and history say each phase as they go."""
 
 import argparse
 import json

@@ -274,6 +274,8 @@ def test_modules_that_find_the_checkout_find_it_from_their_room():
 VIEW_DICTS = {
     ("harness.views.check_report", "render_check", "result"): "the check room's own result (harness/check), the "
                                                               "JSON `check --json` prints, not analysis/'s",
+    ("harness.views.check_report", "check_text", "result"): "the same result, as the console's text",
+    ("harness.views.check_report", "verdict_line", "result"): "the same result's verdict, on the page and console",
 }
 DICT_READERS = {"harness.analysis.rundir": {"load_meta"}, "harness.analysis.summary": {"read_summary"}}
 

@@ -15,6 +15,7 @@ from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
 from harness.analysis.capacity import SLO, judged_verdicts, meets_slo, request_metrics
+from harness.analysis.engine_rows import write_engines_csv
 from harness.analysis.headline import (
     bracket_ends,
     headline,
@@ -136,6 +137,7 @@ def engine_summary(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.Dat
     out["goodput_requests_per_s"] = float(meets_slo(ok, cfg.slo).sum() / window)
     out["ttft_p50_s"], out["ttft_p99_s"] = pct(ok.ttft_s, 0.5), pct(ok.ttft_s, 0.99)
     out["tpot_p50_s"], out["tpot_p99_s"] = pct(ok.tpot_s, 0.5), pct(ok.tpot_s, 0.99)
+    out["ttft_p90_s"], out["tpot_p90_s"] = pct(ok.ttft_s, 0.9), pct(ok.tpot_s, 0.9)  # the console's table
     out["e2e_p50_s"], out["e2e_p99_s"] = pct(ok.e2e_s, 0.5), pct(ok.e2e_s, 0.99)
     # the load generator's lateness (send after due time): latency counts from the due time, so this is the
     # part of each wait that the client, not the engine, added
@@ -412,6 +414,7 @@ def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None
     elif path.is_file() and "twin" in (before := json.loads(path.read_text())):
         summary.twin = Summary.model_validate({"twin": before["twin"]}).twin  # simulated once the rows were written
     write_summary(path, summary)
+    write_engines_csv(run_dir, summary)  # the per-engine table beside it, units in its header
     return summary
 
 

@@ -116,12 +116,15 @@ class EngineFigures(SummaryBlock):
     ttft_p99_s: Num | None = None
     tpot_p50_s: Num | None = None
     tpot_p99_s: Num | None = None
+    ttft_p90_s: Num | None = None  # absent in a summary.json written before they were (read as n/a)
+    tpot_p90_s: Num | None = None
     late_p99_s: Num | None = None
     crashes: Num = 0
     cancelled: Num = 0
     cancel_release_p99_s: Num | None = None
     requests_ok: Num = 0
     requests_oom: Num = 0
+    requests_rejected: Num = 0
     requests_error: Num = 0
     requests_crashed: Num = 0
     requests_unfinished: Num = 0

@@ -179,12 +179,16 @@ def config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)  # every refusal before the harness (and torch) loads: a bad command line exits at once
     # after the refusals: a bad command line exits before torch and plotly load
+    from harness.analysis.summary import read_summary_record
     from harness.run.bench import Bench
+    from harness.views.engine_table import engine_table
     from harness.views.report import render
 
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
+    # the answer under the decision line: per engine, the figures summary.json has (engines.csv beside it)
+    print(engine_table(read_summary_record(run_dir)), flush=True)
     report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
-    print(f"results: {run_dir}\nreport:  {report}")
+    print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
     return 0

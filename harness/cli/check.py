@@ -43,7 +43,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported when the verb runs: `fragbench --help` does not load numpy, pandas or plotly
     from harness.check import CheckConfig, Unreachable, run_check
-    from harness.views.check_report import render_check
+    from harness.views.check_report import check_text, render_check
 
     target = http_url("--target", args.target.rstrip("/"))
     shape = shape_of(args.model)
@@ -63,7 +63,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print(f"fragbench check {result['target']} (metrics: {result['metrics_found']})")
-        for q in result["questions"]:
-            print(f"{q['id']}. [{q['status']}] {q['question']}\n   answer: {q['answer']}\n   {q['evidence']}")
+        print(check_text(result))  # its verdict first
     return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0

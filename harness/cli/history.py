@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.cli.args import number_in, usage_errors
@@ -30,12 +33,19 @@ def magnitude_arg(text: str) -> float:
     return number_in(text, lambda v: 0 <= v < float("inf"), "a finite relative change >= 0")
 
 
+def progress(t0: float) -> Callable[[str], None]:
+    """A line per phase on stderr (stdout keeps the answer, or the JSON)."""
+    return lambda line: print(f"fragbench history: at {time.monotonic() - t0:.1f} s: {line}", file=sys.stderr,
+                              flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     # imported when the verb runs: `fragbench --help` does not load pandas or plotly
     from harness.views.history import ChangePoint, ChangePointsUnavailable, render_history
 
     with usage_errors(ValueError, ChangePointsUnavailable):
-        out, found = render_history(Path(args.results), Path(args.out), args.pvalue, args.min_magnitude)
+        out, found = render_history(Path(args.results), Path(args.out), args.pvalue, args.min_magnitude,
+                                    progress(time.monotonic()))
     if args.json:
         print(json.dumps({**found, "report": str(out)}, indent=2))
         return 0

@@ -1,35 +1,80 @@
-"""`fragbench report`: the HTML report of a run, complete or partial."""
+"""`fragbench report`: the HTML report of a run, complete or partial; or its per-request and per-engine tables as
+CSV or JSON (units in the column names), or the per-engine table as text."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
-from harness.cli.args import run_dir
+from harness.cli.args import UsageError, run_dir
+
+FORMATS = ("html", "csv", "json", "text")
 
 
 def register(sub) -> None:
-    report = sub.add_parser("report", help="the HTML report of a run (complete or partial)")
+    report = sub.add_parser("report", help="the HTML report of a run (complete or partial), or its tables as CSV, "
+                                           "JSON or text")
     report.add_argument("run_dir", help="a bench run's directory (results/RUN_ID)")
-    report.add_argument("--out", metavar="FILE", help="the HTML page written (default: reports/RUN_ID.html)")
+    report.add_argument("--format", choices=FORMATS, default="html",
+                        help="html: the report page (default); csv or json: requests.csv and engines.csv (or .json), "
+                             "the per-request and per-engine tables, units in the column names (ttft_s, "
+                             "sustained_rps); text: the per-engine table bench ends with, on stdout")
+    report.add_argument("--out", metavar="PATH",
+                        help="html: the page written (default: reports/RUN_ID.html); csv, json: the folder the two "
+                             "tables are written to (default: the run's folder)")
     report.set_defaults(func=run)
 
 
+def read_json(path: Path) -> dict:
+    """A run's JSON file, or the CLI's one line naming it (a run cut off mid-write, a file edited by hand)."""
+    try:
+        out = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not JSON ({e})") from None
+    if not isinstance(out, dict):
+        raise UsageError(f"{path} is not a JSON object")
+    return out
+
+
+def phase(t0: float, what: str) -> None:
+    """A line per phase on stderr: finalizing a long run, or simulating its twin, takes a while."""
+    print(f"fragbench report: at {time.monotonic() - t0:.1f} s: {what}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
     # imported when the verb runs: `fragbench --help` does not load pandas, scipy or plotly
+    from harness.analysis.engine_rows import export_tables
     from harness.analysis.rundir import load_meta
     from harness.analysis.summary import finalize
     from harness.sim.twin import twin_of
-    from harness.views.report import render
 
     directory = run_dir(args.run_dir)
     before = directory / "summary.json"
-    simulated = before.is_file() and "twin" in json.loads(before.read_text())
+    simulated = before.is_file() and "twin" in read_json(before)
     # a partial run gets its parquet files and summary from what it wrote; a complete one that bench finished
     # before it simulated its twin gets its twin, in the same one write
+    read_json(directory / "run.json")  # its one line where it is not JSON, before load_meta reads it
     complete = load_meta(directory).get("status") == "complete"
-    finalize(directory, twin_of(directory) if complete and not simulated else None)
+    twin = complete and not simulated
+    phase(t0, "summarizing the journals" + (" (a swept run's twin simulated too: seconds to minutes)" if twin else ""))
+    summary = finalize(directory, twin_of(directory) if twin else None)
+    if args.format == "text":
+        from harness.views.engine_table import engine_table  # rich's table alone: no plotly
+
+        print(engine_table(summary))
+        return 0
+    if args.format in ("csv", "json"):
+        for path in export_tables(directory, summary, Path(args.out) if args.out else directory, args.format):
+            print(path)
+        return 0
+    from harness.views.report import render  # plotly and its page: html alone
+
+    phase(t0, "drawing the report")
     out = Path(args.out) if args.out else Path("reports") / f"{directory.name}.html"
     print(render(directory, out))
+    phase(t0, "done")
     return 0

@@ -11,7 +11,7 @@ from harness.analysis.headline import PAGED, rival_of, verdict_words
 from harness.analysis.knee import KV_USAGE_NEAR_FULL, WAITING_FOR_MEMORY
 from harness.analysis.records import RecordedDesign
 from harness.analysis.summary_records import CapacityBlock, CapacityPoint, HeadlineBlock, Summary, TimeSpent
-from harness.views.html import ESC, PALETTE, fig_html, fmt, section, table
+from harness.views.html import PALETTE, details, fig_html, fmt, section, table
 
 MiB = 2**20
 
@@ -21,11 +21,13 @@ def where_words(c: CapacityBlock) -> str:
         c.sustained_where, "")
 
 
-def rate_words(c: CapacityBlock) -> str:
+def rate_words(c: CapacityBlock, unit: str = "") -> str:
+    """The rate, its interval, its unit (where a sentence needs it, beside the numbers), then what bounds it."""
     ci = c.sustained_rps_ci
     unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.rests_on_unsteady \
         else ""
-    return f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + where_words(c) + unsettled
+    return (f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + unit + where_words(c)
+            + unsettled)
 
 
 def rival_in(summary: Summary) -> str | None:
@@ -167,7 +169,7 @@ def capacity_sentence(summary: Summary) -> str:
     slo = next(iter(capacity.values())).slo
     order = sorted(capacity, key=lambda e: -capacity[e].sustained_rps)
     has_ci = any(c.sustained_rps_ci for c in capacity.values())
-    rates = ", ".join(f"{e} {rate_words(capacity[e])} req/s" for e in order)
+    rates = ", ".join(f"{e} {rate_words(capacity[e], ' req/s')}" for e in order)
     line = (f"Sustained request rate within the SLO (TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s:g} s for "
             f"{100 * slo.attainment:.0f} % of requests{', 90 % interval in brackets' if has_ci else ''}, at "
             f"steady state): {rates}")
@@ -186,10 +188,11 @@ def capacity_sentence(summary: Summary) -> str:
     return line + "."
 
 
-def bound_sentence(summary: Summary) -> str:
-    parts = [f"{e} by {c.bound} ({c.bound_evidence}, at {c.knee_point.offered_rps:.2f} req/s)"
+def bound_lines(summary: Summary) -> tuple[str, list[str]]:
+    """What bound each engine: a lead, then a short line per engine (the verdict lists them)."""
+    parts = [f"{e}: {c.bound} ({c.bound_evidence}, at {c.knee_point.offered_rps:.2f} req/s)."
              for e, c in sorted(summary.capacity.items(), key=lambda kv: -kv[1].sustained_rps) if c.has("bound")]
-    return "What bound each engine at its knee, the lowest rate that missed the SLO: " + "; ".join(parts) + "."
+    return "What bound each engine at its knee, the lowest rate that missed the SLO:", parts
 
 
 def steady_sentence(summary: Summary) -> str | None:
@@ -332,13 +335,14 @@ def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign 
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
-    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(summary)) if x]
-    words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
-    body = words + fig_html(curves(summary)) + capacity_table(summary)
+    # the answer is the verdict's (headline, rates, bounds): here the figures, each with how it was measured
+    # folded under it, said once
+    body = fig_html(curves(summary)) + capacity_table(summary)
+    body += details("What the knees rest on: points, streams, the fit, why the decision stopped",
+                    evidence_sentence(summary), steady_sentence(summary))
     if summary.capacity_by_budget:
         body += budget_curve(summary)
-    # the method's long paragraph after the figures: what it shows first, how it was measured below
-    body += f"<h3>How this was measured</h3><p class='how'>{ESC(how)}</p>"
+    body += details("How this was measured", how)
     return section("capacity", "Capacity at the SLO: what the memory buys",
-                   "Each engine's sustained rate, the points it rests on and what bound it; the method is below the "
-                   "figures.", body)
+                   "Each engine's sustained rate, the points it rests on and what bound it at its knee (the verdict "
+                   "above says what they add up to).", body)

@@ -1,19 +1,57 @@
-"""The page `fragbench check --report` writes: each question with its status, answer and evidence."""
+"""What `fragbench check` says: its verdict first, then each question with its status, answer and evidence, as
+text on the console and as the page `--report` writes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from harness.views.html import STYLE, section, table
 
-
 # `result`: check's --json object as check builds it (harness/check sits beside views/, on the same level, so views
 # cannot import a record of its; tests/test_architecture.py VIEW_DICTS names this one)
+STATUSES = ("FAIL", "WARN", "UNKNOWN", "PASS")  # worst first: the verdict is the worst status any question got
+
+
+def verdict_line(result: dict) -> str:
+    """The overall verdict in one line: the worst status, and how many questions got each."""
+    counts = {st: sum(q["status"] == st for q in result["questions"]) for st in STATUSES}
+    worst = next((st for st in STATUSES if counts[st]), "PASS")
+    tally = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+    return (f"check: {worst} ({tally}) for {result['target']}, metrics: {result['metrics_found']}"
+            + ("; exit 1: a question FAILed" if counts["FAIL"] else ""))
+
+
+def answer_words(v) -> str:
+    """An answer as words, not a Python repr: a mapping's keys keep their units (`server_tokens 4,096`), a number
+    is printed plainly, nothing known is 'unknown'."""
+    if v is None:
+        return "unknown"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {answer_words(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(answer_words(x) for x in v) + "]"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def check_text(result: dict) -> str:
+    """The console's check: the verdict, then each question, its answer and its evidence."""
+    lines = [verdict_line(result)]
+    for q in result["questions"]:
+        lines += [f"{q['id']}. [{q['status']}] {q['question']}", f"   answer: {answer_words(q['answer'])}",
+                  f"   {q['evidence']}"]
+    return "\n".join(lines)
+
+
 def render_check(result: dict, out: Path) -> Path:
-    rows = [[q["id"], q["question"], q["status"], json.dumps(q["answer"]), q["evidence"]] for q in result["questions"]]
-    body = section("verdict", "Pre-deployment check",
-                   f"Target {result['target']}; metrics found: {result['metrics_found']}.",
+    rows = [[q["id"], q["question"], q["status"], answer_words(q["answer"]), q["evidence"]]
+            for q in result["questions"]]
+    body = section("verdict", "Pre-deployment check", verdict_line(result) + ".",
                    table(["#", "question", "status", "answer", "evidence"], rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>fragbench check</title>"

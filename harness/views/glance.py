@@ -10,7 +10,6 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.analysis.headline import verdict_words
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import CapacityBlock, HeadlineBlock, Summary
 from harness.views.html import CATEGORY_COLORS, CATEGORY_LABELS, fig_html
@@ -66,10 +65,10 @@ def glance(summary: Summary) -> str:
     if not cap:
         return ""
     order = sorted(cap, key=lambda e: cap[e].sustained_rps)
-    verdict = "no headline" if not h else f"{h.ratio:.2f}x [{h.ratio_ci[0]:.2f}, {h.ratio_ci[1]:.2f}]: " \
-        + verdict_words(h)
+    # the ratio and its verdict in words are the sentence under the figure: a title this narrow holds the numbers
+    verdict = "no headline" if not h else f"{h.ratio:.2f}x [{h.ratio_ci[0]:.2f}, {h.ratio_ci[1]:.2f}]"
     fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.3, 0.32], horizontal_spacing=0.1,
-                        subplot_titles=("sustained req/s at the SLO, 90 % interval", f"headline ratio: {verdict}",
+                        subplot_titles=("sustained req/s at the SLO, 90 % interval", f"headline ratio {verdict}",
                                         "memory at the knee, % of KV"))
     forest(fig, summary, order)
     if h:

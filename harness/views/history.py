@@ -12,6 +12,7 @@ KV budget are another series, drawn apart."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -162,12 +163,19 @@ def told_apart(intervals: list[list[float] | None], bounds: list[int]) -> bool:
     return before[1] < after[0] or after[1] < before[0]
 
 
-def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> dict:
-    """The runs, the skipped folders and every setting's change points, as `history --json` prints them."""
+def quiet(_: str) -> None:
+    pass
+
+
+def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0,
+            say: Callable[[str], None] = quiet) -> dict:
+    """The runs, the skipped folders and every setting's change points, as `history --json` prints them; `say`
+    hears a line per phase (the CLI's progress on stderr)."""
     runs, skipped = read_runs(results)
     if not runs:
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped) or "the folder holds no run"
         raise ValueError(f"no readable run in {results} ({reasons})")
+    say(f"{len(runs)} runs read ({len(skipped)} skipped); finding change points")
     settings = list(dict.fromkeys(r.setting for r in runs))
     cps = [c for st in settings for c in change_points([r for r in runs if r.setting == st], st, pvalue, min_magnitude)]
     return {"runs": [{"run_id": r.run_id, "started": r.started, "git_sha": r.git_sha, "setting": r.setting}
@@ -182,10 +190,12 @@ def history(results: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) ->
             "within_intervals": [asdict(c) for c in cps if not c.measurable]}
 
 
-def render_history(results: Path, out: Path, pvalue: float = 0.001, min_magnitude: float = 0.0) -> tuple[Path, dict]:
+def render_history(results: Path, out: Path, pvalue: float = 0.001, min_magnitude: float = 0.0,
+                   say: Callable[[str], None] = quiet) -> tuple[Path, dict]:
     """The page, and what `history` found. Raises ValueError when no run is readable."""
-    found = history(results, pvalue, min_magnitude)
+    found = history(results, pvalue, min_magnitude, say)
     runs, skipped = read_runs(results)
+    say("drawing the page")
     parts = []
     for setting in dict.fromkeys(r.setting for r in runs):
         series = [r for r in runs if r.setting == setting]

@@ -49,8 +49,23 @@ def table(header: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+LONG_HOW = 320  # characters: a method longer than this keeps its first sentence on top, the rest folded under
+
+
 def section(sid: str, title: str, how: str, body: str) -> str:
-    return (f'<section id="{sid}"><h2>{ESC(title)}</h2><p class="how">{ESC(how)}</p>{body}</section>')
+    """A section: its title, what it shows in a line, its figures; a long method folded under the figures."""
+    lead, rest = how, ""
+    if len(how) > LONG_HOW and ". " in how:
+        lead, rest = how.split(". ", 1)
+        lead += "."
+    return (f'<section id="{sid}"><h2>{ESC(title)}</h2><p class="how">{ESC(lead)}</p>{body}'
+            f'{details("How this was measured", rest)}</section>')
+
+
+def details(summary: str, *paragraphs: str | None) -> str:
+    """How a figure was measured, folded under it: the reader opens it when the figure raises the question."""
+    body = "".join(f"<p class='how'>{ESC(p)}</p>" for p in paragraphs if p)
+    return f"<details class='how'><summary>{ESC(summary)}</summary>{body}</details>" if body else ""
 
 
 def link(sid: str, text: str) -> str:
@@ -64,5 +79,7 @@ def mib(v) -> str:
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px}
 th{background:#f4f4f4}.how{color:#555;font-size:13px}.partial{background:#fde2e1;border:2px solid #c0392b;
-padding:.6em 1em;font-weight:bold}ul.verdict li{margin:.3em 0}ul.verdict a{color:#222}
+padding:.6em 1em;font-weight:bold}ul.verdict li{margin:.3em 0}ul.verdict a{color:#222;text-decoration:none}
+ul.verdict a:hover{text-decoration:underline}details.how{margin:.4em 0 1em}details.how summary{cursor:pointer;
+color:#1f3b73;font-size:13px}
 pre{background:#f8f8f8;padding:1em;overflow:auto;font-size:12px}"""

@@ -9,9 +9,9 @@ from harness.analysis.headline import PAGED
 from harness.analysis.records import RunRecord
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import EngineFigures, Summary
-from harness.views.capacity_section import bound_sentence, capacity_sentence, evidence_sentence, headline_sentence
+from harness.views.capacity_section import bound_lines, capacity_sentence, headline_sentence
 from harness.views.glance import glance
-from harness.views.html import ESC, fmt, link, mib, section, table
+from harness.views.html import details, fmt, link, mib, section, table
 
 RUNBOOK = {
     "capacity": "capacity: the live tokens did not fit; reduce max_num_seqs or max_seq_len, quantize the KV cache, "
@@ -67,13 +67,25 @@ def lateness_sentence(summary: Summary, ttft_limit_s: float) -> str | None:
             f"load generator's lateness p99 {words}")
     if late[worst] > LATE_SHARE * ttft_limit_s:
         return (f"WARNING: the load generator fell behind its schedule: lateness p99 {1000 * late[worst]:.0f} ms "
-                f"for {worst}, over {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit; the SLO verdicts "
-                "still count that wait (latency is timed from the due time), but the offered rate was not offered "
-                "on time. " + line + ".")
+                f"for {worst}, over {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit: the rate was not "
+                "offered on time (the wait still counts against the engine). " + line + ".")
     return line + f", under {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit."
 
 
+def lateness_parts(summary: Summary, meta: RunRecord) -> tuple[str | None, str | None]:
+    """The lateness sentence cut in two: its warning (the verdict's, where the load generator fell behind) and
+    how latency is timed (the table's method)."""
+    cfg = meta.config
+    late = lateness_sentence(summary, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
+    if late is None or not late.startswith("WARNING"):
+        return None, late
+    warning, how = late.split(" Latency is timed", 1)
+    return warning, "Latency is timed" + how
+
+
 def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -> list[str]:
+    """The answer in short sentences, each linking to its evidence; how each figure was measured is folded under
+    the figure it explains (the verdict table's, the capacity section's)."""
     engines = summary.engines
     if not engines:
         return ["No engine produced a result in this run."]
@@ -84,15 +96,15 @@ def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -
         if summary.headline:
             out.append(link("capacity", headline_sentence(summary)))
         out.append(link("capacity", capacity_sentence(summary)))
-        if summary.headline:
-            out.append(link("capacity", evidence_sentence(summary)))
-        if any(c.has("bound") for c in summary.capacity.values()):
-            out.append(link("capacity", bound_sentence(summary)))
+        if any(c.has("bound") for c in summary.capacity.values()):  # a short line each, under one lead
+            head, parts = bound_lines(summary)
+            out.append(link("capacity", head) + "<ul>" + "".join(f"<li>{link('capacity', x)}</li>" for x in parts)
+                       + "</ul>")
     else:  # one offered rate: goodput at it is the measure of what memory bought
         out.append(link("verdict-table", goodput_sentence(summary)))
-    late = lateness_sentence(summary, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
-    if late:
-        out.append(link("latency", late))
+    warning, _ = lateness_parts(summary, meta)
+    if warning:  # a calm clock is how it was measured: under the table
+        out.append(link("latency", warning))
     held = ", ".join(f"{e} {fmt(engines[e].mean_running)} (max {fmt(engines[e].max_running)})"
                      for e in sorted(engines, key=lambda e: -(engines[e].mean_running or 0)))
     out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))
@@ -167,8 +179,10 @@ def verdict(summary: Summary, meta: RunRecord, events: pd.DataFrame | None = Non
            "averages of /stats samples at 10 Hz over the KV capacity while requests arrive. Cancel release: "
            "disconnect noticed to KV freed, timed inside the server. Unfinished: still queued or running when the "
            "run's grace period ended.")
+    _, late = lateness_parts(summary, meta)
     sentences = verdict_sentences(summary, events if events is not None else pd.DataFrame(), meta)
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in sentences) + "</ul>"
-    return section("verdict", "Verdict", "The picture, then the sentences, then the table; how each was measured "
-                   "is under the table.", glance(summary) + words + f"<div id='verdict-table'>{table(header, rows)}"
-                   f"</div><p class='how'>{ESC(how)}</p>")
+    return section("verdict", "Verdict", "The picture, the answer in a few sentences, then the figures per engine; "
+                   "how each was measured is folded under it.", glance(summary) + words +
+                   f"<div id='verdict-table'>{table(header, rows)}</div>"
+                   + details("How these figures were measured", how, late))

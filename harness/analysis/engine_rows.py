@@ -1,0 +1,114 @@
+"""The per-engine table, one typed row per engine, read from the typed Summary (the object the console's `decision:`
+line reads): the bench console's table (harness/views/engine_table.py), `report --format csv|json` and the
+engines.csv every finalize writes beside summary.json are each a rendering of these rows, so none can disagree.
+Column names carry their units (`ttft_p50_s`, `sustained_rps`); the console shows milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from harness.analysis.summary_records import Summary
+
+ENGINES_CSV = "engines.csv"  # beside summary.json in every run's folder
+REQUESTS_CSV = "requests.csv"  # `report --format csv`: the per-request table (requests.parquet's rows)
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine's answer: its sustained rate at the SLO (a sweep's; None in a run at one rate), what bound it, and
+    what it served, failed and how fast."""
+
+    engine: str
+    sustained_rps: float | None  # the highest offered rate within the SLO
+    sustained_lo_rps: float | None  # its 90 % interval (grid.py's names)
+    sustained_hi_rps: float | None
+    sustained_where: str | None  # within the rates measured; beyond (a lower bound); below (under the lowest)
+    bound: str | None  # what bound it at its knee: memory, compute or failures
+    served_rps: float | None  # requests completed per second of judged arrivals
+    goodput_rps: float | None  # of those, the ones within the SLO
+    oom_capacity: int | None  # failed KV allocations: free < requested (None: a target's metrics do not say)
+    oom_fragmentation: int | None  # free >= requested, no extent fits
+    failed_requests: int  # sent and not served: OOM'd, rejected, errors, crashed (unfinished at the end apart)
+    unfinished_requests: int  # still queued or running when the run's grace period ended
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    output_tokens_per_s: float | None
+
+    @property
+    def ooms(self) -> int | None:
+        known = [n for n in (self.oom_capacity, self.oom_fragmentation) if n is not None]
+        return sum(known) if known else None
+
+
+COLUMNS = tuple(f.name for f in fields(EngineRow))
+
+
+def number(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def count(v) -> int | None:
+    return None if v is None else int(v)
+
+
+def engine_rows(summary: Summary) -> list[EngineRow]:
+    """Every engine the summary has figures or a capacity block for, highest sustained rate first (engines
+    without one after, in the run's order)."""
+    names = list(dict.fromkeys([*summary.engines, *summary.capacity]))
+    cap = summary.capacity
+    names.sort(key=lambda e: -(cap[e].sustained_rps if e in cap else -1.0))
+    rows = []
+    for e in names:
+        s, c = summary.engines.get(e), cap.get(e)
+        ci = c.sustained_rps_ci if c is not None and c.sustained_rps_ci else None
+        failed = 0 if s is None else int(s.requests_oom + s.requests_rejected + s.requests_error
+                                         + s.requests_crashed)
+        rows.append(EngineRow(
+            engine=e, sustained_rps=number(c.sustained_rps) if c else None,
+            sustained_lo_rps=number(ci[0]) if ci else None, sustained_hi_rps=number(ci[1]) if ci else None,
+            sustained_where=c.sustained_where if c else None, bound=c.bound if c else None,
+            served_rps=number(s.requests_per_s) if s else None,
+            goodput_rps=number(s.goodput_requests_per_s) if s else None,
+            oom_capacity=count(s.oom_capacity) if s else None,
+            oom_fragmentation=count(s.oom_fragmentation) if s else None,
+            failed_requests=failed, unfinished_requests=int(s.requests_unfinished) if s else 0,
+            ttft_p50_s=number(s.ttft_p50_s) if s else None, ttft_p90_s=number(s.ttft_p90_s) if s else None,
+            tpot_p50_s=number(s.tpot_p50_s) if s else None, tpot_p90_s=number(s.tpot_p90_s) if s else None,
+            output_tokens_per_s=number(s.output_tokens_per_s) if s else None))
+    return rows
+
+
+def engines_frame(summary: Summary) -> pd.DataFrame:
+    """The rows as a frame, one column per field (its unit in its name), in the order the fields are declared."""
+    return pd.DataFrame([asdict(r) for r in engine_rows(summary)], columns=list(COLUMNS))
+
+
+def write_engines_csv(folder: Path, summary: Summary) -> Path:
+    path = folder / ENGINES_CSV
+    tmp = path.with_suffix(".csv.tmp")
+    engines_frame(summary).to_csv(tmp, index=False)
+    tmp.replace(path)  # whole or not at all, as summary.json is
+    return path
+
+
+FORMATS = ("csv", "json")
+
+
+def export_tables(run_dir: Path, summary: Summary, out: Path, kind: str) -> list[Path]:
+    """The per-request table (requests.parquet's rows, as finalize wrote them) and the per-engine table, as CSV
+    (requests.csv, engines.csv) or JSON (requests.json, engines.json: a list of records each), under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    engines = engines_frame(summary)
+    paths = [out / f"requests.{kind}", out / f"engines.{kind}"]
+    for frame, path in zip((requests, engines), paths, strict=True):
+        if kind == "csv":
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_json(path, orient="records", indent=1)
+    return paths

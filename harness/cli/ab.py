@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, usage_errors
+from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 
@@ -25,11 +25,11 @@ def register(sub) -> None:
     add_sides(ab)
     ab.add_argument("--engines", default="paged,static-oracle",
                     help="engines measured, comma-separated (default: %(default)s, the headline pair)")
-    ab.add_argument("--time", type=float, default=1800.0, metavar="S",
+    ab.add_argument("--time", type=positive_float, default=1800.0, metavar="S",
                     help="seconds of measurement, all turns together (default: %(default)g; each turn half of it, "
                          "at least 150 s a server, so two turns, ABBA, which run even where they overrun it; more "
                          "while a figure is INCONCLUSIVE and time remains)")
-    ab.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
+    ab.add_argument("--threshold", type=nonneg_float, default=10.0, metavar="PCT",
                     help="a figure FAILs when its 90 %% interval of NEW / BASE lies wholly past 1 -+ PCT %% on the "
                          "worse side, PASSes inside 1 +- PCT %% (default: %(default)g, as compare's)")
     ab.add_argument("--out", default="results/ab", metavar="DIR",

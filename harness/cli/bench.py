@@ -11,9 +11,12 @@ from engines.registry import described, entry, listing, memory_refusal
 from engines.shapes import load_shape
 from harness.cli.args import (
     UsageError,
+    above_one,
     add_api_flag,
     device_of,
     model_dir,
+    nonneg_float,
+    positive_float,
     positive_int,
     usage_errors,
     workload_checked,
@@ -36,9 +39,9 @@ def register(sub) -> None:
     add_kv_budget(bench, "16MiB", "bytes of KV cache every engine gets")
     add_kv_budgets(bench, "run every engine's knee search at each of these KV budgets (the first is the run's own); "
                           "the report draws sustained rate against budget")
-    bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
-    bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
-    bench.add_argument("--warmup", type=float,
+    bench.add_argument("--duration", type=positive_float, default=45.0, help="seconds of churn per engine")
+    bench.add_argument("--grace", type=nonneg_float, default=20.0, help="seconds in-flight requests may finish")
+    bench.add_argument("--warmup", type=nonneg_float,
                        help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
     bench.add_argument("--max-seq-len", type=positive_int, default=2048,
                        help="tokens per sequence (prompt + output) every engine admits; longer trace rows are cut")
@@ -66,33 +69,33 @@ def register(sub) -> None:
                        help="a target's Prometheus metrics where they are not at URL/metrics (repeatable)")
     bench.add_argument("--api-key", help="the targets' API key (sent as a bearer token)")
     add_api_flag(bench)
-    bench.add_argument("--kill-after", type=float,
+    bench.add_argument("--kill-after", type=positive_float,
                        help="fault injection: SIGKILL each engine this many seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2' "
                             "(repeatable)")
     sweep = sweep_group(bench, "engine", points=8)
-    sweep.add_argument("--time", type=float, default=900.0, metavar="SECONDS",
+    sweep.add_argument("--time", type=positive_float, default=900.0, metavar="SECONDS",
                        help="the whole bench's time budget in seconds (default 900): every engine's set-up and knee "
                             "search, then the decision phase; the design's rules share it out (report: Capacity)")
-    sweep.add_argument("--precision", type=float, default=1.5,
+    sweep.add_argument("--precision", type=above_one, default=1.5,
                        help="the headline ratio's 90 %% interval asked, as hi / lo (default 1.5): the decision phase "
                             "measures until the interval is this narrow (each engine on enough points), or the time "
                             "is spent; whether it excludes 1.0 does not stop it")
-    sweep.add_argument("--point-duration", type=float, default=None,
+    sweep.add_argument("--point-duration", type=positive_float, default=None,
                        help="seconds of judged arrivals per point, at least (default: none in a search; 20 s a rate "
                             "with --rates)")
     sweep.add_argument("--point-requests", type=positive_int, default=None,
                        help="judged requests per point, at least (default: the fewest that tell a point from the "
                             "attainment target, 25 at 90 %%; 1 with --rates)")
-    sweep.add_argument("--search-time", type=float, default=None,
+    sweep.add_argument("--search-time", type=positive_float, default=None,
                        help="seconds one engine's knee search may spend per budget, at most (default: its share of "
                             "--time)")
-    sweep.add_argument("--knee-tolerance", type=float, default=None,
+    sweep.add_argument("--knee-tolerance", type=positive_float, default=None,
                        help="bisect each bracket until the lowest failing rate is within 1 + this of the passing one "
                             "(default: none: each search brackets its knee and stops; the knee is fitted from every "
                             "point)")
-    sweep.add_argument("--calibrate-duration", type=float, default=12.0,
+    sweep.add_argument("--calibrate-duration", type=positive_float, default=12.0,
                        help="seconds per calibration window (default 12)")
     bench.set_defaults(func=run)
 

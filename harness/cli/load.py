@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, workload_checked
+from harness.cli.args import UsageError, add_api_flag, http_url, positive_float, positive_int, workload_checked
 
 
 def register(sub) -> None:
     load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
     load.add_argument("--target", help="the server's base URL, e.g. http://127.0.0.1:8000 (needed but by --worker)")
     load.add_argument("--workload", help="a workload name or a spec's YAML path (needed but by --worker)")
-    load.add_argument("--duration", type=float, default=60.0, help="seconds of the trace's arrivals replayed")
+    load.add_argument("--duration", type=positive_float, default=60.0, help="seconds of the trace's arrivals replayed")
     load.add_argument("--workers", type=positive_int, default=1,
                       help="load-generator processes on this machine, sharing the trace")
     load.add_argument("--out", default="results/load", help="directory requests.jsonl and requests.parquet go to")
@@ -32,7 +32,7 @@ def register(sub) -> None:
                         help="HOST:PORT the master listens on (its workers may be on other machines)")
     spread.add_argument("--worker", action="store_true", help="take a share of a master's trace")
     spread.add_argument("--master-host", default="127.0.0.1:5557", help="HOST[:PORT] of the master")
-    spread.add_argument("--connect-timeout", type=float, default=30.0,
+    spread.add_argument("--connect-timeout", type=positive_float, default=30.0,
                         help="seconds a worker waits for its master, and a master for its workers")
     load.set_defaults(func=run)
 

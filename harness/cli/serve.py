@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engines import SERVED
 from engines.registry import Kind, described, entry
-from harness.cli.args import UsageError, device_of, number_in, positive_int, usage_errors
+from harness.cli.args import UsageError, device_of, number_in, port_arg, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
@@ -15,7 +15,7 @@ def register(sub) -> None:
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine", epilog=described())
     add_engine_flags(srv, SERVED)
     srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
-    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--port", type=port_arg, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: none, open)")
     srv.add_argument("--served-model-name", help="the model id /v1/models answers (default: --model as given, as "
                                                    "vLLM does)")

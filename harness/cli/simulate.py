@@ -63,7 +63,8 @@ def register(sub) -> None:
     sim.add_argument("--report", metavar="FILE",
                      help="write an HTML page with the breakdown over time to FILE; with several --alloc-conf, a page "
                           "per setting, its name before FILE's suffix (default: none)")
-    sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
+    sim.add_argument("--jobs", type=positive_int,
+                     help="simulations run at once, one process each (default: every core)")
     grid = sim.add_argument_group("configuration grid (docs/simulate.md)")
     grid.add_argument("--grid", metavar="GRID.yaml",
                       help="simulate the product of the file's models, GPUs, budgets, policies, block sizes, "

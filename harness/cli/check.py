@@ -65,7 +65,30 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
+        print(verdict_line(result["questions"]))
         print(f"fragbench check {result['target']} (metrics: {result['metrics_found']})")
         for q in result["questions"]:
-            print(f"{q['id']}. [{q['status']}] {q['question']}\n   answer: {q['answer']}\n   {q['evidence']}")
+            print(f"{q['id']}. [{q['status']}] {q['question']}\n   answer: {said(q['answer'])}\n   {q['evidence']}")
     return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0
+
+
+def verdict_line(questions: list[dict]) -> str:
+    """The answer first: FAIL where any question failed (the exit code's rule), else WARN where any warned, else
+    PASS; and how many of each."""
+    counts = {status: sum(q["status"] == status for q in questions) for status in ("FAIL", "WARN", "PASS", "UNKNOWN")}
+    overall = next((s for s in ("FAIL", "WARN") if counts[s]), "PASS")
+    return f"verdict: {overall} ({', '.join(f'{n} {s}' for s, n in counts.items() if n)} of {len(questions)} questions)"
+
+
+def said(answer: object) -> str:
+    """An answer in words, never a Python repr: a record as `name value` pairs, a list comma-separated, none as
+    "none"."""
+    if answer is None:
+        return "none"
+    if isinstance(answer, dict):
+        return ", ".join(f"{key.replace('_', ' ')} {said(value)}" for key, value in answer.items())
+    if isinstance(answer, list | tuple):
+        return "[" + ", ".join(said(x) for x in answer) + "]"
+    if isinstance(answer, float):
+        return f"{answer:g}"
+    return str(answer)

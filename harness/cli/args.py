@@ -4,6 +4,7 @@ module's own error (a missing model, an unknown workload) into that one line."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,6 +131,19 @@ def http_url(flag: str, text: str) -> str:
     if url.scheme not in ("http", "https") or not url.hostname:
         raise UsageError(f"{flag} must be an http URL, not {text!r}")
     return text
+
+
+def user_path(text: str | Path) -> Path:
+    """A path the user typed, absolute against the folder they stand in: the children fragbench starts (servers, the
+    load generator, a tree's run) run in the install's folder, where a relative path would name another file."""
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def user_workload(name: str) -> str:
+    """A workload as the user named it: a preset's name as it is, a file's path made absolute (user_path)."""
+    from workloads.spec import preset_names  # imported when a verb calls this: `fragbench --help` loads no yaml
+
+    return name if name in preset_names() or not Path(name).exists() else str(user_path(name))
 
 
 def model_dir(path: str, why: str = "no config.json") -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
+import sys
 
 from engines import SERVED, UnknownName, pick
 from engines.registry import described, entry, listing, memory_refusal
@@ -19,6 +19,8 @@ from harness.cli.args import (
     positive_float,
     positive_int,
     usage_errors,
+    user_path,
+    user_workload,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
@@ -142,6 +144,8 @@ def config(args: argparse.Namespace):
     # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.run.targets import TargetRefused, open_targets
 
+    # the user's paths, absolute before anything is spawned: servers and the load generator run in the install's folder
+    args.model, args.workload = str(user_path(args.model)), user_workload(args.workload)
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
@@ -165,8 +169,8 @@ def config(args: argparse.Namespace):
     from harness.run.bench import BenchConfig  # after the checks: a refusal need not load torch and the harness
 
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
-                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
-                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
+                       duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed,
+                       max_seq_len=args.max_seq_len, threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
                        kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
                        warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
@@ -188,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
-    report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
+    if bench.failure is not None:  # measured nothing: nonzero, and why in one line (the run's folder keeps the logs)
+        print(f"fragbench: error: the run measured nothing: {bench.failure} (run: {run_dir})", file=sys.stderr)
+        return 1
+    report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
     print(f"results: {run_dir}\nreport:  {report}")
     return 0

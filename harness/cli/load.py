@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from harness.cli.args import UsageError, add_api_flag, http_url, positive_float, positive_int, workload_checked
+from harness.cli.args import (
+    UsageError,
+    add_api_flag,
+    http_url,
+    positive_float,
+    positive_int,
+    user_path,
+    user_workload,
+    workload_checked,
+)
+from harness.fetch import SERVER_PATHS, bearer, server_answers
 
 
 def register(sub) -> None:
@@ -45,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
         return run_loadgen(worker_argv(args.master_host, args.connect_timeout))
     if not args.target or not args.workload:
         raise UsageError("load needs --target and --workload (a --worker takes them from its master)")
-    http_url("--target", args.target)
-    workload_checked(args.workload)  # fail here, not in the child
-    return run_loadgen(LoadArgs(target=args.target, workload=args.workload, out=Path(args.out),
+    target = http_url("--target", args.target).rstrip("/")
+    workload = user_workload(args.workload)
+    workload_checked(workload)  # fail here, not in the child
+    if not server_answers(target, bearer(args.api_key)):  # before the run, as check does: not N requests of errors
+        raise UsageError(f"--target {target} does not answer (tried {' and '.join(SERVER_PATHS)})")
+    return run_loadgen(LoadArgs(target=target, workload=workload, out=user_path(args.out),
                                 duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,
                                 vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,
                                 workers=args.expect_workers if args.master else args.workers,

@@ -29,7 +29,7 @@ from locust.env import Environment  # noqa: E402
 
 from engines.percentile import percentile  # noqa: E402
 from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
-from harness.results import Journal, read_journals, request_row, to_parquet  # noqa: E402
+from harness.results import Journal, measured_nothing, read_journals, request_row, to_parquet  # noqa: E402
 from workloads.generate import at_rate, trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
 from workloads.schedule import ScheduleReader  # noqa: E402
@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                                                "seed": args.seed, "duration_s": args.duration,
                                                "workers": args.expect_workers if args.master else args.workers,
                                                "t0": args.t0}) + "\n")
+    if why := measured_nothing(df):  # a load that measured nothing is a failure, not a run of zeros
+        print(f"fragbench: error: {args.target}: {why}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

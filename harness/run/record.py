@@ -114,6 +114,12 @@ class RunWriter:
         self.meta["bench_s"] = round(time.time() - started, 1)
         self.write()
 
+    def failed(self, why: str) -> None:
+        """The run measured nothing (no engine started, every request failed): said in run.json, not "complete"."""
+        self.meta["status"] = "failed"
+        self.meta["failure"] = why
+        self.write()
+
     # -- run.json, written with the next write
     def setup_s(self, engine: str, seconds: float) -> None:
         self.meta.setdefault("setup_s", {})[engine] = round(seconds, 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
+from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors, user_path
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 
@@ -73,7 +73,8 @@ def checked(args: argparse.Namespace):
         raise UsageError(f"--threshold is a percentage between 0 and 100, not {args.threshold:g}")
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (run `make model`)")
-    return ABPlan(engines, args.time, args.threshold / 100, Path(args.out), args.model,
+    # the user's paths absolute: each build's servers and benches run in their trees' folders
+    return ABPlan(engines, args.time, args.threshold / 100, user_path(args.out), str(user_path(args.model)),
                   str(args.kv_budget.bytes), new_args(args.new_engine_args))
 
 

@@ -132,7 +132,7 @@ def test_every_flag_of_every_verb_explains_itself_with_its_default():
             if isinstance(action, argparse._SubParsersAction):
                 for verb, sub in action.choices.items():
                     yield from walk(sub, f"{name} {verb}")
-            elif not isinstance(action, argparse._HelpAction):
+            elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
                 yield name, action
 
     formatter = DefaultsFormatter("fragbench")

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors, user_path
+from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
+from harness.cli.user_paths import user_path
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 

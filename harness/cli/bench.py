@@ -19,13 +19,12 @@ from harness.cli.args import (
     positive_float,
     positive_int,
     usage_errors,
-    user_path,
-    user_workload,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
+from harness.cli.user_paths import user_path, user_workload
 from harness.units import KvBudget
 
 

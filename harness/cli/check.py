@@ -10,8 +10,6 @@ from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
     add_api_flag,
-    add_gpu_flags,
-    gpu_of,
     http_url,
     nonneg_float,
     positive_float,
@@ -20,6 +18,7 @@ from harness.cli.args import (
     usage_errors,
     workload_checked,
 )
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
 def register(sub) -> None:

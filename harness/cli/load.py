@@ -10,10 +10,9 @@ from harness.cli.args import (
     http_url,
     positive_float,
     positive_int,
-    user_path,
-    user_workload,
     workload_checked,
 )
+from harness.cli.user_paths import user_path, user_workload
 from harness.fetch import SERVER_PATHS, bearer, server_answers
 
 

@@ -7,7 +7,8 @@ import json
 import sys
 
 from engines.shapes import DTYPE_BYTES
-from harness.cli.args import add_gpu_flags, fraction_arg, gpu_of, positive_int, shape_of, trace_of
+from harness.cli.args import fraction_arg, positive_int, shape_of, trace_of
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
 def register(sub) -> None:

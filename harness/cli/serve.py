@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engines import SERVED
 from engines.registry import Kind, described, entry
-from engines.shapes import DTYPE_BYTES
+from engines.shapes import DTYPE_BYTES, load_shape
 from harness.cli.args import UsageError, device_of, model_dir, number_in, port_arg, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
@@ -119,8 +119,6 @@ def port_free(host: str, port: int) -> None:
 def budget_fits(args: argparse.Namespace) -> None:
     """The KV budget holds one max-length sequence by the engine's own rule, read from the model's config.json (the
     factory checks it again on the loaded model, whose dtype is the weights')."""
-    from engines.shapes import load_shape
-
     model_dir(args.model)
     shape = load_shape(args.model)
     max_seq_len = args.max_seq_len or shape.max_seq_len

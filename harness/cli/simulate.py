@@ -12,15 +12,14 @@ from engines.registry import described, entry, listing, policies
 from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
-    add_gpu_flags,
     fraction_arg,
-    gpu_of,
     positive_int,
     shape_of,
     usage_errors,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 

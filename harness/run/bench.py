@@ -39,6 +39,8 @@ from harness.units import KvBudget
 from workloads.spec import load_spec
 from workloads.streams import Streams, dispersion
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 class Bench:
     """One bench run: its engines one after another. It builds the run's pieces and hands each the ones it

@@ -207,6 +207,38 @@ def test_a_bench_where_no_engine_started_exits_1_with_the_servers_own_line(tiny_
     assert not (here / "reports").exists()  # no report of nothing
 
 
+class FailingVllm(FailingServer):
+    """An OpenAI model list and vLLM's metrics page (a target bench accepts), every completion a 500."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/metrics":
+            body = (ROOT / "tests" / "fixtures" / "metrics" / "vllm.txt").read_bytes()
+        elif self.path in ("/v1/models", "/health"):
+            body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+        else:
+            return super().do_GET()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_bench_whose_every_request_failed_exits_1(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = run_cli("bench", "--engines", "", "--target", f"t=http://127.0.0.1:{server.server_address[1]}",
+                    "--duration", "3", "--grace", "1", "--out", str(tmp_path), "--reports", str(tmp_path / "rep"),
+                    "--run-id", "r")
+    finally:
+        server.shutdown()
+    assert r.returncode == 1, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("fragbench: error: the run measured nothing: t: all ") and "broken on purpose" in last
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert meta["status"] == "failed" and "requests failed" in meta["failure"]
+    assert meta["targets"]["t"]["network_rtt_s"] > 0  # measured before the run
+
+
 # -- workloads: the file, the line, the field
 SPEC = ("name: x\narrival:\n  process: poisson\n  rate: {rate}\nclasses: [{{name: a, weight: 1, prompt: {{dist: fixed, "
         "value: 4}}, output: {{dist: fixed, value: 4}}}}]\n")

@@ -66,6 +66,14 @@ def test_a_bad_number_is_refused_in_one_line_naming_its_flag(args, flag):
     assert f"argument {flag}:" in line and "expected one argument" not in line, line
 
 
+@pytest.mark.parametrize("args, words", [
+    (("bench", "--engines", "paged", "--engine-args", 'paged=--oops "'), "No closing quotation"),
+    (("model", "build", "--preset", "tiny-llama", "--out", "/proc/no/such"), "cannot make the directory"),
+])
+def test_other_bad_input_is_one_line(args, words):
+    assert words in one_line(run_cli(*args))
+
+
 def test_a_gpu_preset_refuses_a_bandwidth_or_peak_of_its_own():
     common = ("simulate", "--model", "llama-2-7b", "--workload", "mixed-churn", "--policy", "paged", "--requests", "5")
     for flag in ("--hbm-bw", "--peak-flops"):

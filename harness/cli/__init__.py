@@ -24,7 +24,7 @@ from harness.cli import (
     simulate,
     workload,
 )
-from harness.cli.args import Parser, UsageError
+from harness.cli.args import MeasuredNothing, Parser, UsageError
 
 VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
          allocator, memory_gate, ab)
@@ -58,5 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"fragbench: error: {e}", file=sys.stderr)
         return 2
+    except MeasuredNothing as e:
+        print(f"fragbench: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

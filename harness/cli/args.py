@@ -17,6 +17,10 @@ class UsageError(Exception):
     """Bad flags, files or values: one line, exit 2."""
 
 
+class MeasuredNothing(Exception):
+    """A run that measured nothing (no engine started, every request failed): one line, exit 1."""
+
+
 class DefaultsFormatter(argparse.HelpFormatter):
     """Every flag's help ends with its default, unless the help already says it (a size or a rule reads
     better in words than as argparse's value)."""

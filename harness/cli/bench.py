@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from engines import SERVED, UnknownName, pick
 from engines.registry import described, entry, listing, memory_refusal
 from engines.shapes import load_shape
 from harness.cli.args import (
+    MeasuredNothing,
     UsageError,
     above_one,
     add_api_flag,
@@ -107,7 +107,10 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
         engine, sep, rest = pair.partition("=")
         if not sep or engine not in engines:
             raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
-        out.setdefault(engine, []).extend(shlex.split(rest))
+        try:
+            out.setdefault(engine, []).extend(shlex.split(rest))
+        except ValueError as e:  # an unclosed quote: shlex's words, on the flag's line
+            raise UsageError(f"--engine-args {pair!r}: {e}") from None
     return out
 
 
@@ -143,8 +146,7 @@ def config(args: argparse.Namespace):
     # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.run.targets import TargetRefused, open_targets
 
-    # the user's paths, absolute before anything is spawned: servers and the load generator run in the install's folder
-    args.model, args.workload = str(user_path(args.model)), user_workload(args.workload)
+    args.model, args.workload = str(user_path(args.model)), user_workload(args.workload)  # servers run elsewhere
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
@@ -191,9 +193,8 @@ def run(args: argparse.Namespace) -> int:
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
-    if bench.failure is not None:  # measured nothing: nonzero, and why in one line (the run's folder keeps the logs)
-        print(f"fragbench: error: the run measured nothing: {bench.failure} (run: {run_dir})", file=sys.stderr)
-        return 1
+    if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)
+        raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
     report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
     print(f"results: {run_dir}\nreport:  {report}")
     return 0

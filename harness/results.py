@@ -95,7 +95,7 @@ def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
     return df[COLUMNS[kind] + [c for c in df.columns if c not in COLUMNS[kind]]]
 
 
-FAILED_STATUSES = ("error", "rejected")  # nothing measured: the request got no answer, or an error status
+FAILED_STATUSES = ("error", "rejected", "crashed")  # no answer, an error status, or lost to a server's crash
 
 
 def measured_nothing(requests: pd.DataFrame) -> str | None:

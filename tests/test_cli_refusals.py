@@ -191,7 +191,7 @@ def test_measured_nothing_tells_failures_from_answers():
         return pd.DataFrame({"status": list(statuses), "error": ["boom" if s == "error" else None for s in statuses]})
 
     assert measured_nothing(frame()) == "no request was sent"
-    assert measured_nothing(frame("error", "rejected")) == "all 2 requests failed: the first said boom"
+    assert measured_nothing(frame("error", "rejected", "crashed")) == "all 3 requests failed: the first said boom"
     for answered in ("ok", "oom", "cancelled"):  # an OOM or a cancel is what a run measures
         assert measured_nothing(frame("error", answered)) is None
 
@@ -211,6 +211,7 @@ def test_a_bench_where_no_engine_started_exits_1_with_the_servers_own_line(tiny_
     assert "Traceback" not in r.stderr
     meta = json.loads((here / "out" / "r" / "run.json").read_text())
     assert meta["status"] == "failed" and "--bogus-flag" in meta["failure"]
+    assert json.loads((here / "out" / "r" / "summary.json").read_text())["status"] == "failed"
     assert meta["config"]["model"] == str(here / "m")  # absolute: the server runs in the install's folder
     assert not (here / "reports").exists()  # no report of nothing
 
@@ -244,6 +245,7 @@ def test_a_bench_whose_every_request_failed_exits_1(tmp_path):
     assert last.startswith("fragbench: error: the run measured nothing: t: all ") and "broken on purpose" in last
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert meta["status"] == "failed" and "requests failed" in meta["failure"]
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "failed"
     assert meta["targets"]["t"]["network_rtt_s"] > 0  # measured before the run
 
 

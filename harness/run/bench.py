@@ -9,13 +9,13 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from pathlib import Path
 
-from pandas import read_parquet
 from rich.console import Console as RichConsole
 
 from engines.procs import free_port
 from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
+from harness.analysis.rundir import request_rows
 from harness.analysis.steady import fewest_to_pass
 from harness.analysis.summary import finalize
 from harness.results import Journal, measured_nothing
@@ -93,15 +93,12 @@ class Bench:
             self.record.speed_probe("end")
         run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console.rich),  # --compare-alloc-conf
                      self.console.plain)
-        self.record.complete(self.clock.started)
+        self.failure = self.measured_nothing()  # before the summary: its status says so too
+        self.record.complete(self.clock.started, self.failure)
         if self.cfg.sweep and self.started:
             self.console.plain("simulating the run's twin")
         summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep and self.started else None)  # whole, once
-        if self.failure is None:
-            self.failure = self.measured_nothing()
-        if self.failure is not None:
-            self.record.failed(self.failure)
-        elif self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's own headline
+        if self.failure is None and self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's headline
             self.console.say(decision_line(summary.headline, "as summary.json and the report say"))
         return self.dir
 
@@ -109,7 +106,7 @@ class Bench:
         """Why the run measured nothing (no engine's server started, or every request failed), or None."""
         if not self.started:
             return "no engine started: " + "; ".join(self.unstarted.values()) if self.unstarted else "no engine ran"
-        why = measured_nothing(read_parquet(self.dir / "requests.parquet"))
+        why = measured_nothing(request_rows(self.dir))
         return f"{', '.join(sorted(self.started))}: {why}" if why else None
 
     def order(self) -> list[str]:

@@ -206,8 +206,8 @@ def test_a_bench_where_no_engine_started_exits_1_with_the_servers_own_line(tiny_
                "--duration", "2", "--grace", "1", "--out", "out", "--reports", "reports", "--run-id", "r")
     assert r.returncode == 1, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("fragbench: error: the run measured nothing: no engine started: paged server exited "
-                           "with 2:") and "unrecognized arguments: --bogus-flag" in last, last
+    assert last == ("fragbench: error: the run measured nothing: no engine started: paged server exited with 2: "
+                    f"unrecognized arguments: --bogus-flag (run: {here / 'out' / 'r'})"), last
     assert "Traceback" not in r.stderr
     meta = json.loads((here / "out" / "r" / "run.json").read_text())
     assert meta["status"] == "failed" and "--bogus-flag" in meta["failure"]

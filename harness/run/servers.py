@@ -71,7 +71,8 @@ def start_server(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:  # its own last words (serve's one-line error), not an earlier server's
-            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {tail(log_path, since=since)}")
+            said = tail(log_path, since=since).removeprefix("fragbench: error: ")
+            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {said}")
         with open(log_path, "rb") as f:
             f.seek(since)
             m = READY.search(f.read().decode(errors="replace"))

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     target = http_url("--target", args.target).rstrip("/")
     workload = user_workload(args.workload)
     workload_checked(workload)  # fail here, not in the child
-    if not server_answers(target, bearer(args.api_key)):  # before the run, as check does: not N requests of errors
+    # before the run, as check does: not N requests of errors (a master's workers, maybe elsewhere, send the load)
+    if not args.master and not server_answers(target, bearer(args.api_key)):
         raise UsageError(f"--target {target} does not answer (tried {' and '.join(SERVER_PATHS)})")
     return run_loadgen(LoadArgs(target=target, workload=workload, out=user_path(args.out),
                                 duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,

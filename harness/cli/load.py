@@ -17,7 +17,8 @@ from harness.fetch import SERVER_PATHS, bearer, server_answers
 
 
 def register(sub) -> None:
-    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
+    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process; exit 1: "
+                                     "every request failed)")
     load.add_argument("--target", help="the server's base URL, e.g. http://127.0.0.1:8000 (needed but by --worker)")
     load.add_argument("--workload", help="a workload name or a spec's YAML path (needed but by --worker)")
     load.add_argument("--duration", type=positive_float, default=60.0, help="seconds of the trace's arrivals replayed")

@@ -12,7 +12,7 @@ from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
 def register(sub) -> None:
-    plan = sub.add_parser("plan", help="capacity plan for a model on a GPU")
+    plan = sub.add_parser("plan", help="capacity plan for a model on a GPU (exit 1: it does not fit)")
     plan.add_argument("--model", required=True, help="preset name or model directory")
     add_gpu_flags(plan, required=True)
     plan.add_argument("--gpu-util", type=fraction_arg, default=0.9,

@@ -29,8 +29,8 @@ from harness.units import KvBudget
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report (1: none measured)",
-                           epilog=described())
+    bench = sub.add_parser("bench", epilog=described(),
+                           help="every engine under the same churn, memory sampled, report (exit 1: nothing measured)")
     bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
                        help=f"engines to run, comma-separated, one after another on the same traffic ({listing()}); "
                             "\"\" runs --target alone")

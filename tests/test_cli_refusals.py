@@ -320,3 +320,20 @@ def test_revisions_come_from_the_repository_the_user_stands_in(tmp_path, monkeyp
     assert trees.trees_dir() == other.resolve() / ".ab" / "trees"
     monkeypatch.chdir(tmp_path)  # no repository here: the install's checkout
     assert trees.repository() == trees.ROOT
+
+
+def test_a_specs_trace_path_is_read_beside_the_spec(tmp_path, monkeypatch):
+    """A spec's relative trace path names the file beside the spec, wherever the reader stands (the load generator
+    runs in the install's folder)."""
+    from workloads.generate import trace
+    from workloads.spec import load_spec
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,12,4\n"
+                                  "2023-11-16 18:15:47.5,20,6\n")
+    (folder / "w.yaml").write_text("name: w\narrival: {process: trace}\ntrace: {path: t.csv}\n")
+    monkeypatch.chdir(tmp_path)  # not the spec's folder
+    spec = load_spec(str(folder / "w.yaml"))
+    assert spec.trace.path == str((folder / "t.csv").resolve())
+    assert trace(spec, 0, 512).requests  # read from beside the spec, not from the working directory

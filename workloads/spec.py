@@ -190,6 +190,26 @@ def _parsed(path: Path, name: str) -> tuple[object, str]:
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
+def _anchored(data, folder: Path):
+    """A spec file's relative trace paths (its `trace.path`, an empirical length's `trace`) made absolute against the
+    spec's own folder where the file is there: the load generator, which reads the spec again, runs in another
+    folder than the user's. Any other path is left as written (the working directory, then the trace folders)."""
+    def anchor(holder: dict, key: str) -> None:
+        value = holder.get(key)
+        if isinstance(value, str) and not Path(value).is_absolute() and (folder / value).is_file():
+            holder[key] = str((folder / value).resolve())
+
+    if not isinstance(data, dict):
+        return data
+    if isinstance(data.get("trace"), dict):
+        anchor(data["trace"], "path")
+    for cls in data.get("classes") or []:
+        for part in ("prompt", "output"):
+            if isinstance(cls, dict) and isinstance(cls.get(part), dict):
+                anchor(cls[part], "trace")
+    return data
+
+
 def load_spec(name: str) -> WorkloadSpec:
     """A preset name, a spec file (YAML, or the same fields as JSON), or a trace file (Azure CSV or Mooncake JSONL,
     either maybe gzipped)."""
@@ -203,7 +223,7 @@ def load_spec(name: str) -> WorkloadSpec:
         if not path.is_file():
             raise SpecError(f"workload spec not found: {name}")
         data, text = _parsed(path, name)
-        return _from_dict(data, name, text)
+        return _from_dict(_anchored(data, path.parent), name, text)
     if path.exists():
         raise SpecError(f"workload {name}: a spec is a .yaml, .yml or .json file, a trace a .csv or .jsonl (or .gz); "
                         f"this file is neither")

@@ -181,6 +181,7 @@ def test_a_load_whose_every_request_failed_exits_1_and_its_paths_follow_the_user
     assert line.startswith(f"fragbench: error: {failing_url}: all ") and "requests failed" in line, line
     rows = pd.read_parquet(here / "out" / "requests.parquet")  # under the user's folder, not the install's
     assert len(rows) and set(rows.status) <= {"rejected", "error"}
+    assert json.loads((here / "out" / "load.json").read_text())["network_rtt_s"] > 0  # measured before the run
     assert not (ROOT / "out").exists()
 
 

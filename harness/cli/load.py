@@ -13,7 +13,7 @@ from harness.cli.args import (
     workload_checked,
 )
 from harness.cli.user_paths import user_path, user_workload
-from harness.fetch import SERVER_PATHS, bearer, server_answers
+from harness.fetch import SERVER_PATHS, bearer, round_trip_s
 
 
 def register(sub) -> None:
@@ -57,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     target = http_url("--target", args.target).rstrip("/")
     workload = user_workload(args.workload)
     workload_checked(workload)  # fail here, not in the child
-    # before the run, as check does: not N requests of errors (a master's workers, maybe elsewhere, send the load)
-    if not args.master and not server_answers(target, bearer(args.api_key)):
+    # before the run, as check does: not N requests of errors (a master's workers, maybe elsewhere, send the load);
+    # its round trip recorded in load.json, so that a remote target's network is told from its serving
+    rtt = None if args.master else round_trip_s(target, bearer(args.api_key))
+    if not args.master and rtt is None:
         raise UsageError(f"--target {target} does not answer (tried {' and '.join(SERVER_PATHS)})")
     return run_loadgen(LoadArgs(target=target, workload=workload, out=user_path(args.out),
                                 duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,
                                 vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,
                                 workers=args.expect_workers if args.master else args.workers,
                                 master_bind=args.master_bind if args.master else None,
-                                connect_timeout_s=args.connect_timeout, api=args.api))
+                                connect_timeout_s=args.connect_timeout, api=args.api, network_rtt_s=rtt))

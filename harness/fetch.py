@@ -9,6 +9,8 @@ answered (another `OSError`: refused, reset, timed out).
 from __future__ import annotations
 
 import json
+import statistics
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -81,4 +83,30 @@ def ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-__all__ = ["HTTPError", "answers", "bearer", "json_or_none", "ok", "request", "stream", "text_or_none"]
+SERVER_PATHS = ("/health", "/v1/models")  # what an OpenAI-compatible server answers without a body (vLLM, SGLang, TGI)
+
+
+def server_answers(base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> bool:
+    """Whether a server answers at base_url: any of SERVER_PATHS, an error status included (it is up, it said no).
+    Every verb that sends load (load, bench, check) asks this first."""
+    return any(answers(f"{base_url}{path}", headers, timeout_s) for path in SERVER_PATHS)
+
+
+def round_trip_s(base_url: str, headers: dict[str, str] | None = None, tries: int = 5,
+                 timeout_s: float = 5.0) -> float | None:
+    """The median seconds of `tries` GETs of the first of SERVER_PATHS that answers: the network's round trip and
+    the server's least work, for telling a remote target's latency from its serving; None where none answers."""
+    for path in SERVER_PATHS:
+        times = []
+        for _ in range(tries):
+            began = time.perf_counter()
+            if not answers(f"{base_url}{path}", headers, timeout_s):
+                break
+            times.append(time.perf_counter() - began)
+        if times:
+            return statistics.median(times)
+    return None
+
+
+__all__ = ["HTTPError", "answers", "bearer", "json_or_none", "ok", "request", "round_trip_s", "server_answers",
+           "stream", "text_or_none"]

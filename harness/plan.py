@@ -120,7 +120,8 @@ def render_plan(p: Plan) -> str:
         f"  static concurrency        {p.static_max_concurrency} requests reserving max_seq_len = {p.max_seq_len}",
         f"  paged concurrency         ~{p.paged_expected_concurrency} requests of "
         f"{p.mean_live_tokens_per_request:.0f} live tokens on average (blocks of {p.block_size}; {p.workload})",
-        f"  fits                      {'yes' if p.fits else 'NO'}: {p.reason}",
+        "  fits                      " + (f"yes: the KV budget holds {p.static_max_concurrency} max-length "
+                                           "sequence(s) beside the weights" if p.fits else f"NO: {p.reason}"),
     ]
     return "\n".join(lines)
 

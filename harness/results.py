@@ -95,6 +95,22 @@ def read_journals(paths: list[Path], kind: str) -> pd.DataFrame:
     return df[COLUMNS[kind] + [c for c in df.columns if c not in COLUMNS[kind]]]
 
 
+FAILED_STATUSES = ("error", "rejected", "crashed")  # no answer, an error status, or lost to a server's crash
+
+
+def measured_nothing(requests: pd.DataFrame) -> str | None:
+    """Why a run's requests measured nothing, in words (none sent, or every one failed, with the first failure's
+    error), or None where any was answered (an OOM or a cancel is an answer: what the run measures)."""
+    if not len(requests):
+        return "no request was sent"
+    failed = requests.status.isin(FAILED_STATUSES)
+    if not failed.all():
+        return None
+    errors = requests.loc[failed, "error"].dropna()
+    first = f": the first said {errors.iloc[0]}" if len(errors) else ""
+    return f"all {len(requests)} requests failed{first}"
+
+
 def to_parquet(run_dir: Path, kind: str) -> pd.DataFrame:
     """Gather `{kind}*.jsonl` of a run into `{kind}.parquet`."""
     df = read_journals(sorted(run_dir.glob(f"{kind}*.jsonl")), kind)

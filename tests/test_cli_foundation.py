@@ -8,9 +8,12 @@ from tests.conftest import run_cli
 
 
 def plan_json(*args):
+    """The plan as JSON; its exit code 0 where the model fits and 1 where it does not (with one line saying so)."""
     r = run_cli("plan", *args, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    plan = json.loads(r.stdout)
+    assert r.returncode == (0 if plan["fits"] else 1), r.stderr
+    assert plan["fits"] or (len(r.stderr.strip().splitlines()) == 1 and "does not fit" in r.stderr), r.stderr
+    return plan
 
 
 def test_plan_llama_2_13b_on_40gib():
@@ -32,10 +35,22 @@ def test_plan_every_preset_never_negative(name):
         assert p[key] >= 0
 
 
-def test_a_model_that_does_not_fit_says_so_and_exits_0():
+def test_a_model_that_does_not_fit_says_so_and_exits_1():
     p = plan_json("--model", "llama-3-70b", "--gpu-mem", "80GiB")
     assert p["kv_bytes_per_token"] == 327_680
     assert p["fits"] is False and p["kv_budget_bytes"] == 0
+    text = run_cli("plan", "--model", "llama-3-70b", "--gpu-mem", "80GiB")
+    assert text.returncode == 1
+    assert "fits                      NO: the weights alone exceed" in text.stdout
+    assert text.stderr.strip() == ("fragbench plan: llama-3-70b does not fit on 80.00 GiB: the weights alone exceed "
+                                   "the usable GPU memory")
+
+
+def test_a_model_that_fits_says_what_fits_and_exits_0():
+    r = run_cli("plan", "--model", "llama-2-7b", "--gpu", "a100-40gb")
+    assert r.returncode == 0, r.stderr
+    assert "yes: fits" not in r.stdout
+    assert "fits                      yes: the KV budget holds" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -117,7 +132,7 @@ def test_every_flag_of_every_verb_explains_itself_with_its_default():
             if isinstance(action, argparse._SubParsersAction):
                 for verb, sub in action.choices.items():
                     yield from walk(sub, f"{name} {verb}")
-            elif not isinstance(action, argparse._HelpAction):
+            elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
                 yield name, action
 
     formatter = DefaultsFormatter("fragbench")

@@ -81,7 +81,7 @@ def test_bad_targets_exit_2_with_one_line_before_any_load(tiny_model, fake_url):
         "not an OpenAI": ("--target", f"t={fake_url}"),
         "none of the metric families": ("--target", f"t={fake_url}/ok"),
         "two targets named": ("--target", f"t={fake_url}/ok", "--target", f"t={fake_url}/ok"),
-        "loopback only": ("--target", "t=http://10.1.2.3:8000"),
+        "not an http:// or https:// URL": ("--target", "t=ftp://127.0.0.1:1"),
         "NAME=URL": ("--target", "no-url"),
     }
     for words, args in cases.items():
@@ -111,6 +111,7 @@ def test_a_target_is_one_more_engine_of_the_run(tiny_model, tmp_path):
     assert mine["allocated_share"] is not None and mine["oom_total"] is None
     meta = json.loads((tmp_path / "t" / "run.json").read_text())
     assert meta["targets"]["mine"]["family"] == "fragbench"
+    assert 0 < meta["targets"]["mine"]["network_rtt_s"] < 5  # the network's round trip, measured before the run
     assert "paged" in summary["twin"] and "mine" not in summary["twin"]  # a twin needs the engine's own steps
     html = (tmp_path / "t.html").read_text()
     assert "a server fragbench did not start" in html and "mine" in html
@@ -151,3 +152,59 @@ def test_a_target_that_stops_answering_is_down_until_it_answers_again(tmp_path):
     assert [e["kind"] for e in events] == ["crash", "restart"]
     assert "never restarts" in events[0]["detail"] and "answers again" in events[1]["detail"]
     assert json.loads((tmp_path / "w" / "engines" / "mine" / "down.json").read_text())[0][1] >= events[0]["t_s"]
+
+
+class FakeVllm(BaseHTTPRequestHandler):
+    """An OpenAI model list and vLLM's metrics page (the fixture's), on loopback."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/metrics":
+            body = (FIXTURES / "vllm.txt").read_bytes()
+        elif self.path in ("/v1/models", "/health"):
+            body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_opened_target_records_the_networks_round_trip():
+    from harness.run.targets import Target, open_targets
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        target = open_targets([f"t={url}"], [], [])["t"]
+    finally:
+        server.shutdown()
+    described = target.describe()
+    assert described.family == "vllm" and 0 < described.network_rtt_s < 5
+    assert json.loads(json.dumps(described.written()))["network_rtt_s"] == described.network_rtt_s  # run.json's
+    assert Target.restore("t", described, None).network_rtt_s == described.network_rtt_s
+
+
+def test_a_target_on_another_machine_is_accepted(monkeypatch):
+    """Any http(s) host is a target (a server in a cluster); checked here without a packet sent: the calls that
+    would reach it are replaced."""
+    from harness.run import targets
+
+    reached = []
+    monkeypatch.setattr(targets, "model_id", lambda url, key: reached.append(url) or "m")
+    monkeypatch.setattr(targets.Telemetry, "of", classmethod(lambda cls, url: reached.append(url) or None))
+    monkeypatch.setattr(targets, "round_trip_s", lambda url, headers: reached.append(url) or 0.012)
+    for url in ("http://10.0.0.5:8000", "https://llm.example.internal", "http://[fd00::5]:8000"):
+        targets.check_url(url, "--target")  # no refusal
+    opened = targets.open_targets(["far=http://10.0.0.5:8000"], [], [])["far"]
+    assert opened.url == "http://10.0.0.5:8000" and opened.network_rtt_s == 0.012
+    assert reached == ["http://10.0.0.5:8000", "http://10.0.0.5:8000/metrics", "http://10.0.0.5:8000"]
+    with pytest.raises(targets.TargetRefused, match="not an http"):
+        targets.check_url("ftp://10.0.0.5", "--target")
+    with pytest.raises(targets.TargetRefused, match="no valid port"):
+        targets.check_url("http://10.0.0.5:99999", "--target")

@@ -3,6 +3,7 @@ an unknown key or an impossible value is rejected with its name."""
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -136,33 +137,98 @@ def preset_names() -> list[str]:
     return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
 
 
-def _from_dict(data, origin: str) -> WorkloadSpec:
+def _from_dict(data, origin: str, text: str | None = None) -> WorkloadSpec:
+    """The spec validated; a refusal names the origin, the line (where the text is at hand) and the field."""
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "spec"
-        raise SpecError(f"{origin}: {where}: {first['msg']}") from None
+        line = _line_of(text, first["loc"]) if text is not None else None
+        at = f" line {line}:" if line else ""
+        raise SpecError(f"{origin}:{at} {where}: {first['msg']}") from None
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """The line (1-based) of the field at `loc` in a YAML or JSON text: the deepest key or item of loc found (a
+    missing field: the mapping that lacks it)."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if getattr(k, "value", None) == str(key)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            node = None
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _parsed(path: Path, name: str) -> tuple[object, str]:
+    """A spec file's data and text: YAML (.yaml, .yml) or JSON (.json); a syntax error in one line, with its line."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            return json.loads(text), text
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{name}: line {e.lineno}: not valid JSON: {e.msg}") from None
+    try:
+        return yaml.safe_load(text), text
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" line {mark.line + 1}:" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{name}:{at} not valid YAML: {what}") from None
+
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _anchored(data, folder: Path):
+    """A spec file's relative trace paths (its `trace.path`, an empirical length's `trace`) made absolute against the
+    spec's own folder where the file is there: the load generator, which reads the spec again, runs in another
+    folder than the user's. Any other path is left as written (the working directory, then the trace folders)."""
+    def anchor(holder: dict, key: str) -> None:
+        value = holder.get(key)
+        if isinstance(value, str) and not Path(value).is_absolute() and (folder / value).is_file():
+            holder[key] = str((folder / value).resolve())
+
+    if not isinstance(data, dict):
+        return data
+    if isinstance(data.get("trace"), dict):
+        anchor(data["trace"], "path")
+    for cls in data.get("classes") or []:
+        for part in ("prompt", "output"):
+            if isinstance(cls, dict) and isinstance(cls.get(part), dict):
+                anchor(cls[part], "trace")
+    return data
 
 
 def load_spec(name: str) -> WorkloadSpec:
-    """A preset name, a YAML spec file, or a trace file (Azure CSV or Mooncake JSONL, either maybe gzipped)."""
+    """A preset name, a spec file (YAML, or the same fields as JSON), or a trace file (Azure CSV or Mooncake JSONL,
+    either maybe gzipped)."""
     if name in preset_names():
         text = resources.files("workloads").joinpath("presets", f"{name}.yaml").read_text()
-        return _from_dict(yaml.safe_load(text), f"preset {name}")
+        return _from_dict(yaml.safe_load(text), f"preset {name}", text)
     path = Path(name)
     if path.suffix in (".csv", ".jsonl") or path.name.endswith((".csv.gz", ".jsonl.gz")):
         return trace_spec(path)
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix in SPEC_SUFFIXES:
         if not path.is_file():
             raise SpecError(f"workload spec not found: {name}")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise SpecError(f"{name}: not valid YAML: {str(e).splitlines()[0]}") from None
-        return _from_dict(data, name)
+        data, text = _parsed(path, name)
+        return _from_dict(_anchored(data, path.parent), name, text)
+    if path.exists():
+        raise SpecError(f"workload {name}: a spec is a .yaml, .yml or .json file, a trace a .csv or .jsonl (or .gz); "
+                        f"this file is neither")
     raise SpecError(f"unknown workload {name!r}: not a preset ({', '.join(preset_names())}), "
-                    "a .yaml spec or a .csv/.jsonl trace")
+                    "a .yaml or .json spec or a .csv/.jsonl trace")
 
 
 def trace_spec(path: Path) -> WorkloadSpec:

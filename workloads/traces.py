@@ -73,11 +73,15 @@ def read_trace(path: str, fmt: str | None = None) -> list[TraceRow]:
     fmt = fmt or detect_format(p)
     try:
         rows = read_azure(p) if fmt == "azure" else read_mooncake(p)
-    except (KeyError, ValueError, json.JSONDecodeError) as e:
-        raise TraceError(f"{p.name} is not a valid {fmt} trace: {e}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # unreadable, or a .gz that is not gzip
+        raise TraceError(f"{p}: not a readable {fmt} trace: {e}") from None
     if not rows:
-        raise TraceError(f"{p.name} holds no requests")
+        raise TraceError(f"{p} holds no requests")
     return rows
+
+
+AZURE_FIELDS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 def _azure_time(stamp: str) -> datetime:
@@ -86,21 +90,74 @@ def _azure_time(stamp: str) -> datetime:
     return datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(microsecond=int((frac + "000000")[:6]))
 
 
+def _field(path: Path, line: int, record: dict, name: str, read):
+    """One field of one row, read; a refusal names the file, the line and the field."""
+    if not isinstance(record, dict) or record.get(name) is None:
+        azure = _stem_suffix(path) == ".csv"
+        raise TraceError(f"{path}: line {line}: no {name!r} field (a row of {'an Azure' if azure else 'a Mooncake'} "
+                         f"trace has {', '.join(AZURE_FIELDS if azure else MOONCAKE_FIELDS)})")
+    try:
+        return read(record[name])
+    except (TypeError, ValueError):
+        raise TraceError(f"{path}: line {line}: field {name!r}: {str(record[name])[:40]!r} is not {read.__doc__}") \
+            from None
+
+
+def _count(value) -> int:
+    """a whole number of tokens, 0 or more"""
+    number = int(value)
+    if number < 0 or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return number
+
+
+def _stamp(value) -> datetime:
+    """a time as 2023-11-16 18:15:46.6805900"""
+    return _azure_time(value)
+
+
+def _seconds_ms(value) -> float:
+    """a time in milliseconds"""
+    return float(value) / 1000
+
+
+def _ids(value) -> tuple[int, ...]:
+    """a list of integer block ids"""
+    return tuple(int(x) for x in value)
+
+
 def read_azure(path: Path) -> list[TraceRow]:
     with _open_text(path) as f:
-        records = [(_azure_time(r["TIMESTAMP"]), int(r["ContextTokens"]), int(r["GeneratedTokens"]))
-                   for r in csv.DictReader(f)]
-    t0 = records[0][0]
-    return [TraceRow((t - t0).total_seconds(), i, o) for t, i, o in records]
+        reader = csv.DictReader(f)
+        if missing := [name for name in AZURE_FIELDS if name not in (reader.fieldnames or [])]:
+            raise TraceError(f"{path}: line 1: the header has no {', '.join(map(repr, missing))} (an Azure trace's "
+                             f"columns: {', '.join(AZURE_FIELDS)})")
+        records = list(reader)
+    out = []
+    for i, r in enumerate(records):
+        line = i + 2  # the header is line 1
+        out.append((_field(path, line, r, "TIMESTAMP", _stamp), _field(path, line, r, "ContextTokens", _count),
+                    _field(path, line, r, "GeneratedTokens", _count)))
+    if not out:
+        return []
+    t0 = out[0][0]
+    return [TraceRow((t - t0).total_seconds(), i, o) for t, i, o in out]
 
 
 def read_mooncake(path: Path) -> list[TraceRow]:
     rows = []
     with _open_text(path) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                rows.append((r["timestamp"] / 1000, r["input_length"], r["output_length"], tuple(r["hash_ids"])))
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                r = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{path}: line {line}: not a JSON object: {e.msg}") from None
+            rows.append((_field(path, line, r, "timestamp", _seconds_ms), _field(path, line, r, "input_length", _count),
+                         _field(path, line, r, "output_length", _count), _field(path, line, r, "hash_ids", _ids)))
+    if not rows:
+        return []
     t0 = rows[0][0]
     return [TraceRow(t - t0, i, o, h) for t, i, o, h in rows]
 

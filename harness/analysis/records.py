@@ -79,6 +79,7 @@ class RecordedTarget(Record):
     family: str | None = None
     sees: list[str] = []
     cannot_see: list[str] = []
+    network_rtt_s: float | None = None  # median GET of its /health (or /v1/models) before the run: the network
 
 
 class Hardware(Record):

@@ -44,9 +44,14 @@ def label_crashed(requests: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     return requests
 
 
+def request_rows(run_dir: Path) -> pd.DataFrame:
+    """Every engine's request rows as the load generators wrote them (crashes not yet labelled)."""
+    return read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
+
+
 def load_frames(run_dir: Path) -> dict[str, pd.DataFrame]:
     run = RunRecord.read(run_dir)
-    requests = read_journals(sorted(run_dir.glob("engines/*/requests*.jsonl")), "requests")
+    requests = request_rows(run_dir)
     samples = rebase(read_journals([run_dir / "samples.jsonl"], "samples"), run)
     events = rebase(read_journals([run_dir / "events.jsonl"], "events"), run)
     debug = pd.DataFrame([json.loads(x) for x in (run_dir / "debug.jsonl").read_text().splitlines() if x.strip()]

@@ -21,7 +21,7 @@ from engines.memory.nvml import fullest_gpu
 from engines.procs import metric_samples
 from harness.analysis.integrity import sentence
 from harness.analysis.summary_records import Integrity
-from harness.fetch import answers, request, stream, text_or_none
+from harness.fetch import SERVER_PATHS, request, server_answers, stream, text_or_none
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.targets import Target
 from harness.run.telemetry import NoTelemetry, Telemetry, detect, family_named, scrape
@@ -86,9 +86,9 @@ class Metrics:
 
 
 def reachable(target: str) -> None:
-    if any(answers(f"{target}{path}") for path in ("/health", "/v1/models")):  # an error status is an answer
+    if server_answers(target):  # an error status is an answer
         return
-    raise Unreachable(f"target {target} does not answer (tried /health and /v1/models)")
+    raise Unreachable(f"target {target} does not answer (tried {' and '.join(SERVER_PATHS)})")
 
 
 def sampling(metrics: Metrics, t0: float, stop: threading.Event, interval_s: float) -> threading.Thread:

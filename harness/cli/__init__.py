@@ -24,14 +24,26 @@ from harness.cli import (
     simulate,
     workload,
 )
-from harness.cli.args import Parser, UsageError
+from harness.cli.args import MeasuredNothing, Parser, UsageError
 
 VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
          allocator, memory_gate, ab)
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml's, as pip recorded it)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("fragbench")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fragbench", description="Where does the KV-cache memory go?")
+    p.add_argument("--version", action="version", version=f"fragbench {version()}")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
     for verb in VERBS:
         verb.register(sub)
@@ -46,5 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"fragbench: error: {e}", file=sys.stderr)
         return 2
+    except MeasuredNothing as e:
+        print(f"fragbench: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, usage_errors
+from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
+from harness.cli.user_paths import user_path
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
 
@@ -25,17 +26,17 @@ def register(sub) -> None:
     add_sides(ab)
     ab.add_argument("--engines", default="paged,static-oracle",
                     help="engines measured, comma-separated (default: %(default)s, the headline pair)")
-    ab.add_argument("--time", type=float, default=1200.0, metavar="S",
+    ab.add_argument("--time", type=positive_float, default=1200.0, metavar="S",
                     help="seconds for the pairs, all engines together: pairs go on while an engine is undecided and "
                          "time remains (default: %(default)g; a pair of paged takes about 40 s here, of "
                          "static-oracle about 55 s)")
     ab.add_argument("--pairs", type=int, default=10, metavar="N",
                     help="pairs an engine needs before it can PASS (default: %(default)s, from the rule's study, "
                          "docs/method.md); a FAIL may come from 6 pairs on, once 4 fresh pairs confirm it")
-    ab.add_argument("--knee-time", type=float, default=300.0, metavar="S",
+    ab.add_argument("--knee-time", type=nonneg_float, default=300.0, metavar="S",
                     help="seconds for one knee search of each build after the pairs, reported beside the gate and "
                          "never gating it; 0 skips it (default: %(default)g)")
-    ab.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
+    ab.add_argument("--threshold", type=nonneg_float, default=10.0, metavar="PCT",
                     help="the effect floor: a figure FAILs when NEW is worse than 1 + PCT %% times BASE, "
                          "significantly (one-sided p < 0.01) and confirmed by fresh pairs; PASSes when the upper "
                          "one-sided 95 %% bound of NEW / BASE lies under 1 + PCT %% (default: %(default)g)")
@@ -87,7 +88,8 @@ def checked(args: argparse.Namespace):
         raise UsageError(f"--knee-time must be 0 or more seconds, not {args.knee_time:g}")
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (run `make model`)")
-    return ABPlan(engines, args.time, args.threshold / 100, Path(args.out), args.model,
+    # the user's paths absolute: each build's servers and benches run in their trees' folders
+    return ABPlan(engines, args.time, args.threshold / 100, user_path(args.out), str(user_path(args.model)),
                   str(args.kv_budget.bytes), new_args(args.new_engine_args), new_args(args.base_engine_args),
                   args.pairs, args.knee_time)
 

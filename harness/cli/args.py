@@ -4,6 +4,7 @@ module's own error (a missing model, an unknown workload) into that one line."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,10 @@ from harness.units import parse_size
 
 class UsageError(Exception):
     """Bad flags, files or values: one line, exit 2."""
+
+
+class MeasuredNothing(Exception):
+    """A run that measured nothing (no engine started, every request failed): one line, exit 1."""
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -32,10 +37,18 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# argparse reads a value after a flag as the flag's only when it does not look like another flag: its own test of a
+# negative number takes -1 and -.5 but not -1e3, -inf or -16MiB, which it then reports as "expected one argument".
+# Anything that starts with a minus and a digit, a point or inf/nan is a value here, so that the flag's own type
+# says what is wrong with it (no flag of fragbench looks like a negative number, which argparse needs for this).
+NEGATIVE_VALUE = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE
 
     def error(self, message: str) -> None:  # argparse prints usage on top; one line is what we promise
         raise UsageError(message)
@@ -81,6 +94,25 @@ def positive_float(text: str) -> float:
     return number_in(text, lambda v: 0 < v < float("inf"), "a finite number above 0")
 
 
+def nonneg_float(text: str) -> float:
+    return number_in(text, lambda v: 0 <= v < float("inf"), "a finite number, 0 or more")
+
+
+def above_one(text: str) -> float:
+    return number_in(text, lambda v: 1 < v < float("inf"), "a finite number above 1")
+
+
+def port_arg(text: str) -> int:
+    """A TCP port: 0 (the system picks a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to 65535, not {text}")
+    return value
+
+
 def fraction_arg(text: str) -> float:
     return number_in(text, lambda v: 0 < v <= 1, "in (0, 1]")
 
@@ -119,27 +151,6 @@ def run_dir(path: str) -> Path:
 def shape_of(model: str):
     with usage_errors(ModelNotFound):
         return load_shape(model)
-
-
-def add_gpu_flags(parser: argparse.ArgumentParser, required: bool, speed: bool = False) -> None:
-    """--gpu PRESET or --gpu-mem SIZE; with `speed`, the bandwidth and peak a step model needs of --gpu-mem."""
-    gpu = parser.add_mutually_exclusive_group(required=required)
-    gpu.add_argument("--gpu", help="GPU preset: a100-40gb, a100-80gb, h100-80gb, h200-141gb")
-    gpu.add_argument("--gpu-mem", type=size_arg, help="GPU memory in bytes, e.g. 40GiB (or --gpu)")
-    if speed:
-        parser.add_argument("--hbm-bw", type=float, default=2.0e12,
-                            help="memory bandwidth in bytes/s, with --gpu-mem (a preset has its own)")
-        parser.add_argument("--peak-flops", type=float, default=312e12,
-                            help="peak FLOP/s, with --gpu-mem (a preset has its own)")
-
-
-def gpu_of(args: argparse.Namespace):
-    """--gpu PRESET or --gpu-mem SIZE (with --hbm-bw and --peak-flops where the verb has them)."""
-    # imported when a verb calls this: `fragbench --help` does not load it
-    from harness.gpus import resolve_gpu
-
-    with usage_errors(ValueError):
-        return resolve_gpu(args.gpu, args.gpu_mem, getattr(args, "hbm_bw", 0.0), getattr(args, "peak_flops", 0.0))
 
 
 def spec_of(name: str):

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 
 from engines import SERVED, UnknownName, pick
 from engines.registry import described, entry, listing, memory_refusal
 from engines.shapes import load_shape
 from harness.cli.args import (
+    MeasuredNothing,
     UsageError,
+    above_one,
     add_api_flag,
     device_of,
     model_dir,
+    nonneg_float,
+    positive_float,
     positive_int,
     usage_errors,
     workload_checked,
@@ -21,12 +24,13 @@ from harness.cli.args import (
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
+from harness.cli.user_paths import user_path, user_workload
 from harness.units import KvBudget
 
 
 def register(sub) -> None:
-    bench = sub.add_parser("bench", help="every engine under the same churn, memory sampled, report",
-                           epilog=described())
+    bench = sub.add_parser("bench", epilog=described(),
+                           help="every engine under the same churn, memory sampled, report (exit 1: nothing measured)")
     bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
                        help=f"engines to run, comma-separated, one after another on the same traffic ({listing()}); "
                             "\"\" runs --target alone")
@@ -36,9 +40,9 @@ def register(sub) -> None:
     add_kv_budget(bench, "16MiB", "bytes of KV cache every engine gets")
     add_kv_budgets(bench, "run every engine's knee search at each of these KV budgets (the first is the run's own); "
                           "the report draws sustained rate against budget")
-    bench.add_argument("--duration", type=float, default=45.0, help="seconds of churn per engine")
-    bench.add_argument("--grace", type=float, default=20.0, help="seconds in-flight requests may finish")
-    bench.add_argument("--warmup", type=float,
+    bench.add_argument("--duration", type=positive_float, default=45.0, help="seconds of churn per engine")
+    bench.add_argument("--grace", type=nonneg_float, default=20.0, help="seconds in-flight requests may finish")
+    bench.add_argument("--warmup", type=nonneg_float,
                        help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
     bench.add_argument("--max-seq-len", type=positive_int, default=2048,
                        help="tokens per sequence (prompt + output) every engine admits; longer trace rows are cut")
@@ -66,33 +70,33 @@ def register(sub) -> None:
                        help="a target's Prometheus metrics where they are not at URL/metrics (repeatable)")
     bench.add_argument("--api-key", help="the targets' API key (sent as a bearer token)")
     add_api_flag(bench)
-    bench.add_argument("--kill-after", type=float,
+    bench.add_argument("--kill-after", type=positive_float,
                        help="fault injection: SIGKILL each engine this many seconds into its churn")
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2' "
                             "(repeatable)")
     sweep = sweep_group(bench, "engine", points=8)
-    sweep.add_argument("--time", type=float, default=900.0, metavar="SECONDS",
+    sweep.add_argument("--time", type=positive_float, default=900.0, metavar="SECONDS",
                        help="the whole bench's time budget in seconds (default 900): every engine's set-up and knee "
                             "search, then the decision phase; the design's rules share it out (report: Capacity)")
-    sweep.add_argument("--precision", type=float, default=1.5,
+    sweep.add_argument("--precision", type=above_one, default=1.5,
                        help="the headline ratio's 90 %% interval asked, as hi / lo (default 1.5): the decision phase "
                             "measures until the interval is this narrow (each engine on enough points), or the time "
                             "is spent; whether it excludes 1.0 does not stop it")
-    sweep.add_argument("--point-duration", type=float, default=None,
+    sweep.add_argument("--point-duration", type=positive_float, default=None,
                        help="seconds of judged arrivals per point, at least (default: none in a search; 20 s a rate "
                             "with --rates)")
     sweep.add_argument("--point-requests", type=positive_int, default=None,
                        help="judged requests per point, at least (default: the fewest that tell a point from the "
                             "attainment target, 25 at 90 %%; 1 with --rates)")
-    sweep.add_argument("--search-time", type=float, default=None,
+    sweep.add_argument("--search-time", type=positive_float, default=None,
                        help="seconds one engine's knee search may spend per budget, at most (default: its share of "
                             "--time)")
-    sweep.add_argument("--knee-tolerance", type=float, default=None,
+    sweep.add_argument("--knee-tolerance", type=positive_float, default=None,
                        help="bisect each bracket until the lowest failing rate is within 1 + this of the passing one "
                             "(default: none: each search brackets its knee and stops; the knee is fitted from every "
                             "point)")
-    sweep.add_argument("--calibrate-duration", type=float, default=12.0,
+    sweep.add_argument("--calibrate-duration", type=positive_float, default=12.0,
                        help="seconds per calibration window (default 12)")
     bench.set_defaults(func=run)
 
@@ -103,7 +107,10 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
         engine, sep, rest = pair.partition("=")
         if not sep or engine not in engines:
             raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
-        out.setdefault(engine, []).extend(shlex.split(rest))
+        try:
+            out.setdefault(engine, []).extend(shlex.split(rest))
+        except ValueError as e:  # an unclosed quote: shlex's words, on the flag's line
+            raise UsageError(f"--engine-args {pair!r}: {e}") from None
     return out
 
 
@@ -139,6 +146,7 @@ def config(args: argparse.Namespace):
     # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.run.targets import TargetRefused, open_targets
 
+    args.model, args.workload = str(user_path(args.model)), user_workload(args.workload)  # servers run elsewhere
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
@@ -162,8 +170,8 @@ def config(args: argparse.Namespace):
     from harness.run.bench import BenchConfig  # after the checks: a refusal need not load torch and the harness
 
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
-                       duration_s=args.duration, out_dir=Path(args.out), seed=args.seed, max_seq_len=args.max_seq_len,
-                       threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
+                       duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed,
+                       max_seq_len=args.max_seq_len, threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
                        kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
                        warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
@@ -187,8 +195,11 @@ def run(args: argparse.Namespace) -> int:
     bench = Bench(cfg)
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
+    if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)
+        raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
     # the answer under the decision line: per engine, the figures summary.json has (engines.csv beside it)
     print(engine_table(read_summary_record(run_dir)), flush=True)
-    report = render(run_dir, Path(args.reports) / f"{cfg.run_id}.html")
-    print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
+    report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
+    print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)
+report:  {report}")
     return 0

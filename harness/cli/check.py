@@ -10,14 +10,15 @@ from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
     add_api_flag,
-    add_gpu_flags,
-    gpu_of,
     http_url,
+    nonneg_float,
+    positive_float,
     positive_int,
     shape_of,
     usage_errors,
     workload_checked,
 )
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
 def register(sub) -> None:
@@ -31,8 +32,8 @@ def register(sub) -> None:
     chk.add_argument("--dtype", choices=list(DTYPE_BYTES), help="default: the model directory's, else float16")
     chk.add_argument("--workload", default="check-churn",
                      help="the churn the questions are asked under: a workload name or a spec's YAML path")
-    chk.add_argument("--duration", type=float, default=30.0, help="seconds of that churn's arrivals")
-    chk.add_argument("--capacity-time", type=float, default=60.0,
+    chk.add_argument("--duration", type=positive_float, default=30.0, help="seconds of that churn's arrivals")
+    chk.add_argument("--capacity-time", type=nonneg_float, default=60.0,
                      help="seconds of arrivals the ninth question's knee search may spend (0 skips it)")
     chk.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
     chk.add_argument("--report", metavar="FILE", help="also write the answers as an HTML page to FILE")
@@ -65,3 +66,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(check_text(result))  # its verdict first
     return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import UsageError, run_dir
+from harness.cli.args import UsageError, nonneg_float, run_dir
 
 
 def register(sub) -> None:
@@ -16,7 +16,7 @@ def register(sub) -> None:
                                           "separate and it is worse by more than the threshold")
     cmp_.add_argument("base", help="the earlier run's directory")
     cmp_.add_argument("new", help="the later run's directory")
-    cmp_.add_argument("--threshold", type=float, default=10.0,
+    cmp_.add_argument("--threshold", type=nonneg_float, default=10.0,
                       help="percent a gated figure whose intervals separate may worsen before it counts as a "
                            "regression (default: %(default)s)")
     cmp_.add_argument("--out", metavar="FILE", help="write the comparison as an HTML page to FILE (default: "

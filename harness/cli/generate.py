@@ -6,7 +6,7 @@ import argparse
 import json
 
 from engines import ENGINES
-from harness.cli.args import UsageError, fraction_arg, positive_int
+from harness.cli.args import UsageError, fraction_arg, nonneg_float, positive_int
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags
 
 
@@ -29,7 +29,7 @@ def register(sub) -> None:
                      help="a prompt as comma-separated token ids (repeatable; or --prompt)")
     gen.add_argument("--max-tokens", type=positive_int, required=True, help="output tokens per sample, at most")
     gen.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
-    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    gen.add_argument("--temperature", type=nonneg_float, default=0.0, help="sampling temperature; 0 is greedy")
     gen.add_argument("--top-p", type=fraction_arg, default=1.0, help="nucleus sampling's probability mass (0-1]")
     gen.add_argument("--seed", type=int, help="the sampler's seed (default: none, a fresh draw)")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")

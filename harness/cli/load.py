@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from harness.cli.args import UsageError, add_api_flag, http_url, positive_int, workload_checked
+from harness.cli.args import (
+    UsageError,
+    add_api_flag,
+    http_url,
+    positive_float,
+    positive_int,
+    workload_checked,
+)
+from harness.cli.user_paths import user_path, user_workload
+from harness.fetch import SERVER_PATHS, bearer, round_trip_s
 
 
 def register(sub) -> None:
-    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process)")
+    load = sub.add_parser("load", help="replay a workload against a server (Locust, its own process; exit 1: "
+                                     "every request failed)")
     load.add_argument("--target", help="the server's base URL, e.g. http://127.0.0.1:8000 (needed but by --worker)")
     load.add_argument("--workload", help="a workload name or a spec's YAML path (needed but by --worker)")
-    load.add_argument("--duration", type=float, default=60.0, help="seconds of the trace's arrivals replayed")
+    load.add_argument("--duration", type=positive_float, default=60.0, help="seconds of the trace's arrivals replayed")
     load.add_argument("--workers", type=positive_int, default=1,
                       help="load-generator processes on this machine, sharing the trace")
     load.add_argument("--out", default="results/load", help="directory requests.jsonl and requests.parquet go to")
@@ -32,7 +41,7 @@ def register(sub) -> None:
                         help="HOST:PORT the master listens on (its workers may be on other machines)")
     spread.add_argument("--worker", action="store_true", help="take a share of a master's trace")
     spread.add_argument("--master-host", default="127.0.0.1:5557", help="HOST[:PORT] of the master")
-    spread.add_argument("--connect-timeout", type=float, default=30.0,
+    spread.add_argument("--connect-timeout", type=positive_float, default=30.0,
                         help="seconds a worker waits for its master, and a master for its workers")
     load.set_defaults(func=run)
 
@@ -45,11 +54,17 @@ def run(args: argparse.Namespace) -> int:
         return run_loadgen(worker_argv(args.master_host, args.connect_timeout))
     if not args.target or not args.workload:
         raise UsageError("load needs --target and --workload (a --worker takes them from its master)")
-    http_url("--target", args.target)
-    workload_checked(args.workload)  # fail here, not in the child
-    return run_loadgen(LoadArgs(target=args.target, workload=args.workload, out=Path(args.out),
+    target = http_url("--target", args.target).rstrip("/")
+    workload = user_workload(args.workload)
+    workload_checked(workload)  # fail here, not in the child
+    # before the run, as check does: not N requests of errors (a master's workers, maybe elsewhere, send the load);
+    # its round trip recorded in load.json, so that a remote target's network is told from its serving
+    rtt = None if args.master else round_trip_s(target, bearer(args.api_key))
+    if not args.master and rtt is None:
+        raise UsageError(f"--target {target} does not answer (tried {' and '.join(SERVER_PATHS)})")
+    return run_loadgen(LoadArgs(target=target, workload=workload, out=user_path(args.out),
                                 duration_s=args.duration, seed=args.seed, max_seq_len=args.max_seq_len,
                                 vocab_size=args.vocab_size, engine=args.engine_label, api_key=args.api_key,
                                 workers=args.expect_workers if args.master else args.workers,
                                 master_bind=args.master_bind if args.master else None,
-                                connect_timeout_s=args.connect_timeout, api=args.api))
+                                connect_timeout_s=args.connect_timeout, api=args.api, network_rtt_s=rtt))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engines.registry import names
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, usage_errors
+from harness.cli.args import UsageError, nonneg_float, usage_errors
 
 
 def add_sides(parser) -> None:
@@ -36,7 +36,7 @@ def add_gate_flags(p: argparse.ArgumentParser, margin: float) -> None:
                    help="serve flags for NEW's engine alone, as bench's --engine-args (repeatable): those that change "
                         "memory (--inject-kv-fault, --block-size, --no-preflight, --max-num-seqs, "
                         "--no-prefix-caching) reach NEW's side of the memory gate (default: none)")
-    p.add_argument("--share-margin", type=float, default=100 * margin, metavar="POINTS",
+    p.add_argument("--share-margin", type=nonneg_float, default=100 * margin, metavar="POINTS",
                    help="percentage points the token-state share may fall before the memory gate FAILs "
                         "(default: %(default)g)")
 

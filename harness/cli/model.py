@@ -37,6 +37,10 @@ def run_build(args: argparse.Namespace) -> int:
 
     if args.preset not in preset_names():
         raise UsageError(f"unknown model preset {args.preset!r}; presets: {', '.join(preset_names())}")
+    try:  # before the weights are made: an unwritable --out is said in one line, not after the build
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {args.out}: cannot make the directory ({e.strerror or e})") from None
     with usage_errors(BuildRefused):
         out = build_model(args.preset, Path(args.out), args.dtype, args.seed)
     print(f"built {args.preset} ({args.dtype}, seed {args.seed}) in {out}")

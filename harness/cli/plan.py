@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from engines.shapes import DTYPE_BYTES
-from harness.cli.args import add_gpu_flags, fraction_arg, gpu_of, positive_int, shape_of, trace_of
+from harness.cli.args import fraction_arg, positive_int, shape_of, trace_of
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
 def register(sub) -> None:
-    plan = sub.add_parser("plan", help="capacity plan for a model on a GPU")
+    plan = sub.add_parser("plan", help="capacity plan for a model on a GPU (exit 1: it does not fit)")
     plan.add_argument("--model", required=True, help="preset name or model directory")
     add_gpu_flags(plan, required=True)
     plan.add_argument("--gpu-util", type=fraction_arg, default=0.9,
@@ -37,4 +39,8 @@ def run(args: argparse.Namespace) -> int:
                            max_seq_len)
     plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
+    if not plan.fits:  # a plan that cannot serve is a failed answer, for a script as for a reader
+        where = args.gpu or f"{gpu_mem / 2**30:.2f} GiB"
+        print(f"fragbench plan: {shape.name} does not fit on {where}: {plan.reason}", file=sys.stderr)
+        return 1
     return 0

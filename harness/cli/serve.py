@@ -7,7 +7,8 @@ from pathlib import Path
 
 from engines import SERVED
 from engines.registry import Kind, described, entry
-from harness.cli.args import UsageError, device_of, number_in, positive_int, usage_errors
+from engines.shapes import DTYPE_BYTES, load_shape
+from harness.cli.args import UsageError, device_of, model_dir, number_in, port_arg, positive_int, usage_errors
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
 
 
@@ -15,7 +16,7 @@ def register(sub) -> None:
     srv = sub.add_parser("serve", help="an OpenAI-compatible server for any engine", epilog=described())
     add_engine_flags(srv, SERVED)
     srv.add_argument("--host", default="127.0.0.1", help="the address listened on (loopback unless told)")
-    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--port", type=port_arg, default=8000, help="0 picks a free port")
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: none, open)")
     srv.add_argument("--served-model-name", help="the model id /v1/models answers (default: --model as given, as "
                                                    "vLLM does)")
@@ -47,7 +48,9 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-
+    port_free(args.host, args.port)  # before the model loads: a busy port is said in a second, not a minute
+    if entry(args.engine).kind is not Kind.PEER:
+        budget_fits(args)  # from config.json alone, before torch and the weights load
     recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
         if args.slow_step != 1.0:
@@ -91,6 +94,39 @@ def run(args: argparse.Namespace) -> int:
         if recording is not None:
             print(f"fragbench serve: memory history in {recording.dump()}", flush=True)
     return 0
+
+
+def port_free(host: str, port: int) -> None:
+    """The address can be listened on: bound and let go at once (port 0 always can). The server binds it again once
+    its model is loaded; another process taking it in between is told by serve's own error then."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise UsageError(f"--host {host}: not an address of this machine ({e.strerror or e})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own bind: TIME_WAIT is free
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def budget_fits(args: argparse.Namespace) -> None:
+    """The KV budget holds one max-length sequence by the engine's own rule, read from the model's config.json (the
+    factory checks it again on the loaded model, whose dtype is the weights')."""
+    model_dir(args.model)
+    shape = load_shape(args.model)
+    max_seq_len = args.max_seq_len or shape.max_seq_len
+    if max_seq_len > shape.max_seq_len:
+        raise UsageError(f"--max-seq-len {max_seq_len} exceeds the model's context of {shape.max_seq_len}")
+    kvb = shape.kv_bytes_per_token(shape.dtype if shape.dtype in DTYPE_BYTES else "float16")
+    if refused := entry(args.engine).budget.refusal(args.kv_budget.bytes, max_seq_len, kvb):
+        raise UsageError(f"--kv-budget {args.kv_budget} is {refused}")
 
 
 def memory_recording(args: argparse.Namespace):

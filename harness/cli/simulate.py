@@ -12,15 +12,14 @@ from engines.registry import described, entry, listing, policies
 from engines.shapes import DTYPE_BYTES
 from harness.cli.args import (
     UsageError,
-    add_gpu_flags,
     fraction_arg,
-    gpu_of,
     positive_int,
     shape_of,
     usage_errors,
     workload_checked,
 )
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 
@@ -63,7 +62,8 @@ def register(sub) -> None:
     sim.add_argument("--report", metavar="FILE",
                      help="write an HTML page with the breakdown over time to FILE; with several --alloc-conf, a page "
                           "per setting, its name before FILE's suffix (default: none)")
-    sim.add_argument("--jobs", type=int, help="simulations run at once, one process each (default: every core)")
+    sim.add_argument("--jobs", type=positive_int,
+                     help="simulations run at once, one process each (default: every core)")
     grid = sim.add_argument_group("configuration grid (docs/simulate.md)")
     grid.add_argument("--grid", metavar="GRID.yaml",
                       help="simulate the product of the file's models, GPUs, budgets, policies, block sizes, "

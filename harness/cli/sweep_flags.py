@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import positive_int, rate_list, usage_errors
+from harness.cli.args import fraction_arg, positive_float, positive_int, rate_list, usage_errors
 
 
 def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
@@ -20,9 +20,9 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
                             "and the knee search)")
     group.add_argument("--points", type=positive_int, default=points,
                        help="the knee search's most points (offered rates) per engine and budget")
-    group.add_argument("--slo-ttft", type=float, default=2.0, help="SLO: time to first token, seconds")
-    group.add_argument("--slo-tpot", type=float, default=0.25, help="SLO: time per output token, seconds")
-    group.add_argument("--slo-attainment", type=float, default=0.9,
+    group.add_argument("--slo-ttft", type=positive_float, default=2.0, help="SLO: time to first token, seconds")
+    group.add_argument("--slo-tpot", type=positive_float, default=0.25, help="SLO: time per output token, seconds")
+    group.add_argument("--slo-attainment", type=fraction_arg, default=0.9,
                        help="share of requests (0-1) that must meet the SLO for a rate to count as sustained")
     return group
 

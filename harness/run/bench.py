@@ -15,9 +15,10 @@ from engines.procs import free_port
 from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
+from harness.analysis.rundir import request_rows
 from harness.analysis.steady import fewest_to_pass
 from harness.analysis.summary import finalize
-from harness.results import Journal
+from harness.results import Journal, measured_nothing
 from harness.run.alloc_settings_runs import run_settings
 from harness.run.calibration import LOADGEN_STARTUP_S, Calibration
 from harness.run.clock import Clock
@@ -67,6 +68,9 @@ class Bench:
         self.calibration = Calibration(cfg, self.servers)
         self.probes = Probes(cfg, self.servers, self.record, self.console)
         self.visits = Visits(cfg, self.clock, self.record, self.servers, self.console, streams)  # a point measured
+        self.started: set[str] = set()  # engines whose server started (at any budget)
+        self.unstarted: dict[str, str] = {}  # engine: why its server did not start (its first refusal)
+        self.failure: str | None = None  # why the run measured nothing, once it is over
         self.searching = KneeSearching(cfg, self.design, self.clock, self.record, self.console, self.visits,
                                        self.order(), self.budgets, self.targets)  # which points: search, decision
 
@@ -89,13 +93,21 @@ class Bench:
             self.record.speed_probe("end")
         run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console.rich),  # --compare-alloc-conf
                      self.console.plain)
-        self.record.complete(self.clock.started)
-        if self.cfg.sweep:
+        self.failure = self.measured_nothing()  # before the summary: its status says so too
+        self.record.complete(self.clock.started, self.failure)
+        if self.cfg.sweep and self.started:
             self.console.plain("simulating the run's twin")
-        summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep else None)  # written once, whole
-        if self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's own headline
+        summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep and self.started else None)  # whole, once
+        if self.failure is None and self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's headline
             self.console.say(decision_line(summary.headline, "as summary.json and the report say"))
         return self.dir
+
+    def measured_nothing(self) -> str | None:
+        """Why the run measured nothing (no engine's server started, or every request failed), or None."""
+        if not self.started:
+            return "no engine started: " + "; ".join(self.unstarted.values()) if self.unstarted else "no engine ran"
+        why = measured_nothing(request_rows(self.dir))
+        return f"{', '.join(sorted(self.started))}: {why}" if why else None
 
     def order(self) -> list[str]:
         """The engines in the order they are measured: in a knee search the paged reference first (every other
@@ -139,7 +151,10 @@ class Bench:
         except ServerFailed as e:
             self.record.event(run, "crash", detail=f"did not start at {run.budget}: {e}")
             show(f"{engine:<6} did not start", 0)
+            self.console.plain(f"{engine}: did not start at {run.budget}: {e}")  # the server's own error, on screen
+            self.unstarted.setdefault(engine, str(e))
             return
+        self.started.add(engine)
         map_path = self.dir / (f"memory_map-{engine}.json" if first else f"memory_map-{engine}-{run.budget}.json")
         sampler = run.sampler = StatsPoller(engine, run.server.url, run.server.proc.pid if run.server.proc else None,
                                         self.samples, run.t0, map_path,

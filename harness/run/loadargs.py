@@ -45,6 +45,7 @@ class LoadArgs(Traffic):
     master_bind: str | None = None  # HOST:PORT: a master waiting for `workers` workers from other machines
     connect_timeout_s: float = 30.0  # how long a master waits for its workers
     schedule: Path | None = None  # segments the caller appends while it runs (workloads/schedule.py)
+    network_rtt_s: float | None = None  # the round trip to the target measured before the run (load.json keeps it)
 
     @classmethod
     def of(cls, traffic: Traffic, **rest) -> LoadArgs:
@@ -58,7 +59,8 @@ class LoadArgs(Traffic):
                "--workers", str(self.workers), "--start-at", str(self.start_at_s),
                "--connect-timeout", str(self.connect_timeout_s), "--api", self.api]
         for flag, value in (("--t0", self.t0), ("--model", self.model), ("--api-key", self.api_key),
-                            ("--rate", self.rate), ("--schedule", self.schedule)):
+                            ("--rate", self.rate), ("--schedule", self.schedule),
+                            ("--network-rtt-s", self.network_rtt_s)):
             if value is not None:
                 out += [flag, str(value)]
         if self.master_bind:

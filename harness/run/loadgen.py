@@ -29,7 +29,7 @@ from locust.env import Environment  # noqa: E402
 
 from engines.percentile import percentile  # noqa: E402
 from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
-from harness.results import Journal, read_journals, request_row, to_parquet  # noqa: E402
+from harness.results import Journal, measured_nothing, read_journals, request_row, to_parquet  # noqa: E402
 from workloads.generate import at_rate, trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
 from workloads.schedule import ScheduleReader  # noqa: E402
@@ -57,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--grace", type=float, default=30.0)
     ap.add_argument("--api-key")
     ap.add_argument("--api", choices=["completions", "chat"], default="completions")
+    ap.add_argument("--network-rtt-s", type=float, help="the round trip to the target its caller measured (load.json)")
     ap.add_argument("--model", help="the 'model' field of each request")
     ap.add_argument("--master", action="store_true", help="wait for --expect-workers workers from other machines")
     ap.add_argument("--expect-workers", type=int, default=1)
@@ -259,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "load.json").write_text(json.dumps({"target": args.target, "workload": args.workload,
                                                "seed": args.seed, "duration_s": args.duration,
                                                "workers": args.expect_workers if args.master else args.workers,
-                                               "t0": args.t0}) + "\n")
+                                               "t0": args.t0, "network_rtt_s": args.network_rtt_s}) + "\n")
+    if why := measured_nothing(df):  # a load that measured nothing is a failure, not a run of zeros
+        print(f"fragbench: error: {args.target}: {why}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

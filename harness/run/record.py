@@ -107,9 +107,12 @@ class RunWriter:
         self.meta["engines_done"].append(engine)
         self.write()
 
-    def complete(self, started: float) -> None:
-        """The run's end: `started` the wall clock it began at."""
-        self.meta["status"] = "complete"
+    def complete(self, started: float, failure: str | None = None) -> None:
+        """The run's end: `started` the wall clock it began at; `failure`, why it measured nothing (no engine
+        started, every request failed): its status is then "failed", not "complete"."""
+        self.meta["status"] = "complete" if failure is None else "failed"
+        if failure is not None:
+            self.meta["failure"] = failure
         self.meta["finished"] = datetime.now(timezone.utc).isoformat()
         self.meta["bench_s"] = round(time.time() - started, 1)
         self.write()

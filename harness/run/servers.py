@@ -70,8 +70,9 @@ def start_server(
     proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {tail(log_path)}")
+        if proc.poll() is not None:  # its own last words (serve's one-line error), not an earlier server's
+            said = tail(log_path, since=since).removeprefix("fragbench: error: ")
+            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {said}")
         with open(log_path, "rb") as f:
             f.seek(since)
             m = READY.search(f.read().decode(errors="replace"))
@@ -79,13 +80,18 @@ def start_server(
             return ServerProcess(proc, m.group(1), log_path)
         time.sleep(0.2)
     stop_process(proc)
-    raise ServerFailed(f"{engine} server not healthy after {timeout_s:.0f} s: {tail(log_path)}")
+    raise ServerFailed(f"{engine} server not healthy after {timeout_s:.0f} s: {tail(log_path, since=since)}")
 
 
 def healthy(url: str) -> bool:
     return ok(f"{url}/health")
 
 
-def tail(path: Path, lines: int = 3) -> str:
-    text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
-    return " | ".join(text[-lines:])
+def tail(path: Path, lines: int = 3, since: int = 0) -> str:
+    """The log's last lines from byte `since` on, joined on one line."""
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace").strip().splitlines()
+    return " | ".join(text[-lines:]) or "(no output)"

@@ -1,6 +1,8 @@
 """Servers fragbench did not start (`bench --target NAME=URL`): checked before any load is sent, then run
 as one more engine of the bench. fragbench never starts, stops or restarts a target; it watches whether it
-answers, and reads its memory from its metrics (harness/run/telemetry.py)."""
+answers, and reads its memory from its metrics (harness/run/telemetry.py). A target may be on another machine
+(any http or https URL): the network's round trip to it is measured before the run and recorded beside it, so that
+a reader can tell the network's share of its latencies from the server's."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from urllib.parse import urlparse
 from engines.api.stats import StatsPayload
 from engines.memory.nvml import fullest_gpu
 from harness.analysis.records import RecordedTarget
-from harness.fetch import HTTPError, answers, bearer, request
+from harness.fetch import HTTPError, answers, bearer, request, round_trip_s
 from harness.run.telemetry import NoTelemetry, Telemetry, family_named
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # load tests target loopback only
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # this machine: NVML sees a loopback target's GPU
 
 
 class TargetRefused(ValueError):
@@ -32,6 +34,7 @@ class Target:
     telemetry: Telemetry | None  # None: no metrics page fragbench can read (check's rate question needs none)
     model: str
     api_key: str | None = None
+    network_rtt_s: float | None = None  # measured when it was opened (round_trip_s)
     proc = None  # not ours: no process to watch, kill or restart
     log_path = None
 
@@ -51,14 +54,14 @@ class Target:
     def describe(self) -> RecordedTarget:
         seen = self.telemetry.describe() if self.telemetry else {
             "metrics_url": None, "family": None, "sees": [], "cannot_see": ["any memory figure (no metrics read)"]}
-        return RecordedTarget(url=self.url, model=self.model, **seen)
+        return RecordedTarget(url=self.url, model=self.model, **seen, network_rtt_s=self.network_rtt_s)
 
     @classmethod
     def restore(cls, name: str, described: RecordedTarget, api_key: str | None) -> Target:
         """The target `describe` wrote (into a bench's configuration), without checking it again."""
         family = described.family
         telemetry = Telemetry(described.metrics_url, family_named(family)) if family else None
-        return cls(name, described.url, telemetry, described.model, api_key)
+        return cls(name, described.url, telemetry, described.model, api_key, described.network_rtt_s)
 
 
 def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
@@ -74,12 +77,15 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 
 def check_url(url: str, flag: str) -> None:
+    """An http or https URL with a host, on this machine or another (a server in a cluster, as guidellm and
+    `vllm bench serve` are pointed at)."""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise TargetRefused(f"{flag}: {url!r} is not an http:// URL")
-    if parsed.hostname not in LOOPBACK:
-        raise TargetRefused(f"{flag}: {url} is not on this machine; load tests target loopback only "
-                            f"({', '.join(sorted(LOOPBACK))})")
+        raise TargetRefused(f"{flag}: {url!r} is not an http:// or https:// URL")
+    try:
+        parsed.port  # noqa: B018 -- urllib checks the port when it is read: a bad one raises here, in one line
+    except ValueError:
+        raise TargetRefused(f"{flag}: {url!r} has no valid port") from None
 
 
 def model_id(url: str, api_key: str | None) -> str:
@@ -101,8 +107,8 @@ def model_id(url: str, api_key: str | None) -> str:
 
 def open_targets(pairs: list[str], metrics_pairs: list[str], taken: list[str],
                  api_key: str | None = None) -> dict[str, Target]:
-    """Every --target checked: its name free, its URL on loopback and answering as an OpenAI server, its
-    metrics page readable by one of the known families."""
+    """Every --target checked: its name free, its URL answering as an OpenAI server, its metrics page readable by
+    one of the known families; the network's round trip to it measured."""
     urls = parse_pairs(pairs, "--target")
     metrics = parse_pairs(metrics_pairs, "--metrics-url")
     for name in urls:
@@ -121,5 +127,5 @@ def open_targets(pairs: list[str], metrics_pairs: list[str], taken: list[str],
             telemetry = Telemetry.of(metrics_url)
         except NoTelemetry as e:
             raise TargetRefused(f"target {name}: {e}") from None
-        out[name] = Target(name, url, telemetry, model, api_key)
+        out[name] = Target(name, url, telemetry, model, api_key, round_trip_s(url, bearer(api_key)))
     return out

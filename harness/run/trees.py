@@ -1,8 +1,10 @@
-"""The two builds an A/B compares, each as a work tree and the Python that runs it: a revision becomes a git work
-tree beside the checkout (`.ab/trees/SHA`, ignored by git, kept for the next night), a directory that is a git work
-tree is taken as it is, and NEW defaults to this checkout. A tree shares this venv where its pyproject.toml is the
-same bytes as the checkout's (its dependencies are then equal; the tree's own code comes first on the import path,
-PYTHONPATH, ahead of the venv's editable install of this checkout); otherwise `make setup` gives it its own venv."""
+"""The two builds an A/B compares, each as a work tree and the Python that runs it: a revision of the repository the
+user stands in (the git repository of the working directory, else this install's checkout) becomes a git work tree
+beside that repository's (`.ab/trees/SHA`, ignored by git, kept for the next night), a directory that is a git work
+tree is taken as it is, and NEW defaults to that repository's working tree. A tree shares this venv where its
+pyproject.toml is the same bytes as the checkout's (its dependencies are then equal; the tree's own code comes first
+on the import path, PYTHONPATH, ahead of the venv's editable install of this checkout); otherwise `make setup` gives
+it its own venv."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from pathlib import Path
 
 from engines.procs import spawn, stop
 
-ROOT = Path(__file__).resolve().parents[2]
-TREES = ROOT / ".ab" / "trees"
+ROOT = Path(__file__).resolve().parents[2]  # this install's checkout: its code, and the repository outside any other
+TREES: Path | None = None  # where revisions' work trees go; None: .ab/trees in the user's repository
 KEPT_TREES = 3  # revisions' work trees kept for the next nights (each a checkout of the repository's files)
 SETUP_TIMEOUT_S = 900  # a fresh venv on this 2-core machine: 60-100 s with uv, pip's 150-175 s; a slow night x5
 
@@ -36,8 +38,23 @@ class Tree:
         return {**os.environ, "PYTHONPATH": str(self.path)}
 
 
-def git(*args: str, cwd: Path = ROOT) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+def repository() -> Path:
+    """The fragbench repository the user stands in (git's top of the working directory, where it holds harness/),
+    else this install's checkout: `memory-gate HEAD` in a second clone is that clone's HEAD."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    except OSError:  # no git at all: the install's checkout, whose git calls then say so
+        return ROOT
+    top = Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+    return top.resolve() if top is not None and (top / "harness").is_dir() else ROOT
+
+
+def trees_dir() -> Path:
+    return TREES if TREES is not None else repository() / ".ab" / "trees"
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd or repository(), capture_output=True, text=True)
     if out.returncode != 0:
         raise TreeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"git {args[0]} failed")
     return out.stdout.strip()
@@ -48,14 +65,15 @@ def resolve(rev: str) -> str:
     try:
         return git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except TreeError:
-        raise TreeError(f"unknown revision {rev!r} (not a commit of {ROOT})") from None
+        raise TreeError(f"unknown revision {rev!r} (not a commit of {repository()})") from None
 
 
 def tree_of(name: str | None) -> Tree:
     """NEW or BASE as the user named it: None is this checkout's working tree, an existing directory is a work
     tree as it stands, anything else a revision checked out beside the checkout."""
     if name is None:
-        return Tree("working tree", ROOT, None, python_for(ROOT))
+        here = repository()
+        return Tree("working tree", here, None, python_for(here))
     path = Path(name)
     if path.is_dir():
         try:
@@ -72,7 +90,8 @@ def tree_of(name: str | None) -> Tree:
 
 def checkout(sha: str) -> Path:
     """A work tree of the commit at .ab/trees/SHA (made once, reused while it still holds that commit)."""
-    path = TREES / sha[:12]
+    trees = trees_dir()
+    path = trees / sha[:12]
     if path.is_dir():
         try:
             if git("rev-parse", "HEAD", cwd=path) == sha:
@@ -81,7 +100,7 @@ def checkout(sha: str) -> Path:
             pass
         git("worktree", "remove", "--force", str(path))
     git("worktree", "prune")
-    TREES.mkdir(parents=True, exist_ok=True)
+    trees.mkdir(parents=True, exist_ok=True)
     git("worktree", "add", "--detach", str(path), sha)
     drop_old(keep=path)
     return path
@@ -91,7 +110,7 @@ def drop_old(keep: Path) -> None:
     """The work trees beyond the KEPT_TREES made last removed (a nightly makes one a passing revision): `keep`
     stays."""
     most = KEPT_TREES
-    trees = sorted((p for p in TREES.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+    trees = sorted((p for p in trees_dir().iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
     for old in trees[: max(0, len(trees) - (most - 1))]:
         try:
             git("worktree", "remove", "--force", str(old))

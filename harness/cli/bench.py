@@ -200,6 +200,5 @@ def run(args: argparse.Namespace) -> int:
     # the answer under the decision line: per engine, the figures summary.json has (engines.csv beside it)
     print(engine_table(read_summary_record(run_dir)), flush=True)
     report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
-    print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)
-report:  {report}")
+    print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
     return 0

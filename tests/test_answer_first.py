@@ -97,7 +97,7 @@ def test_bench_prints_the_table_under_its_decision_line(tmp_path, monkeypatch, c
 
     class Recorded:
         def __init__(self, cfg):
-            self.dir = run
+            self.dir, self.failure = run, None
 
         def run(self):
             finalize(run)

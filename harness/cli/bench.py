@@ -115,10 +115,9 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
 
 
 def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
-    """--kv-budget, or --kv-budgets' list (parsed and de-duplicated by bytes by their flags): each a size that
-    holds one max-length sequence of the model, by every engine's own rule."""
-    budgets = args.kv_budgets if args.kv_budgets is not None else [args.kv_budget]
-    flag = "--kv-budgets" if args.kv_budgets is not None else "--kv-budget"
+    """--kv-budget or --kv-budgets' sizes, each one max-length sequence by every engine's own rule."""
+    listed = args.kv_budgets is not None
+    budgets, flag = (args.kv_budgets, "--kv-budgets") if listed else ([args.kv_budget], "--kv-budget")
     if not budgets:
         raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
     shape = load_shape(args.model)
@@ -180,13 +179,11 @@ def config(args: argparse.Namespace):
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
                        time_s=args.time, precision=args.precision,
                        memory=args.memory, alloc_conf=args.alloc_conf, compare_alloc_confs=args.compare_alloc_conf,
-                       api=args.api, api_key=args.api_key,
-                       targets={name: t.describe() for name, t in targets.items()})
+                       api=args.api, api_key=args.api_key, targets={name: t.describe() for name, t in targets.items()})
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config(args)  # every refusal before the harness (and torch) loads: a bad command line exits at once
-    # after the refusals: a bad command line exits before torch and plotly load
+    cfg = config(args)  # every refusal before the harness (torch, plotly) loads: a bad command line exits at once
     from harness.analysis.summary import read_summary_record
     from harness.run.bench import Bench
     from harness.views.engine_table import engine_table
@@ -197,8 +194,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = bench.run()
     if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)
         raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
-    # the answer under the decision line: per engine, the figures summary.json has (engines.csv beside it)
-    print(engine_table(read_summary_record(run_dir)), flush=True)
+    print(engine_table(read_summary_record(run_dir)), flush=True)  # the answer under the decision line
     report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
     print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
     return 0

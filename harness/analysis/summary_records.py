@@ -182,6 +182,22 @@ class OperatingPoint(SummaryBlock):
     keys: list[str] = []
 
 
+class RulingBlock(SummaryBlock):
+    """summary.json's `capacity.<contiguous engine>.ruling`: whether the run ruled the engine out
+    (analysis/ruled_out.py), against which leader's knee, on which rate's judged requests, in words."""
+
+    ruled_out: bool = False
+    leader: str | None = None
+    leader_rps: Num | None = None
+    offered_rps: Num | None = None
+    met: Num | None = None
+    judged: Num | None = None
+    wilson_90: list[Num] | None = None
+    target: Num | None = None
+    met_above_rps: Num | None = None
+    words: str = ""
+
+
 class CapacityBlock(SummaryBlock):
     """summary.json's `capacity.<engine>`: the sustained rate at the SLO, its interval and the points."""
 
@@ -199,6 +215,7 @@ class CapacityBlock(SummaryBlock):
     knee: Knee | None = None
     role: str | None = None
     operating_point: OperatingPoint | None = None
+    ruling: RulingBlock | None = None  # contiguous engines where the run has a paged one (analysis/ruled_out.py)
 
 
 class Ratio(SummaryBlock):

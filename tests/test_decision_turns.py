@@ -206,12 +206,31 @@ def test_run_4_a_turn_stays_within_a_grid_step_of_the_lowest_rate_that_met():
     """Run 4's fit: a shallow slope, an interval far wider than the bracket; its first turn went to 0.229 req/s,
     a twelfth of the bracket's lower end, and its 35 judged requests took the decision's whole 237 s."""
     wide = KneeEstimate("static-oracle", 1.2, (0.03, 8.0), 4, 4, 150, True)
-    lowest_met, highest_missed = reach(run4_points(), 0.9)
-    assert (lowest_met, highest_missed) == (snap(1.76), snap(7.34))
+    lowest_met, highest_missed, met_end = reach(run4_points(), 0.9)
+    assert (lowest_met, highest_missed, met_end) == (snap(1.76), snap(7.34), snap(2.83))
     below = next_rate(wide, 1, lowest_met, highest_missed)
     assert below == grid_rate(grid_index(snap(1.76)) - 1) and below > 1.6
     assert next_rate(wide, 1) < 0.35  # unclamped, the turn falls near where run 4's did
     assert next_rate(wide, 0, lowest_met, highest_missed) <= grid_rate(grid_index(snap(7.34)) + 1)
+    # with the bracket's met end: the knee estimate (1.2) lies under it, so no turn goes under 2.83 req/s
+    assert next_rate(wide, 1, lowest_met, highest_missed, met_end) == snap(2.83)
+
+
+def test_no_turn_goes_under_halfway_from_the_brackets_met_end_to_the_knee():
+    """A fresh-clone run of be5c217: static-oracle met 77 % at its operating point (1.61 req/s) and 86 % at 1.76,
+    its search stepped down to 0.386 req/s to meet, and the decision's first turn went to 0.386 again, a quarter
+    of its knee, where every request met. A fit as flat as that engine's puts its knee low and wide; the turn's
+    floor (placement.floor_rps) keeps it off the rate already known to meet."""
+    pts = [judged(0.386, 12, 12), judged(snap(1.61), 24, 31), judged(snap(1.76), 43, 50)]
+    low = KneeEstimate("static-oracle", 0.6, (0.3, 1.7), 3, 3, 93, True)
+    lowest_met, highest_missed, met_end = reach(pts, 0.9)
+    assert met_end == lowest_met == 0.386 and highest_missed == snap(1.76)
+    assert next_rate(low, 1, lowest_met, highest_missed) < 0.39  # the rule before: where the run's turn went
+    floor = math.sqrt(0.386 * 0.6)
+    assert all(next_rate(low, t, lowest_met, highest_missed, met_end) >= snap(floor) > 0.386 * 1.2 for t in range(4))
+    est = fit({"static-oracle": pts}, 0.9).estimates["static-oracle"]  # the fit itself: no turn under its floor
+    assert all(next_rate(est, t, lowest_met, highest_missed, met_end) >= snap(math.sqrt(0.386 * est.rps))
+               for t in range(4))
 
 
 def test_the_nth_turn_of_each_headline_engine_reads_one_paired_stream_and_no_turn_reuses_one():
@@ -326,7 +345,7 @@ def test_the_decision_visits_abba_and_turn_n_of_each_engine_reads_one_paired_str
     n = min(len(k) for k in keys.values())
     assert n >= 4 and keys["paged"][:n] == keys["static-oracle"][:n] == [paired_key(i) for i in range(n)]
     for e in runs:
-        lowest_met, highest_missed = reach(points[e], 0.9)
+        lowest_met, highest_missed, _ = reach(points[e], 0.9)
         rates = [c["rate"] for c in visits.calls if c["engine"] == e]
         assert all(grid_rate(grid_index(lowest_met) - 1) <= r <= grid_rate(grid_index(highest_missed) + 1)
                    for r in rates)

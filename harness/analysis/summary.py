@@ -26,7 +26,7 @@ from harness.analysis.headline import (
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
-from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
+from harness.analysis.knee import Judged, design_effect, knee_block, load_independent_misses, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
 from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
@@ -296,6 +296,9 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
             out[e]["run_to_run_share"] = round(run_to_run_share(est.ci, within.estimates[e].ci), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
+        # beside the knee: the misses that lighter load does not remove (an engine whose attainment is flat)
+        if est is not None:
+            out[e]["load_independent_misses"] = load_independent_misses(b["points"], est.rps, d)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
         out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
         # measured first, on fixed keys (none where the repository's table has no rate for this engine)

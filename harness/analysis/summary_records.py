@@ -198,6 +198,22 @@ class RulingBlock(SummaryBlock):
     words: str = ""
 
 
+class LoadIndependentMisses(SummaryBlock):
+    """summary.json's `capacity.<engine>.load_independent_misses`: the share of judged requests missed at rates
+    at most `at_most_rps` (a share of the knee, analysis/knee.LIGHT_LOAD), with its 90 % interval, and the failed
+    requests and OOMs recorded at those rates."""
+
+    share: Num
+    share_ci: list[Num]
+    judged: Num
+    missed: Num
+    failed: Num = 0
+    oom_total: Num = 0
+    oom_fragmentation: Num = 0
+    at_most_rps: Num
+    rates: list[Num] = []
+
+
 class CapacityBlock(SummaryBlock):
     """summary.json's `capacity.<engine>`: the sustained rate at the SLO, its interval and the points."""
 
@@ -216,6 +232,7 @@ class CapacityBlock(SummaryBlock):
     role: str | None = None
     operating_point: OperatingPoint | None = None
     ruling: RulingBlock | None = None  # contiguous engines where the run has a paged one (analysis/ruled_out.py)
+    load_independent_misses: LoadIndependentMisses | None = None  # analysis/knee.load_independent_misses
 
 
 class Ratio(SummaryBlock):

@@ -11,7 +11,7 @@ import numpy as np
 from harness.analysis.headline import headline, rival_of, roles, rulings_of
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import fit
-from harness.analysis.ruled_out import evidence, evidence_of, leader_of, rulings
+from harness.analysis.ruled_out import Evidence, evidence, evidence_of, leader_of, rulings
 from workloads.streams import key_of
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rival_hf" / "points.json"
@@ -47,6 +47,8 @@ def test_what_is_not_ruled_out_says_why_in_words_that_agree_with_its_interval():
     back = rulings(knees, {"hf": evidence([judged(1.5, 5, 40), judged(1.8, 40, 40)], 0.9)})["hf"]
     assert not back.out and back.met_above_rps == 1.8 and "met the target at 1.8 req/s" in back.words()
     assert rulings(knees, {})["hf"].words() == "hf: not ruled out: no judged point"
+    edge = Evidence(2.0, 57, 68, (0.7521, 0.8985), 0.9)  # an upper end of 0.8985: said as such, not as 0.90
+    assert edge.clear_miss and "[0.752, 0.898]" in edge.words()
 
 
 def test_the_leader_is_the_highest_bracketed_knee_else_the_highest_knee():

@@ -41,8 +41,10 @@ class Evidence:
     def words(self) -> str:
         lo, hi = self.wilson_90
         side = "under" if self.clear_miss else "not wholly under"
-        return (f"{self.met} of {self.judged} judged met at {self.offered_rps:g} req/s (Wilson 90 % [{lo:.2f}, "
-                f"{hi:.2f}] at the effective size, {side} the target {self.target:g})")
+        # a third decimal where two would round an upper end under the target onto it
+        places = 3 if round(hi, 2) >= self.target > hi else 2
+        return (f"{self.met} of {self.judged} judged met at {self.offered_rps:g} req/s (Wilson 90 % [{lo:.{places}f}, "
+                f"{hi:.{places}f}] at the effective size, {side} the target {self.target:g})")
 
 
 def evidence(points: list[Judged], target: float) -> tuple[Evidence | None, float | None]:

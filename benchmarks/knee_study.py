@@ -53,7 +53,7 @@ from harness.analysis.design import TURN_SHARE
 from harness.analysis.headline import rival_of
 from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
 from harness.analysis.kneefit import KneeFit, fit
-from harness.analysis.ruled_out import evidence_of
+from harness.analysis.ruled_out import evidence_of, rulings
 from harness.analysis.steady import wilson
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
 
@@ -298,17 +298,23 @@ def rival_check(prm: Params, rng: np.random.Generator, static: Engine, after_sea
     """Issue 79's check, beside the run and on its own draws (the run's own are unchanged): a third contiguous
     engine whose true knee is `screened_knee` x static-oracle's, screened as the bench screens one (one point
     at the grid rate at or under the lower end of static-oracle's interval after its search, stopping at a clear
-    miss), then the headline's rival chosen at the run's end by headline.rival_of with the one rule for "ruled
-    out" (analysis/ruled_out.py) over the final fit's knees and the screened engine's own one-point fit. The
-    rival's name (None: none)."""
-    lo = fit({STATIC: after_search}, TARGET).estimates[STATIC].ci[0]
-    rate = grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(lo) + 1e-6))
+    miss) and, where the one rule for "ruled out" (analysis/ruled_out.py) does not rule it out, searched as the
+    bench then searches it (from its calibrated rate, its screen's point kept); then the headline's rival chosen
+    at the run's end by headline.rival_of with that rule, over the final fit's knees (static-oracle's points
+    `at_end`) and the screened engine's own fit. The rival's name (None: none). The decision's turns stay the
+    run's: where the bench would turn to the screened engine, this check does not."""
+    static_fit = fit({STATIC: after_search}, TARGET).estimates
+    rate = grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(static_fit[STATIC].ci[0]) + 1e-6))
     run = Run(prm, rng, {SCREENED: []})
-    measure(run, Engine(SCREENED, prm.screened_knee * static.knee_rps, static.slope_b, static.spread_s), rate,
-            prm.search_s)
-    estimates = {**kf.estimates, **fit(run.points, TARGET).estimates}
-    knees = {e: (k.rps, k.ci[1], k.bracketed) for e, k in estimates.items()}
-    return rival_of(knees, evidence_of({STATIC: at_end, **run.points}, TARGET))
+    screened = Engine(SCREENED, prm.screened_knee * static.knee_rps, static.slope_b, static.spread_s)
+    measure(run, screened, rate, prm.search_s)
+
+    def knees(estimates) -> dict[str, tuple[float, float, bool]]:
+        return {e: (k.rps, k.ci[1], k.bracketed) for e, k in {**estimates, **fit(run.points, TARGET).estimates}.items()}
+
+    if not rulings(knees(static_fit), evidence_of({STATIC: after_search, **run.points}, TARGET))[SCREENED].out:
+        search(run, screened)
+    return rival_of(knees(kf.estimates), evidence_of({STATIC: at_end, **run.points}, TARGET))
 
 
 def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:

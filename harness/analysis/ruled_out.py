@@ -59,7 +59,7 @@ def evidence(points: list[Judged], target: float) -> tuple[Evidence | None, floa
     def at(p: Judged) -> Evidence:
         met = int(p.met.sum())
         lo, hi = wilson(met / d, len(p.met) / d)
-        return Evidence(p.offered_rps, met, len(p.met), (round(lo, 4), round(hi, 4)), target)
+        return Evidence(p.offered_rps, met, len(p.met), (lo, hi), target)
 
     met_rates = [p.offered_rps for p in rows if len(p.met) and p.attainment >= target]
     top_met = max(met_rates, default=0.0)
@@ -112,7 +112,7 @@ class Ruling:
         p = self.point
         return {"ruled_out": self.out, "leader": self.leader, "leader_rps": self.leader_rps,
                 "offered_rps": p.offered_rps if p else None, "met": p.met if p else None,
-                "judged": p.judged if p else None, "wilson_90": list(p.wilson_90) if p else None,
+                "judged": p.judged if p else None, "wilson_90": [round(x, 4) for x in p.wilson_90] if p else None,
                 "target": p.target if p else None, "met_above_rps": self.met_above_rps, "words": self.words()}
 
 

@@ -19,7 +19,10 @@ The flow mirrors the bench: each engine's knee bracketed by knee.KneeSearch from
 calibration drawn around 1.6 x its true knee), stepping by 1.6, stopping once bracketed or its search time spent;
 then decision turns in ABBA order (paged, static, static, paged, ...), each giving one engine one point at
 placement.next_rate(its estimate, its turn) on a fresh stream, the fit redone after every turn, until
-placement.done(...) or the decision's time is spent.
+placement.done(...) or the decision's time is spent. Beside each run, on draws of its own, a third contiguous
+engine (`--screened-knee` x static-oracle's knee) is screened by one point as the bench screens one, and the
+headline's rival is chosen by the bench's rule (headline.rival_of, analysis/ruled_out.py): `rival ok` is the share
+of runs whose rival is the contiguous engine with the highest true knee.
 
 Where the defaults come from (estimates from recorded runs, to be replaced by measured values once issue 58's
 replication study has measured them):
@@ -47,12 +50,15 @@ import numpy as np
 
 from harness.analysis import kneefit, placement
 from harness.analysis.design import TURN_SHARE
+from harness.analysis.headline import rival_of
 from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
 from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.ruled_out import evidence_of, rulings
 from harness.analysis.steady import wilson
-from workloads.streams import grid_index
+from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
 
 PAGED, STATIC = "paged", "static-oracle"
+SCREENED = "hf"  # a third contiguous engine, screened by one point (the rival check: `rival_check`)
 ABBA = (PAGED, STATIC, STATIC, PAGED)  # the decision's turn order, repeated
 TARGET = 0.9
 RATIOS = (1.0, 1.3, 1.7)
@@ -111,6 +117,7 @@ class Params:
     search_points: int = 8
     decide_confidence: float = CONFIDENCE  # the interval "decided" reads (the bench: the reported 90 % one)
     stop: str = "rule"  # rule: placement.done; time: until the time is spent; decided: the former rule
+    screened_knee: float = 0.7  # the screened engine's true knee over static-oracle's (hf's in a recorded run)
 
 
 @dataclass(frozen=True)
@@ -286,6 +293,30 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         turn, last = turn + 1, engine
 
 
+def rival_check(prm: Params, rng: np.random.Generator, static: Engine, after_search: list[Judged],
+                at_end: list[Judged], kf: KneeFit) -> str | None:
+    """Issue 79's check, beside the run and on its own draws (the run's own are unchanged): a third contiguous
+    engine whose true knee is `screened_knee` x static-oracle's, screened as the bench screens one (one point
+    at the grid rate at or under the lower end of static-oracle's interval after its search, stopping at a clear
+    miss) and, where the one rule for "ruled out" (analysis/ruled_out.py) does not rule it out, searched as the
+    bench then searches it (from its calibrated rate, its screen's point kept); then the headline's rival chosen
+    at the run's end by headline.rival_of with that rule, over the final fit's knees (static-oracle's points
+    `at_end`) and the screened engine's own fit. The rival's name (None: none). The decision's turns stay the
+    run's: where the bench would turn to the screened engine, this check does not."""
+    static_fit = fit({STATIC: after_search}, TARGET).estimates
+    rate = grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(static_fit[STATIC].ci[0]) + 1e-6))
+    run = Run(prm, rng, {SCREENED: []})
+    screened = Engine(SCREENED, prm.screened_knee * static.knee_rps, static.slope_b, static.spread_s)
+    measure(run, screened, rate, prm.search_s)
+
+    def knees(estimates) -> dict[str, tuple[float, float, bool]]:
+        return {e: (k.rps, k.ci[1], k.bracketed) for e, k in {**estimates, **fit(run.points, TARGET).estimates}.items()}
+
+    if not rulings(knees(static_fit), evidence_of({STATIC: after_search, **run.points}, TARGET))[SCREENED].out:
+        search(run, screened)
+    return rival_of(knees(kf.estimates), evidence_of({STATIC: at_end, **run.points}, TARGET))
+
+
 def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     """One synthetic run at a true ratio, from its own seed (the same whatever else runs beside it)."""
     ratio_key = round(true_ratio * 1000)
@@ -294,15 +325,19 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
                STATIC: Engine(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio, prm.spread_s * prm.spread_ratio)}
     searches = {e: search(run, engines[e]) for e in (PAGED, STATIC)}
     search_points = {e: len(run.points[e]) for e in (PAGED, STATIC)}
+    after_search = list(run.points[STATIC])
     kf, stop, used_s = decide(run, engines, searches)
     ratio, lo, hi, decided, precise = headline(kf, prm.decide_confidence)
+    rival = rival_check(prm, np.random.default_rng([seed, ratio_key, index, 79]), engines[STATIC], after_search,
+                        run.points[STATIC], kf)
+    best = STATIC if prm.screened_knee < 1 else SCREENED  # the contiguous engine with the highest true knee
     return {"true_ratio": true_ratio, "spread": prm.spread_s, "paired": prm.paired, "ratio": ratio, "lo": lo,
             "hi": hi, "covered": lo <= true_ratio <= hi,
             "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
             "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
             "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
             "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].knee_rps <= kf.estimates[e].ci[1]
-                             for e in (PAGED, STATIC)}}
+                             for e in (PAGED, STATIC)}, "rival_is_best": rival == best}
 
 
 def _task(args: tuple) -> dict:
@@ -329,7 +364,9 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
             "knee_coverage_paged": round(sum(r["knee_covered"][PAGED] for r in runs) / n, 4),
             "knee_coverage_static": round(sum(r["knee_covered"][STATIC] for r in runs) / n, 4),
             "median_spread_s_fit": round(float(np.median([r["spread_s_fit"] for r in runs])), 4),
-            "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1)}
+            "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1),
+            # issue 79: the share of runs whose headline rival is the contiguous engine with the highest true knee
+            "rival_best_share": round(sum(r["rival_is_best"] for r in runs) / n, 4)}
 
 
 def study(prm: Params | list[Params], ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed: int = 0,
@@ -382,7 +419,7 @@ COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"),
            ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
            ("median_points_static", "pts static", "{:.1f}"), ("median_ratio", "med ratio", "{:.3f}"),
            ("miss_below", "miss<", "{:.3f}"), ("miss_above", "miss>", "{:.3f}"),
-           ("median_spread_s_fit", "s fit", "{:.3f}")]
+           ("median_spread_s_fit", "s fit", "{:.3f}"), ("rival_best_share", "rival ok", "{:.3f}")]
 
 
 def table(result: dict, prm: Params) -> str:
@@ -393,7 +430,8 @@ def table(result: dict, prm: Params) -> str:
     for row in result["rows"]:
         lines.append("  ".join(f"{fmt.format(row[k]):>10}" for k, _, fmt in COLUMNS))
     lines.append("miss< : share of runs whose interval lies under the true ratio; miss> : over it; "
-                 "s fit: the fit's median stream spread")
+                 "s fit: the fit's median stream spread; rival ok: share of runs whose headline rival is the "
+                 "contiguous engine with the highest true knee (a third one screened: --screened-knee)")
     return "\n".join(lines)
 
 
@@ -436,6 +474,8 @@ def parser() -> argparse.ArgumentParser:
                     help="sd of log calibrated rate around 1.6 x the true knee")
     ap.add_argument("--decide-confidence", type=float, default=d.decide_confidence,
                     help="the central interval whose excluding 1.0 counts as decided (the bench: the 90 %% one)")
+    ap.add_argument("--screened-knee", type=float, default=d.screened_knee,
+                    help="the screened third engine's true knee over static-oracle's (the rival check)")
     ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
     ap.add_argument("--stop", choices=("rule", "time", "decided"), default="rule",
                     help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
@@ -457,7 +497,7 @@ def one_params(a: argparse.Namespace) -> Params:
                   spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
                   judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
-                  calibration_sd=a.calibration_sd, stop=a.stop,
+                  calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee,
                   decide_confidence=a.decide_confidence)
 
 

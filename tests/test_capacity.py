@@ -190,7 +190,10 @@ def test_every_capacity_block_has_its_interval_and_the_constraint_that_bound_it(
         assert {"method", "points", "streams", "judged", "rps", "ci"} <= set(c["knee"])  # issue 58's contract
         assert c["knee"]["rps"] == round(c["sustained_rps"], 4) and c["replications"] == c["knee"]["streams"]
         assert c["role"] in ("headline", "rival", "screened") and set(c["operating_point"]) == {"offered_rps", "keys"}
+        assert "load_independent_misses" in c  # issue 79: beside the knee (None where no rate that low was measured)
     h = summary["headline"]
+    ruling = summary["capacity"][h["against"]]["ruling"]  # issue 79: the rival is never one the run ruled out
+    assert not ruling["ruled_out"] and ruling["words"].startswith(f"{h['against']}: not ruled out")
     assert h["stop"] in ("precise", "time spent") and isinstance(h["precise"], bool)
     assert summary["capacity"][h["engine"]]["role"] == "headline" and summary["capacity"][h["against"]]["role"] == \
         "rival"

@@ -15,6 +15,8 @@ from harness.analysis.design import GUARD_S, TURN_SHARE, Design
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeEstimate, fit
 from harness.analysis.placement import next_rate, reach
+from harness.analysis.ruled_out import evidence_of, rulings
+from harness.analysis.summary_records import CapacityBlock, RulingBlock
 from harness.run.engine_run import EngineRun, Searched
 from harness.run.search import PER_VISIT, KneeSearching, likely_rival, turns_of
 from harness.run.verdicts import Verdict
@@ -51,12 +53,6 @@ class FakeVisits:
         st = self.searched(run)
         met = np.concatenate([st.judged[i][0] for i in st.of_rate(rate)])
         return float(met.mean())
-
-    def wilson(self, run, rate):
-        from harness.analysis.steady import wilson
-
-        met = np.concatenate([self.searched(run).judged[i][0] for i in self.searched(run).of_rate(rate)])
-        return float(met.sum()), len(met), wilson(float(met.sum()), len(met))
 
 
 class FakeRecord:
@@ -96,15 +92,30 @@ def searching(visits, engine_order=("paged", "static-oracle", "hf", "static-max"
     clock = SimpleNamespace(left_s=left_s, started=time.time())
     s = KneeSearching(cfg, Design.of(830, 1.5, 0.9, dispersion=2.0), clock, FakeRecord(), Lines(), visits,
                       list(engine_order), [BUDGET], [])
-    s.verdict = lambda visit=None: verdict
+    s.verdict = verdict if callable(verdict) else lambda visit=None: verdict
     return s
 
 
-def rival_verdict(ci=(2.2, 3.4)):
-    """The run after paged's and static-oracle's searches: static-oracle the rival, its knee in `ci`."""
+def rival_verdict(ci=(2.2, 3.4), visits: FakeVisits | None = None, reach_rps: float = 5.0):
+    """The run after paged's and static-oracle's searches: static-oracle the rival, its knee in `ci`. With
+    `visits`, a function of the visit that gives the run as the summary would then: each engine the visits
+    measured with its ruling (analysis/ruled_out.py) read from its points, its fitted reach `reach_rps` (a
+    one-point fit's upper end, far above what it missed)."""
     est = KneeEstimate("static-oracle", 2.7, ci, 4, 4, 100, True)
     fitted = SimpleNamespace(estimates={"static-oracle": est})
-    return Verdict({}, {}, {}, SimpleNamespace(against="static-oracle", engine="paged", stop="time spent"), fitted)
+    head = SimpleNamespace(against="static-oracle", engine="paged", stop="time spent")
+    if visits is None:
+        return Verdict({}, {}, {}, head, fitted)
+
+    def now(visit=None) -> Verdict:
+        pts = {e: [Judged(p["offered_rps"], p["key"], *st.judged[i]) for i, p in enumerate(st.points)]
+               for e, st in visits.st.items()}
+        knees = {"static-oracle": (est.rps, est.ci[1], True), **{e: (0.5, reach_rps, False) for e in pts}}
+        ruling = rulings(knees, evidence_of(pts, 0.9))
+        capacity = {e: CapacityBlock(sustained_rps=0.5, ruling=RulingBlock.model_validate(ruling[e].written()))
+                    for e in pts}
+        return Verdict(pts, capacity, {}, head, fitted)
+    return now
 
 
 def visit_of(engine: str):
@@ -123,7 +134,7 @@ def test_a_screen_measures_one_point_under_the_rivals_interval_and_a_clear_miss_
     """Run 5: hf calibrated at 0.084 req/s searched its 128 s and ended with no point (summary.json had no hf in
     `capacity`, its search booked as 0 s). Screened, it is measured once, at or under the rival's lower end."""
     visits = FakeVisits(lambda rate: 0.1)
-    s = searching(visits, search_s=128.0, verdict=rival_verdict())
+    s = searching(visits, search_s=128.0, verdict=rival_verdict(visits=visits))
     s.search(visit_of("hf"), lambda *a: None, calibrated_rps=0.084)
     assert [c["rate"] for c in visits.calls] == [grid_rate(math.floor(STEPS_PER_OCTAVE * math.log2(2.2)))]
     assert [c["key"] for c in visits.calls] == [key_of(visits.calls[0]["rate"])]  # a search's stream
@@ -135,9 +146,30 @@ def test_a_screen_measures_one_point_under_the_rivals_interval_and_a_clear_miss_
     assert kept.measured == [(visits.calls[0]["rate"], 0.08)]
 
 
+def test_a_screen_whose_interval_lies_under_the_target_says_ruled_out_whatever_the_fits_reach():
+    """Run 3 printed "hf: not ruled out: 12 of 63 judged met at 1.09051 req/s (Wilson 90 % [0.07, 0.43] ...)": the
+    run's headline had taken hf for its rival on its one-point fit's reach. The screen now prints the one rule's
+    ruling (analysis/ruled_out.py), which the fit's reach does not enter."""
+    visits = FakeVisits(lambda rate: 12 / 63, n=63)
+    base = rival_verdict(ci=(1.1, 2.43), visits=visits, reach_rps=2.2)
+    s = searching(visits, verdict=lambda visit=None: replace_against(base(visit), "hf" if visit else None))
+    s.search(visit_of("hf"), lambda *a: None, calibrated_rps=1.0)
+    assert len(visits.calls) == 1 and s.record.meta["screens"]["hf"]["ruled_out"]
+    [said] = [line for line in s.console.lines if "12 of 63" in line]
+    assert said.startswith("hf: ruled out: 12 of 63 judged met at 1.09051 req/s") and "under the target" in said
+
+
+def replace_against(v: Verdict, against: str | None) -> Verdict:
+    """The verdict with the headline's rival as a fit's reach alone would have it (`against`)."""
+    if against is None:
+        return v
+    head = SimpleNamespace(**{**vars(v.headline), "against": against})
+    return Verdict(v.points, v.capacity, v.ratios, head, v.fit)
+
+
 def test_a_screen_that_does_not_clearly_miss_goes_on_to_a_search_from_its_point():
     visits = FakeVisits(lambda rate: 1.0 if rate < 2.5 else 0.2)  # as good as the rival: not ruled out
-    s = searching(visits, verdict=rival_verdict())
+    s = searching(visits, verdict=rival_verdict(visits=visits))
     s.search(visit_of("static-max"), lambda *a: None, calibrated_rps=1.0)
     rates = [c["rate"] for c in visits.calls]
     assert len(rates) == 2 and rates[1] > rates[0]  # the screen met: the search steps up from it and brackets
@@ -174,12 +206,31 @@ def test_run_4_a_turn_stays_within_a_grid_step_of_the_lowest_rate_that_met():
     """Run 4's fit: a shallow slope, an interval far wider than the bracket; its first turn went to 0.229 req/s,
     a twelfth of the bracket's lower end, and its 35 judged requests took the decision's whole 237 s."""
     wide = KneeEstimate("static-oracle", 1.2, (0.03, 8.0), 4, 4, 150, True)
-    lowest_met, highest_missed = reach(run4_points(), 0.9)
-    assert (lowest_met, highest_missed) == (snap(1.76), snap(7.34))
+    lowest_met, highest_missed, met_end = reach(run4_points(), 0.9)
+    assert (lowest_met, highest_missed, met_end) == (snap(1.76), snap(7.34), snap(2.83))
     below = next_rate(wide, 1, lowest_met, highest_missed)
     assert below == grid_rate(grid_index(snap(1.76)) - 1) and below > 1.6
     assert next_rate(wide, 1) < 0.35  # unclamped, the turn falls near where run 4's did
     assert next_rate(wide, 0, lowest_met, highest_missed) <= grid_rate(grid_index(snap(7.34)) + 1)
+    # with the bracket's met end: the knee estimate (1.2) lies under it, so no turn goes under 2.83 req/s
+    assert next_rate(wide, 1, lowest_met, highest_missed, met_end) == snap(2.83)
+
+
+def test_no_turn_goes_under_halfway_from_the_brackets_met_end_to_the_knee():
+    """A fresh-clone run of be5c217: static-oracle met 77 % at its operating point (1.61 req/s) and 86 % at 1.76,
+    its search stepped down to 0.386 req/s to meet, and the decision's first turn went to 0.386 again, a quarter
+    of its knee, where every request met. A fit as flat as that engine's puts its knee low and wide; the turn's
+    floor (placement.floor_rps) keeps it off the rate already known to meet."""
+    pts = [judged(0.386, 12, 12), judged(snap(1.61), 24, 31), judged(snap(1.76), 43, 50)]
+    low = KneeEstimate("static-oracle", 0.6, (0.3, 1.7), 3, 3, 93, True)
+    lowest_met, highest_missed, met_end = reach(pts, 0.9)
+    assert met_end == lowest_met == 0.386 and highest_missed == snap(1.76)
+    assert next_rate(low, 1, lowest_met, highest_missed) < 0.39  # the rule before: where the run's turn went
+    floor = math.sqrt(0.386 * 0.6)
+    assert all(next_rate(low, t, lowest_met, highest_missed, met_end) >= snap(floor) > 0.386 * 1.2 for t in range(4))
+    est = fit({"static-oracle": pts}, 0.9).estimates["static-oracle"]  # the fit itself: no turn under its floor
+    assert all(next_rate(est, t, lowest_met, highest_missed, met_end) >= snap(math.sqrt(0.386 * est.rps))
+               for t in range(4))
 
 
 def test_the_nth_turn_of_each_headline_engine_reads_one_paired_stream_and_no_turn_reuses_one():
@@ -294,7 +345,7 @@ def test_the_decision_visits_abba_and_turn_n_of_each_engine_reads_one_paired_str
     n = min(len(k) for k in keys.values())
     assert n >= 4 and keys["paged"][:n] == keys["static-oracle"][:n] == [paired_key(i) for i in range(n)]
     for e in runs:
-        lowest_met, highest_missed = reach(points[e], 0.9)
+        lowest_met, highest_missed, _ = reach(points[e], 0.9)
         rates = [c["rate"] for c in visits.calls if c["engine"] == e]
         assert all(grid_rate(grid_index(lowest_met) - 1) <= r <= grid_rate(grid_index(highest_missed) + 1)
                    for r in rates)

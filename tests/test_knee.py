@@ -109,3 +109,31 @@ def test_the_constraint_is_read_at_the_stream_that_missed_among_those_judged_at_
            {"offered_rps": 3.0, "key": "p0", "slo_attainment": 0.96, "oom_total": 0},
            {"offered_rps": 3.0, "key": "p9", "slo_attainment": 0.80, "oom_total": 4}]
     assert knee_point(pts, SLO())["key"] == "p9"
+
+
+def test_the_misses_lighter_load_does_not_remove_are_reported_beside_the_knee():
+    """Issue 79: static-oracle's misses are fragmentation OOMs that come at rates well under its knee (a recorded
+    run of be5c217: 3 of 31 missed at 1.61 req/s, its knee 1.93, each one a fragmentation OOM); paged met every
+    request at 2.18 req/s, two thirds of its knee. The share, its interval and what the misses were sit beside
+    the knee; the report says it in a sentence where they take half the SLO's allowance or more."""
+    from harness.analysis.knee import LIGHT_LOAD, load_independent_misses
+    from harness.analysis.summary_records import CapacityBlock, LoadIndependentMisses, Summary
+    from harness.views.capacity_section import floor_sentence
+
+    def point(rate, judged, missed, ooms=0, use="steady"):
+        return {"offered_rps": rate, "judged": judged, "missed": missed, "slo_attainment": 1 - missed / judged,
+                "failed": 0, "oom_total": ooms, "oom_fragmentation": ooms, "knee_use": use}
+
+    oracle = [point(1.61049, 31, 3, 3), point(1.756252, 51, 5), point(2.0, 68, 11), point(3.084422, 53, 7, 7)]
+    m = load_independent_misses(oracle, 1.9266, 1.0)
+    assert m["rates"] == [1.61049] and (m["judged"], m["missed"], m["oom_fragmentation"]) == (31, 3, 3)
+    assert m["share"] == round(3 / 31, 4) and m["share_ci"][0] < m["share"] < m["share_ci"][1]
+    assert m["at_most_rps"] == round(LIGHT_LOAD * 1.9266, 4)
+    paged = load_independent_misses([point(2.181015, 62, 0), point(3.512504, 40, 20)], 3.1986, 3.39)
+    assert paged["share"] == 0.0 and paged["rates"] == [2.181015]
+    assert load_independent_misses([point(1.0, 40, 30, use="unsteady"), point(2.0, 40, 4)], 2.0, 1.0) is None
+    cap = {"static-oracle": CapacityBlock(sustained_rps=1.93, load_independent_misses=LoadIndependentMisses(**m)),
+           "paged": CapacityBlock(sustained_rps=3.2, load_independent_misses=LoadIndependentMisses(**paged))}
+    said = floor_sentence(Summary(capacity=cap))
+    assert "static-oracle missed 9.7 %" in said and "3 OOMs, 3 of them fragmentation's" in said and "paged" not in said
+    assert floor_sentence(Summary(capacity={"paged": cap["paged"]})) is None

@@ -31,6 +31,7 @@ def test_json_rows_keep_the_contract_and_a_clear_ratio_is_decided(knee_study, ca
         assert 0.0 <= row["coverage"] <= 1.0 and 0.0 <= row["decided_share"] <= 1.0
         assert row["median_hi_lo"] >= 1.0
         assert row["precise_stop_share"] + row["time_spent_share"] == pytest.approx(1.0)
+        assert row["rival_best_share"] == 1.0  # hf screened at 0.7 x static-oracle's knee: never the rival
     assert rows[1]["decided_share"] >= 2 / 3
     assert 1.3 < rows[1]["median_ratio"] < 2.2
 
@@ -69,3 +70,24 @@ def test_spreads_and_pairing_give_a_row_each_and_paired_turns_read_one_stream(kn
     assert both and all(p.log_load == shared[p.key] for p in both)  # one stream: one offered token load
     searched = [p.key for e in engines for p in run.points[e] if not p.key.startswith("p")]
     assert len(searched) == len(set(searched))  # a search point's stream is its own
+
+
+def test_the_rival_check_names_the_contiguous_engine_with_the_highest_true_knee(knee_study):
+    """Issue 79: a third contiguous engine screened by one point under static-oracle's interval is never the
+    headline's rival where its true knee lies well under static-oracle's (the one rule, analysis/ruled_out.py),
+    and is where its knee lies above."""
+    from dataclasses import replace
+
+    from harness.analysis.kneefit import fit
+
+    prm = knee_study.Params()
+    run = knee_study.Run(prm, np.random.default_rng(2), {"static-oracle": []})
+    static = knee_study.Engine("static-oracle", 2.0, 25.0, 0.08)
+    knee_study.search(run, static)
+    pts = list(run.points["static-oracle"])
+    kf = fit(run.points, 0.9)
+    lower = replace(prm, screened_knee=0.7)
+    assert [knee_study.rival_check(lower, np.random.default_rng(i), static, pts, pts, kf) for i in range(6)] == \
+        ["static-oracle"] * 6
+    assert knee_study.rival_check(replace(prm, screened_knee=2.0), np.random.default_rng(0), static, pts, pts,
+                                  kf) == "hf"

@@ -7,7 +7,8 @@ fit (harness/analysis/kneefit.py), whether it is decided and precise, what it re
   once; the console, the summary, the report, the glance and compare read them.
 - `stop`: `precise` where the decision's stop rule holds (harness/analysis/placement.done), else `time spent`.
 - Roles: the paged engine is the `headline`'s, the contiguous engine it is measured against the `rival`, every
-  other engine `screened` (measured within a bounded time, its knee a figure or a bound at this SLO).
+  other engine `screened` (measured within a bounded time, its knee a figure or a bound at this SLO). An engine
+  ruled out (analysis/ruled_out.py: a clear miss at or under the leading contiguous knee) is never the rival.
 - `resolution`: how long a run would need: more points like the ones measured (each a fresh stream of the same
   judged size) shrink the interval's log-width as 1 / sqrt(their number), whether each stream's binomial draw or
   the spread between streams governs it, so reaching the precision asked takes (width / log precision)^2 times
@@ -23,6 +24,7 @@ from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged, bracket_of, knee_points, pooled
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.placement import MIN_POINTS, done
+from harness.analysis.ruled_out import Evidence, Ruling, evidence_of, rulings
 from harness.analysis.summary_records import HeadlineBlock
 
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
@@ -42,29 +44,45 @@ def reference_of(engines) -> str | None:
     return "paged" if "paged" in engines else next((e for e in engines if e in PAGED), None)
 
 
-def rival_of(knees: dict[str, tuple[float, float, bool]]) -> str | None:
+def rival_of(knees: dict[str, tuple[float, float, bool]],
+             evidence_by: dict[str, tuple[Evidence | None, float | None]] | None = None) -> str | None:
     """The contiguous engine the paged one is measured against, the one rule (`knees`: engine -> its knee, its
-    interval's upper end, whether it is bracketed): the highest knee among those whose knee is bracketed, unless
-    one whose knee is not could still lie above it (its interval's upper end above the leader's knee: every rate
-    it was offered missed, or every one met). Then that one, the highest reach first, so that the decision
-    brackets it before it is ruled out. Knees without intervals (upper end = knee: a simulation's sweep) leave
-    the highest knee."""
+    interval's upper end, whether it is bracketed; `evidence_by`: what analysis/ruled_out.py reads of each
+    engine's points): the highest knee among those whose knee is bracketed, unless one whose knee is not could
+    still lie above it (its interval's upper end above the leader's knee: every rate it was offered missed, or
+    every one met) and is not ruled out (ruled_out.rulings: a clear miss at or under the leader's knee). Then that
+    one, the highest reach first, so that the decision brackets it. Knees without intervals (upper end = knee: a
+    simulation's sweep) leave the highest knee."""
     est = {e: k for e, k in knees.items() if e not in PAGED}
-    closed = [e for e, (_, _, bracketed) in est.items() if bracketed]
+    out = {e for e, r in rulings(est, evidence_by or {}).items() if r.out}
+    closed = [e for e, (_, _, bracketed) in est.items() if bracketed and e not in out]
     leader = max(closed, key=lambda e: est[e][0], default=None)
     contenders = [e for e, (_, hi, bracketed) in est.items()
-                  if not bracketed and (leader is None or hi > est[leader][0])]
+                  if not bracketed and e not in out and (leader is None or hi > est[leader][0])]
     return max(contenders, key=lambda e: est[e][1]) if contenders else leader
 
 
-def best_contiguous(fit: KneeFit) -> str | None:
+def knees_of(fit: KneeFit) -> dict[str, tuple[float, float, bool]]:
+    """The fit's knees as the rival's rule reads them: knee, interval's upper end, bracketed."""
+    return {e: (k.rps, k.ci[1], k.bracketed) for e, k in fit.estimates.items()}
+
+
+def rulings_of(fit: KneeFit, evidence_by: dict[str, tuple[Evidence | None, float | None]]) -> dict[str, Ruling]:
+    """Each contiguous engine's ruling (analysis/ruled_out.py) among the fit's knees."""
+    return rulings({e: k for e, k in knees_of(fit).items() if e not in PAGED}, evidence_by)
+
+
+def best_contiguous(fit: KneeFit, evidence_by: dict[str, tuple[Evidence | None, float | None]] | None = None
+                    ) -> str | None:
     """The rival (`rival_of`) among the fit's knees."""
-    return rival_of({e: (k.rps, k.ci[1], k.bracketed) for e, k in fit.estimates.items()})
+    return rival_of(knees_of(fit), evidence_by)
 
 
-def roles(fit: KneeFit) -> dict[str, str]:
-    """Each engine's role in the run: `headline` (the paged reference), `rival`, or `screened`."""
-    ref, rival = reference_of(fit.estimates), best_contiguous(fit)
+def roles(fit: KneeFit, evidence_by: dict[str, tuple[Evidence | None, float | None]] | None = None
+          ) -> dict[str, str]:
+    """Each engine's role in the run: `headline` (the paged reference), `rival`, or `screened` (a ruled-out
+    engine among them: ruled_out.py)."""
+    ref, rival = reference_of(fit.estimates), best_contiguous(fit, evidence_by)
     return {e: "headline" if e == ref else "rival" if e == rival else "screened" for e in fit.estimates}
 
 
@@ -96,12 +114,14 @@ def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:
 
 
 def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
-             points: dict[str, list[Judged]] | None = None) -> HeadlineBlock | None:
+             points: dict[str, list[Judged]] | None = None, target: float | None = None) -> HeadlineBlock | None:
     """The paged engine against the best contiguous one, or None when either is missing: summary.json's headline
-    as read from the fit (summary.headline_with adds what the run's points and time say of it)."""
+    as read from the fit (summary.headline_with adds what the run's points and time say of it). With the points and
+    the SLO's attainment `target`, an engine they rule out (ruled_out.py) is never the rival."""
     if fit is None:
         return None
-    ref, rival = reference_of(fit.estimates), best_contiguous(fit)
+    evidence_by = evidence_of(points, target) if points and target is not None else None
+    ref, rival = reference_of(fit.estimates), best_contiguous(fit, evidence_by)
     if ref is None or rival is None:
         return None
     ratio, ci = fit.ratio(ref, rival)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.analysis.capacity import SLO, sustained_rate
+from harness.analysis.steady import wilson
 from harness.analysis.summary_records import KneePoint
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate, replication_of
 
@@ -250,6 +251,33 @@ def knee_block(block: dict, slo: SLO, estimate) -> dict:
             "sustained_rps_ci": None if estimate is None else list(estimate.ci), "bound": bound,
             "bound_evidence": evidence, "knee_point": knee.written(),
             "knee": None if estimate is None else estimate.to_json()}
+
+
+# rates at most this share of the knee are light load: there a curve as steep as paged's (b = 25 per unit of log
+# rate, benchmarks/knee_study.py) misses about 1 request in 500 by load (logit 2.2 + 25 x log(1 / 0.85) = 6.3)
+LIGHT_LOAD = 0.85
+
+
+def load_independent_misses(points: list[dict], knee_rps: float, design: float) -> dict | None:
+    """The misses that lighter load does not remove: the share of the judged requests missed at rates at most
+    LIGHT_LOAD x the knee (the points a knee rests on: unsteady ones out), pooled, with its Wilson 90 % interval at
+    the effective size (`design`: the engine's design effect), and beside it the failed requests (errors, crashes)
+    and the OOMs (fragmentation's among them) the engine recorded at those points: static-oracle's misses there
+    are fragmentation OOMs, which come near every rate it sustains. An engine whose share is near the SLO's
+    allowance (1 - target) has an attainment curve that barely falls at its knee: the knee is where that floor
+    and the load together cross the target, and barely identified. None where no rate that low was measured."""
+    light = [p for p in points if p.get("knee_use") != "unsteady" and p["offered_rps"] <= LIGHT_LOAD * knee_rps
+             and p.get("judged")]
+    if not light or knee_rps <= 0:
+        return None
+    judged = int(sum(p["judged"] for p in light))
+    missed = int(sum(p.get("missed", round(p["judged"] * (1 - (p["slo_attainment"] or 0.0)))) for p in light))
+    lo, hi = wilson(missed / design, judged / design)
+    return {"share": round(missed / judged, 4), "share_ci": [round(lo, 4), round(hi, 4)], "judged": judged,
+            "missed": missed, "failed": int(sum(p.get("failed", 0) for p in light)),
+            "oom_total": int(sum(p.get("oom_total", 0) for p in light)),
+            "oom_fragmentation": int(sum(p.get("oom_fragmentation", 0) for p in light)),
+            "at_most_rps": round(LIGHT_LOAD * knee_rps, 4), "rates": sorted({p["offered_rps"] for p in light})}
 
 
 def where_of(points: list[dict], slo: SLO, bracketed: bool) -> str:

@@ -15,6 +15,14 @@ slope came out shallow has a wide interval, and half its half-width can reach fa
 fresh-clone run static-oracle's search bracketed its knee between 2.83 and 7.34 req/s, and the decision's first
 turn went to 0.229 req/s (100 % met; its 35 judged requests took the decision's whole 237 s).
 
+Nor does a turn go under the bracket's met end (the highest rate that met under the lowest that missed above a
+rate that met) by more than half the way from it to the knee: its floor (`floor_rps`)
+is the geometric middle of that rate and the knee estimate, or that rate itself where the estimate lies under it.
+Under it the points already say "met"; a turn there is a replicate of what is known, not a look at the crossing.
+In a fresh-clone run of be5c217 static-oracle met 77 % at 1.61 req/s and 83-87 % at 1.76 (its misses
+fragmentation OOMs at every load), its search stepped down to 0.386 req/s to meet, and the decision's first turn
+went to 0.386 again, a quarter of its knee, where every request met.
+
 The stop: the headline precise (hi / lo at most the precision asked), each of its two engines resting on at least
 `MIN_POINTS` points; else when the time is spent. Whether it is decided does not enter the stop: a rule that
 stops as soon as the interval excludes 1.0 looks again after every point and stops on the first look that does,
@@ -46,13 +54,24 @@ def spread(estimate: KneeEstimate) -> float:
     return max(GRID_STEP, half / 2)
 
 
-def reach(points: list[Judged], target: float) -> tuple[float | None, float | None]:
-    """(lowest rate that met, highest that missed) among the points a knee rests on, each rate's replications
-    pooled; None where no rate met (or none missed)."""
+def reach(points: list[Judged], target: float) -> tuple[float | None, float | None, float | None]:
+    """(lowest rate that met, highest that missed, the bracket's met end: the highest rate that met under the
+    lowest that missed above the lowest that met) among the points a knee rests on, each rate's replications
+    pooled; None where no rate met (or none missed, or none missed above one that met)."""
     rows = pooled(knee_points(points))
     met = [p.offered_rps for p in rows if len(p.met) and p.attainment >= target]
     missed = [p.offered_rps for p in rows if not len(p.met) or p.attainment < target]
-    return min(met, default=None), max(missed, default=None)
+    above = [r for r in missed if met and r > min(met)]
+    met_end = max((r for r in met if r < min(above)), default=None) if above else None
+    return min(met, default=None), max(missed, default=None), met_end
+
+
+def floor_rps(estimate: KneeEstimate, met_end: float | None) -> float | None:
+    """The lowest rate a turn may take (module docstring): halfway in log rate from the bracket's met end to the
+    knee estimate, that met end where the estimate lies under it; None without a met end."""
+    if met_end is None:
+        return None
+    return snap(math.sqrt(met_end * estimate.rps)) if estimate.rps > met_end else met_end
 
 
 def clamped(rate: float, lowest_met: float | None, highest_missed: float | None) -> float:
@@ -65,14 +84,16 @@ def clamped(rate: float, lowest_met: float | None, highest_missed: float | None)
 
 
 def next_rate(estimate: KneeEstimate, turn: int, lowest_met: float | None = None,
-              highest_missed: float | None = None) -> float:
+              highest_missed: float | None = None, met_end: float | None = None) -> float:
     """The grid rate of an engine's `turn`-th placed point: above the knee on even turns, below on odd ones,
-    within a grid step of the lowest rate that met and the highest that missed (`reach`)."""
+    within a grid step of the lowest rate that met and the highest that missed, and at or above its floor
+    (`reach` gives the three rates; `floor_rps`)."""
     side = 1 if turn % 2 == 0 else -1
     rate = snap(estimate.rps * math.exp(side * spread(estimate)))
     if rate == snap(estimate.rps):  # the grid rounded it onto the knee's own rate: one step to its side
         rate = grid_rate(round(STEPS_PER_OCTAVE * math.log2(rate)) + side)
-    return clamped(rate, lowest_met, highest_missed)
+    floor = floor_rps(estimate, met_end)
+    return clamped(rate if floor is None else max(rate, floor), lowest_met, highest_missed)
 
 
 def done(precise: bool, points: dict[str, int]) -> bool:

@@ -19,16 +19,19 @@ from harness.analysis.engine_rows import write_engines_csv
 from harness.analysis.headline import (
     bracket_ends,
     headline,
+    reference_of,
     resolvable,
     roles,
+    rulings_of,
     run_to_run_share,
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
-from harness.analysis.knee import Judged, design_effect, knee_block, rests_on_unsteady
+from harness.analysis.knee import Judged, design_effect, knee_block, load_independent_misses, rests_on_unsteady
 from harness.analysis.kneefit import KneeFit, fit
 from harness.analysis.operating import point_intervals
 from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
+from harness.analysis.ruled_out import evidence_of
 from harness.analysis.rundir import (
     arrived_in,
     in_point,
@@ -281,7 +284,10 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     its role and the constraint that bound it; and every pair's ratio with its interval."""
     slo = meta.config.slo
     knees, within = fits or fits_of(blocks, meta)
-    role = roles(knees) if knees is not None else {}
+    # the one rule for "ruled out" (analysis/ruled_out.py), read by the roles and written beside each knee
+    evidence_by = evidence_of({e: j for e, (_, j) in blocks.items()}, slo.attainment)
+    role = roles(knees, evidence_by) if knees is not None else {}
+    ruling = rulings_of(knees, evidence_by) if knees is not None and reference_of(knees.estimates) else {}
     out = {}
     for e, (b, j) in blocks.items():
         est = knees.estimates.get(e) if knees is not None else None
@@ -292,10 +298,15 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
             out[e]["run_to_run_share"] = round(run_to_run_share(est.ci, within.estimates[e].ci), 3)
         d = design_effect(j)
         out[e]["design_effect"] = round(d, 2)
+        # beside the knee: the misses that lighter load does not remove (an engine whose attainment is flat)
+        if est is not None:
+            out[e]["load_independent_misses"] = load_independent_misses(b["points"], est.rps, d)
         out[e]["effective_judged"] = round(b["judged_total"] / d, 1)
         out[e]["replications"] = est.streams if est is not None else 0  # independent streams under the estimate
         # measured first, on fixed keys (none where the repository's table has no rate for this engine)
         out[e]["operating_point"] = (meta.operating_point or {}).get(e) or {"offered_rps": None, "keys": []}
+        if e in ruling:
+            out[e]["ruling"] = ruling[e].written()
     ratios = {}
     for a in (knees.estimates if knees is not None else {}):
         for b in knees.estimates:
@@ -312,7 +323,7 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     cfg, search = meta.config, (meta.sweep.search if meta.sweep else None) or SearchSettings()
     precision = float(search.precision or cfg.precision or 1.5)
     slo, pts = cfg.slo, {e: j for e, (_, j) in blocks.items()}
-    h = headline(*(fits or fits_of(blocks, meta)), precision, pts)
+    h = headline(*(fits or fits_of(blocks, meta)), precision, pts, slo.attainment)
     if h is None:
         return None
     more_s = time_to_resolve(h, pts, precision)

@@ -185,6 +185,38 @@ class OperatingPoint(SummaryBlock):
     keys: list[str] = []
 
 
+class RulingBlock(SummaryBlock):
+    """summary.json's `capacity.<contiguous engine>.ruling`: whether the run ruled the engine out
+    (analysis/ruled_out.py), against which leader's knee, on which rate's judged requests, in words."""
+
+    ruled_out: bool = False
+    leader: str | None = None
+    leader_rps: Num | None = None
+    offered_rps: Num | None = None
+    met: Num | None = None
+    judged: Num | None = None
+    wilson_90: list[Num] | None = None
+    target: Num | None = None
+    met_above_rps: Num | None = None
+    words: str = ""
+
+
+class LoadIndependentMisses(SummaryBlock):
+    """summary.json's `capacity.<engine>.load_independent_misses`: the share of judged requests missed at rates
+    at most `at_most_rps` (a share of the knee, analysis/knee.LIGHT_LOAD), with its 90 % interval, and the failed
+    requests and OOMs recorded at those rates."""
+
+    share: Num
+    share_ci: list[Num]
+    judged: Num
+    missed: Num
+    failed: Num = 0
+    oom_total: Num = 0
+    oom_fragmentation: Num = 0
+    at_most_rps: Num
+    rates: list[Num] = []
+
+
 class CapacityBlock(SummaryBlock):
     """summary.json's `capacity.<engine>`: the sustained rate at the SLO, its interval and the points."""
 
@@ -202,6 +234,8 @@ class CapacityBlock(SummaryBlock):
     knee: Knee | None = None
     role: str | None = None
     operating_point: OperatingPoint | None = None
+    ruling: RulingBlock | None = None  # contiguous engines where the run has a paged one (analysis/ruled_out.py)
+    load_independent_misses: LoadIndependentMisses | None = None  # analysis/knee.load_independent_misses
 
 
 class Ratio(SummaryBlock):

@@ -18,6 +18,7 @@ from harness.analysis.knee import KneeSearch, knee_points, pooled
 from harness.analysis.operating import OPERATING_JUDGED, OPERATING_REPLICATION, operating_key, operating_rate
 from harness.analysis.placement import next_rate, reach
 from harness.analysis.records import SearchSettings
+from harness.analysis.summary_records import RulingBlock
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
@@ -110,12 +111,13 @@ class KneeSearching:
 
     def screen(self, visit: Visit, show: Show, stop_by: float) -> tuple[float, bool] | None:
         """One point at the grid rate at or under the lower end of the headline rival's interval, as the run says
-        now. A clear miss there (its Wilson 90 % interval at the effective size wholly under the target: the
-        point's own early stop) puts the engine's knee under every rate the rival's interval holds: it is ruled
-        out, its knee a bound, said on the console and in run.json's `screens`, and its search stops. Where the run's
-        own headline then takes it for the rival (its bound reaching past the rival's knee), it is searched as any
-        engine is. (rate, ruled out), or None where there is no rival's interval to screen against (the engine is
-        searched) or no point fits (said)."""
+        now, then the one rule for "ruled out" (analysis/ruled_out.py, as summary.json's `capacity.ENGINE.ruling`
+        computes it): a clear miss there (its Wilson 90 % interval at the effective size wholly under the target:
+        the point's own early stop) at or under the leading contiguous knee puts the engine's knee under it: it is
+        ruled out, its knee a bound, its search stops, and the headline never takes it for the rival unless later
+        evidence the rule reads brings it back. The ruling is said on the console in its own words and recorded in
+        run.json's `screens`. (rate, ruled out), or None where there is no rival's interval to screen against (the
+        engine is searched) or no point fits (said)."""
         run, d = visit.run, self.design
         v = self.verdict()
         rival = v.headline.against if v.headline is not None else None
@@ -134,17 +136,16 @@ class KneeSearching:
                            f"{est.ci[0]:.3g} req/s")
         self.visits.measure(visit, rate, show, min_judged=d.min_judged, max_judged=d.max_judged,
                             min_judged_s=d.min_judged_s, early_judged=d.early_judged, stop_by_s=stop_by)
-        met, n, (lo, hi) = self.visits.wilson(run, rate)
-        after = self.verdict(visit).headline
-        out = hi < d.target and (after is None or after.against != run.engine)
+        block = self.verdict(visit).capacity.get(run.engine)
+        ruling = block.ruling if block is not None and block.ruling is not None else RulingBlock(
+            offered_rps=rate, words=f"{run.engine}: not ruled out: no judged point a knee rests on")
+        out = ruling.ruled_out
         self.record.screen(run.engine, {"rival": rival, "rival_ci": list(est.ci), "offered_rps": rate,
-                                        "judged": n, "met": met, "wilson_90": [lo, hi], "ruled_out": out})
+                                        "judged": ruling.judged, "met": ruling.met, "wilson_90": ruling.wilson_90,
+                                        "ruled_out": out, "leader": ruling.leader, "leader_rps": ruling.leader_rps,
+                                        "ruled_at_rps": ruling.offered_rps, "words": ruling.words})
         self.record.write()
-        self.console.plain(
-            f"{run.engine}: {'ruled out' if out else 'not ruled out'}: {met:g} of {n} judged met at {rate:g} req/s "
-            f"(Wilson 90 % [{lo:.2f}, {hi:.2f}] at the effective size, target {d.target:g})"
-            + (f": its knee is a bound under {rate:g} req/s, under {rival}'s interval; search done" if out else
-               "; searched"))
+        self.console.plain(ruling.words + ("; search done" if out else "; searched"))
         return rate, out
 
     def unfit(self, run: EngineRun, rate: float, stop_by: float) -> str:

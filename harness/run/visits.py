@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.analysis.capacity import SLO
-from harness.analysis.knee import design_effect
-from harness.analysis.steady import wilson
 from harness.results import JournalTail
 from harness.run.clock import Clock
 from harness.run.config import BenchConfig
@@ -142,15 +140,6 @@ class Visits:
         st = self.searched(run)
         met = np.concatenate([st.judged[i][0] for i in st.of_rate(rate) if i in st.judged] or [np.zeros(0)])
         return float(met.mean()) if len(met) else None
-
-    def wilson(self, run: EngineRun, rate: float) -> tuple[float, int, tuple[float, float]]:
-        """At `rate`, its replications' verdicts together: met, judged, and their Wilson 90 % interval at the
-        effective size (the engine's design effect over its points, as a point's own early stop reckons it)."""
-        st = self.searched(run)
-        mine = [i for i in st.of_rate(rate) if i in st.judged]
-        met = np.concatenate([st.judged[i][0] for i in mine] or [np.zeros(0)])
-        d = design_effect(st.judged_points())
-        return float(met.sum()), len(met), wilson(float(met.sum()) / d, len(met) / d)
 
     def revisit(self, run: EngineRun) -> Visit | None:
         """The engine's server again (a target is still running), a sampler and a load generator on it."""

@@ -195,6 +195,24 @@ def bound_lines(summary: Summary) -> tuple[str, list[str]]:
     return "What bound each engine at its knee, the lowest rate that missed the SLO:", parts
 
 
+def floor_sentence(summary: Summary) -> str | None:
+    """Engines whose misses lighter load does not remove (summary.json's `load_independent_misses`), where they
+    take at least half the SLO's allowance of misses: their attainment barely falls at the knee."""
+    parts = []
+    for e, c in summary.capacity.items():
+        m = c.load_independent_misses
+        if m is None or m.share < (1 - c.slo.attainment) / 2:
+            continue
+        ooms = f"; {m.oom_total:g} OOMs, {m.oom_fragmentation:g} of them fragmentation's" if m.oom_total else ""
+        parts.append(f"{e} missed {100 * m.share:.1f} % [{100 * m.share_ci[0]:.1f}, {100 * m.share_ci[1]:.1f}] of "
+                     f"{m.judged:g} judged requests at rates at most {m.at_most_rps:.2f} req/s{ooms}")
+    if not parts:
+        return None
+    return ("Misses that lighter load does not remove, at rates well under the knee: " + "; ".join(parts)
+            + ": near the SLO's allowance, such an engine's attainment barely falls at its knee, which is then "
+            "barely identified.")
+
+
 def steady_sentence(summary: Summary) -> str | None:
     """The points a knee does not take as they are: over the knee (attainment collapsing while the queue grew: a
     miss) or unsteady (halves on two sides of the target, disjoint, the queue not growing: left out)."""
@@ -336,8 +354,9 @@ def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign 
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
     # the answer is the verdict's (headline, rates, bounds): here the figures, each with how it was measured
-    # folded under it, said once
-    body = fig_html(curves(summary)) + capacity_table(summary)
+    # folded under it, said once; an engine whose misses lighter load does not remove is said so above them
+    floor = floor_sentence(summary)
+    body = (f"<p>{floor}</p>" if floor else "") + fig_html(curves(summary)) + capacity_table(summary)
     body += details("What the knees rest on: points, streams, the fit, why the decision stopped",
                     evidence_sentence(summary), steady_sentence(summary))
     if summary.capacity_by_budget:

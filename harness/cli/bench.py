@@ -44,8 +44,7 @@ def register(sub) -> None:
     bench.add_argument("--grace", type=nonneg_float, default=20.0, help="seconds in-flight requests may finish")
     bench.add_argument("--warmup", type=nonneg_float,
                        help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
-    bench.add_argument("--max-seq-len", type=positive_int, default=2048,
-                       help="tokens per sequence (prompt + output) every engine admits; longer trace rows are cut")
+    bench.add_argument("--max-seq-len", type=positive_int, default=2048, help="tokens a sequence may hold")
     bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
     bench.add_argument("--seed", type=int, default=0, help="the workload's seed (the same requests for every engine)")
     bench.add_argument("--out", default="results", help="directory the run's folder is written under")
@@ -116,8 +115,8 @@ def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
 
 def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
     """--kv-budget or --kv-budgets' sizes, each one max-length sequence by every engine's own rule."""
-    listed = args.kv_budgets is not None
-    budgets, flag = (args.kv_budgets, "--kv-budgets") if listed else ([args.kv_budget], "--kv-budget")
+    given = args.kv_budgets is not None
+    budgets, flag = (args.kv_budgets, "--kv-budgets") if given else ([args.kv_budget], "--kv-budget")
     if not budgets:
         raise UsageError(f"{flag} is empty: give sizes such as 16MiB,32MiB")
     shape = load_shape(args.model)
@@ -183,7 +182,8 @@ def config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config(args)  # every refusal before the harness (torch, plotly) loads: a bad command line exits at once
+    cfg = config(args)
+    # after every refusal: a bad command line exits at once, before the harness (torch, plotly) loads
     from harness.analysis.summary import read_summary_record
     from harness.run.bench import Bench
     from harness.views.engine_table import engine_table

@@ -52,6 +52,11 @@ class CudaMemory(DeviceMemory):
         self.conf = parse_alloc_conf(torch_alloc_conf())
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES
         total = torch.cuda.get_device_properties(self.device).total_memory
+        # the cap binds reserved bytes, so what is in use is what stays reserved once the cache has given its free
+        # segments back: the weights' originals, freed into it as they were fused (8 GiB for Llama-3-8B), would
+        # otherwise count as in use and loosen the cap by as much (a live segment's free tail stays counted: the
+        # cap counts it too)
+        torch.cuda.empty_cache()
         in_use = torch.cuda.memory_reserved(self.device)
         self._previous_fraction = torch.cuda.get_per_process_memory_fraction(self.device)
         # the allocator packs requests under 10 MiB into 20 MiB segments: the cap leaves a segment's slack above

@@ -13,7 +13,7 @@ from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
 from engines.scheduled.scheduler import SchedulerConfig
-from engines.shapes import ModelShape, batched_tokens
+from engines.shapes import ModelShape, batched_tokens, forward_headroom_bytes
 
 
 class EngineConfigError(ValueError):
@@ -144,18 +144,6 @@ def make_engine(spec: EngineSpec):
     return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)
 
 
-def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,
-                           pool_tokens: int, max_seq_len: int) -> int:
-    """What one forward of a scheduled engine allocates beside the KV: the activations, and the attention's
-    temporaries (engines/scheduled/model.py); under --memory cuda the cap leaves room for both."""
-    # torch (engines/scheduled/model.py) loads when a headroom is computed, not with the factory
-    from engines.scheduled.model import attention_temporaries_bytes
-
-    return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \
-        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, dtype_bytes, pool_tokens,
-                                    max_seq_len, batched_tokens)
-
-
 @contextmanager
 def out_of_device_memory(spec: EngineSpec):
     """torch's OutOfMemoryError while an engine is built (its weights' layout, its KV pool) as one line: the
@@ -171,4 +159,4 @@ def out_of_device_memory(spec: EngineSpec):
                                 "with more free memory") from None
 
 
-__all__ = ["EngineConfigError", "EngineSpec", "make_engine"]
+__all__ = ["EngineConfigError", "EngineSpec", "forward_headroom_bytes", "make_engine"]

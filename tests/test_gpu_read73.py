@@ -405,7 +405,7 @@ def test_7_the_headroom_counts_what_the_decode_path_allocates(tiny_model, monkey
     """A decode bucket's gathered K/V, its copies expanded to every head and its mask (bool, and SDPA's additive
     copy): within what attention_temporaries_bytes counts per context token. At Llama-3-8B's shape in bf16 that
     is 20,483 B a token (the old count, 4,224 B, was the gathered rows and fp32 scores: the math path's)."""
-    from engines.scheduled.model import BUCKET_RATIO, attention_temporaries_bytes
+    from engines.shapes import BUCKET_RATIO, attention_temporaries_bytes
 
     def per_decode_token(heads, kv_heads, head_dim, dtype_bytes):
         pool = 3000

@@ -30,14 +30,12 @@ import torch.nn.functional as F
 from engines.kv.base import KVPolicy
 from engines.scheduled.kernels import decode_attention_kernel, usable
 from engines.sequence import Sequence
+from engines.shapes import BUCKET_RATIO  # with what its gathers allocate (attention_temporaries_bytes), sized there
 
 if TYPE_CHECKING:
     from engines.scheduled.scheduler import Chunk
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-# A decode bucket's shortest context is at least 1/BUCKET_RATIO of its longest: at most a third of what a
-# bucket reads is padding, and a batch of any length mix needs few buckets (each costs a few kernel calls).
-BUCKET_RATIO = 1.5
 
 
 @dataclass
@@ -143,24 +141,6 @@ def load_hf_model(model_dir: str | Path, device: str = "cpu"):
     if model.config.model_type not in SUPPORTED_TYPES:
         raise ValueError(f"the runner supports {', '.join(SUPPORTED_TYPES)} models, not {model.config.model_type}")
     return model.to(device).eval()
-
-
-def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
-                                pool_tokens: int, max_seq_len: int, batched_tokens: int) -> int:
-    """What one layer's attention allocates beside the activations, at its peak, on the path it takes off the CPU
-    kernel (`expanded`: SDPA over K/V expanded to every query head, which a GPU runs fused, memory-efficient with a
-    mask, flash without; no score matrix is made): the decode buckets' gathered K and V (every live token at most
-    once, padded by up to BUCKET_RATIO), their copies expanded to every head and their padding mask (bool, and
-    SDPA's additive copy of it in the model's dtype); a continuing prefill chunk's gathered and expanded context
-    and its [chunk, context] mask; a whole chunk's own K/V expanded. What a cuda memory's cap must leave beside
-    the KV budget."""
-    kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
-    expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
-    mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
-    decode = int(BUCKET_RATIO * pool_tokens) * (kv_row + expanded_row + mask_entry)
-    prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
-    whole_chunk = batched_tokens * expanded_row
-    return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
 
 
 def expanded(x: torch.Tensor, group: int) -> torch.Tensor:

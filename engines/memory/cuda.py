@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.memory.allocconf import parse_alloc_conf, torch_alloc_conf
+from engines.memory.allocconf import cuda_memory_refusal, parse_alloc_conf, torch_alloc_conf
 from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
 from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size, smallest_request_for_segment
@@ -48,6 +48,8 @@ class CudaMemory(DeviceMemory):
             raise RuntimeError("the cuda memory backend needs a CUDA device; this machine has none")
         self.device = cuda_device(device)
         self.capacity_bytes = capacity_bytes
+        if refused := cuda_memory_refusal(torch_alloc_conf()):  # before the cap: nothing to restore
+            raise ValueError(refused)
         # the settings the real allocator read when CUDA started: its rounding (roundup_power2_divisions) is ours
         self.conf = parse_alloc_conf(torch_alloc_conf())
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES

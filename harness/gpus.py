@@ -32,6 +32,23 @@ GPUS: dict[str, GPU] = {
 }
 
 
+# The device names (torch.cuda.get_device_name, NVML's) each preset's figures are those of, exactly: an A100 80GB
+# PCIe (1.94 TB/s), an H100 PCIe or NVL, a GH200 or an H200 NVL has figures of its own, and no preset stands for it
+DEVICE_NAMES: dict[str, str] = {
+    "NVIDIA A100-SXM4-40GB": "a100-40gb",
+    "NVIDIA A100-PCIE-40GB": "a100-40gb",  # the same 40 GB of HBM2 at 1.555 TB/s
+    "NVIDIA A100-SXM4-80GB": "a100-80gb",
+    "NVIDIA H100 80GB HBM3": "h100-80gb",  # the SXM5 board
+    "NVIDIA H200": "h200-141gb",  # the SXM board
+}
+
+
+def gpu_of_device_name(name: str | None) -> GPU | None:
+    """The preset whose figures are the named device's (DEVICE_NAMES, by the whole name), or None."""
+    key = {k.lower(): v for k, v in DEVICE_NAMES.items()}.get((name or "").strip().lower())
+    return GPUS[key] if key else None
+
+
 # What a GPU-hour of each preset costs, in USD: indicative on-demand cloud list prices (they vary by provider,
 # region and commitment, and drift), for `simulate --grid`'s requests per dollar; a grid file's
 # `price_per_gpu_hour` overrides them with the user's own.

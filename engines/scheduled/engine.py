@@ -34,7 +34,7 @@ class ScheduledEngine(Engine):
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
         seq = request.sample(index, self.max_seq_len, token_ids)
-        self.generators[seq.seq_id] = make_generator(request.params, index)
+        self.generators[seq.seq_id] = make_generator(request.params, index, self.runner.device)
         self.by_request.setdefault(request.request_id, []).append(seq)
         return seq
 
@@ -75,10 +75,15 @@ class ScheduledEngine(Engine):
         # prompt logprobs: the logits of every prompt position of a chunk that computes them for the first time
         scored = {i for i, c in enumerate(chunks) if c.seq.params.prompt_logprobs is not None
                   and c.seq.prompt_logprobs is None and c.end - c.start > 1}
+        refused = None
         try:
             logits = self.runner.forward(chunks, scored)
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
-            self._forward_oom(plan, err)
+            # its traceback holds the forward's frames, and they its activations: let go of it (and, past this
+            # block, of the exception being handled), so that the cache _forward_oom empties holds them no more
+            refused = err.with_traceback(None)
+        if refused is not None:
+            self._forward_oom(plan, refused)
             return
         self.steps += 1
         step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs

@@ -319,3 +319,14 @@ def test_after_a_forward_oom_the_cache_is_emptied_once_the_activations_are_let_g
     monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     generate(engine, [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (3, 17, 40, 8)], SamplingParams(4))
     assert alive_at_empty == [False]
+
+
+def test_the_report_says_the_vllm_peer_runs_eager_wherever_it_compares_with_it():
+    from engines.peers.vllm import EAGER_FLAG, EAGER_WORDS
+    from harness.analysis.summary_records import CapacityBlock, Summary
+    from harness.views.capacity_section import capacity_section
+
+    with_vllm = Summary(capacity={"paged": CapacityBlock(sustained_rps=3.0), "vllm": CapacityBlock(sustained_rps=2.0)})
+    alone = Summary(capacity={"paged": CapacityBlock(sustained_rps=3.0)})
+    assert EAGER_FLAG in EAGER_WORDS and EAGER_WORDS in capacity_section(with_vllm).replace("&#x27;", "'")
+    assert "--enforce-eager" not in capacity_section(alone)

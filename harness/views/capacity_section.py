@@ -325,6 +325,15 @@ def method_words(summary: Summary, design: RecordedDesign | None) -> str:
     return how
 
 
+def vllm_sentence(summary: Summary) -> str:
+    """Where the run compares with the vLLM peer: how that vLLM ran."""
+    if "vllm" not in summary.capacity:
+        return ""
+    from engines.peers.vllm import EAGER_WORDS  # the peer's own words of how it runs: loaded where it ran
+
+    return EAGER_WORDS
+
+
 def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign | None = None) -> str:
     """`regime`: the KV budget's regime in words (harness/views/regime.py)."""
     cap = summary.capacity
@@ -332,7 +341,8 @@ def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign 
         return section("capacity", "Capacity at the SLO", "This run did not sweep request rates "
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
-    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(summary)) if x]
+    lines = [x for x in (headline_sentence(summary), evidence_sentence(summary), steady_sentence(summary),
+                         vllm_sentence(summary)) if x]
     words = "<ul class='verdict'>" + "".join(f"<li>{x}</li>" for x in lines) + "</ul>" if lines else ""
     body = words + fig_html(curves(summary)) + capacity_table(summary)
     if summary.capacity_by_budget:

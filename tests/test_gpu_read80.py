@@ -330,3 +330,28 @@ def test_the_report_says_the_vllm_peer_runs_eager_wherever_it_compares_with_it()
     alone = Summary(capacity={"paged": CapacityBlock(sustained_rps=3.0)})
     assert EAGER_FLAG in EAGER_WORDS and EAGER_WORDS in capacity_section(with_vllm).replace("&#x27;", "'")
     assert "--enforce-eager" not in capacity_section(alone)
+
+
+def test_prompt_logprobs_are_made_a_slice_of_positions_at_a_time_and_equal_the_whole(tiny_model, monkeypatch):
+    """A prompt's logits were made whole, [positions, vocab] in fp32 and a log-softmax as large again (2.4 to
+    3.4 GiB at 2,000 tokens of a 128k vocabulary), outside the cap's headroom: now PROMPT_LOGPROBS_ROWS rows at a
+    time, with the same logprobs."""
+    import engines.scheduled.engine as scheduled
+    from engines.factory import EngineSpec, make_engine
+    from engines.sequence import SamplingParams
+    from tests.test_logprobs import served
+
+    prompts = [[5 + (7 * i + 3 * n) % 4000 for i in range(n)] for n in (40, 17)]
+    params = SamplingParams(2, prompt_logprobs=2)
+    whole = served(make_engine(EngineSpec("paged", str(tiny_model), 64 * MiB, max_seq_len=512)), prompts, params)
+    monkeypatch.setattr(scheduled, "PROMPT_LOGPROBS_ROWS", 8)
+    engine = make_engine(EngineSpec("paged", str(tiny_model), 64 * MiB, max_seq_len=512))
+    made, real = [], engine.runner.position_logits
+    engine.runner.position_logits = lambda states: made.append(len(states)) or real(states)
+    sliced = served(engine, prompts, params)
+    assert made and max(made) <= 8 and sum(made) == 39 + 16
+    for a, b in zip(whole, sliced, strict=True):
+        assert a["tokens"] == b["tokens"] and len(b["prompt"]) == len(a["prompt"])
+        for x, y in zip(a["prompt"][1:], b["prompt"][1:], strict=True):
+            assert (x.token_id, x.rank, [t for t, _ in x.top]) == (y.token_id, y.rank, [t for t, _ in y.top])
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)

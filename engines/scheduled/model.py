@@ -177,7 +177,7 @@ class ModelRunner:
         self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
             "torch: gather, K/V expanded to every head, scaled_dot_product_attention (fused on a GPU)"
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
-        self.position_logits: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
+        self.position_states: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
         dev, kv = self.device, self.kv
@@ -236,7 +236,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: set[int] = frozenset()) -> torch.Tensor:
         """Logits [chunks, vocab] at the last position of each chunk, in fp32; for the chunks indexed in
-        `every_position`, the logits of each of their positions too, in `position_logits` (prompt logprobs)."""
+        `every_position`, the final hidden states of each of their positions too, in `position_states` (prompt
+        logprobs: `position_logits` makes their logits a slice at a time)."""
         inp = self.prepare(chunks)
         self.last_buckets = len(inp.buckets)
         model = self.hf.model
@@ -249,11 +250,18 @@ class ModelRunner:
             gate, up = x.split(x.shape[-1] // 2, dim=-1)
             h = h + (layer.act(gate) * up) @ layer.down
         h = model.norm(h)
-        self.position_logits = {}
+        # [n, hidden] each, not [n, vocab] fp32 logits: 2,000 positions of a 128k vocabulary were 1 GiB of logits
+        # and as much again of log-softmax, beyond the cap's headroom
+        self.position_states = {}
         for i in every_position:
             first = int(inp.last_index[i]) - (chunks[i].end - chunks[i].start) + 1
-            self.position_logits[i] = (h[first: int(inp.last_index[i]) + 1] @ self.lm_head).float()
+            self.position_states[i] = h[first: int(inp.last_index[i]) + 1]
         return (h[inp.last_index] @ self.lm_head).float()
+
+    @torch.inference_mode()
+    def position_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of some of `position_states`' rows."""
+        return (states @ self.lm_head).float()
 
     def _attention(self, layer: FusedLayer, x, cos, sin, index: int, inp: StepInputs) -> torch.Tensor:
         T = x.shape[0]

@@ -355,3 +355,20 @@ def test_prompt_logprobs_are_made_a_slice_of_positions_at_a_time_and_equal_the_w
         for x, y in zip(a["prompt"][1:], b["prompt"][1:], strict=True):
             assert (x.token_id, x.rank, [t for t, _ in x.top]) == (y.token_id, y.rank, [t for t, _ in y.top])
             assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
+
+
+def test_cuda_stats_read_the_segments_without_the_trace_ring(fake_cuda, monkeypatch):  # noqa: F811
+    """With serve --record-memory-history on, every stats() (each /stats poll) converted the whole trace ring (up to
+    2,000,000 events) into Python: the installed torch's memory_snapshot leaves it out when asked."""
+    asked = []
+
+    def memory_snapshot(mempool_id=None, include_traces=True):  # the installed torch's signature
+        asked.append(include_traces)
+        return [{"address": 0, "total_size": 2 * MiB, "device": 0,
+                 "blocks": [{"size": 2 * MiB, "state": "inactive"}]}]
+
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", memory_snapshot)
+    memory = cuda.CudaMemory(8 * MiB, "cuda:0")
+    assert memory.stats().largest_free_bytes == 8 * MiB and asked and not any(asked)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: memory_snapshot())  # an older torch: no switch
+    assert memory.stats().largest_free_bytes == 8 * MiB

@@ -4,6 +4,8 @@ where a GPU path runs or is described; `engines/memory/arena.py` holds the arena
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from engines.memory.allocconf import cuda_memory_refusal, parse_alloc_conf, torch_alloc_conf
@@ -166,7 +168,18 @@ def cuda_segments(device: torch.device | None = None) -> list[dict]:
     index = None if device is None else cuda_device(device).index
     return [{"address": seg["address"], "total_size": seg["total_size"], "device": seg.get("device"),
              "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
-            for seg in torch.cuda.memory_snapshot() if index is None or seg.get("device") in (None, index)]
+            for seg in segments_only() if index is None or seg.get("device") in (None, index)]
+
+
+def segments_only() -> list[dict]:
+    """The allocator's segments, without its trace where the installed torch can leave it out (memory_snapshot's
+    include_traces, in recent releases): under serve --record-memory-history every stats() (each /stats poll)
+    converted the whole trace ring, up to RECORD_MAX_ENTRIES events, into Python on the engine's thread. An older
+    torch has no such switch, and still converts it."""
+    snapshot = torch.cuda.memory_snapshot
+    if "include_traces" in inspect.signature(snapshot).parameters:
+        return snapshot(include_traces=False)
+    return snapshot()
 
 
 # torch.cuda.memory_stats fields sampled beside the allocator totals: the gap between reserved and allocated

@@ -112,7 +112,8 @@ def test_5_an_items_inner_run_ends_before_the_item_does(key, monkeypatch, tmp_pa
     monkeypatch.setattr(subprocess, "Popen", Refusing)
     monkeypatch.setattr(engines.procs.subprocess, "Popen", Refusing)
     monkeypatch.setattr(items, "kill_tree", lambda proc: None, raising=False)
-    monkeypatch.setattr(items.importlib.util, "find_spec", lambda name: object())  # vLLM "installed"
+    monkeypatch.setattr(items, "vllm_installed", lambda: True)
+    monkeypatch.setattr(items, "bf16_tiny_model", lambda args: "m")  # the model it serves: not built here
     limit = gpu_check.ITEMS[key].limit_s
     args = Namespace(out=str(tmp_path), model="m", limit_s=limit, keep_fixture=False)
     with pytest.raises(AssertionError, match="refused"):

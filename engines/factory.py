@@ -13,7 +13,7 @@ from engines.memory.kinds import make_memory
 from engines.oom import OnOOM
 from engines.registry import IN_HOUSE, REGISTRY, memory_refusal, names
 from engines.scheduled.scheduler import SchedulerConfig
-from engines.shapes import ModelShape, batched_tokens
+from engines.shapes import ModelShape, batched_tokens, forward_headroom_bytes
 
 
 class EngineConfigError(ValueError):
@@ -111,6 +111,13 @@ def make_engine(spec: EngineSpec):
         # + the KV + a forward's headroom, and the copies are not the forward's (Llama-3-8B's lm_head alone held
         # 1.96 GiB more where the cap left 0.85)
         fused_weights(hf_model)
+        if str(spec.device).startswith("cuda"):
+            # each original weight was freed into PyTorch's cache as it was fused (8.15 GiB of 23.11 reserved for
+            # Llama-3-8B bf16, in the allocator emulator): given back, so that no reserved figure (samples, the
+            # debug pass, NVML) carries what is neither the weights, the KV nor fragmentation
+            import torch
+
+            torch.cuda.empty_cache()
         memory = device_memory(spec, spec.kv_budget_bytes,
                                forward_headroom_bytes(cfg_shape(spec, hf_model), hf_model.dtype.itemsize, batched,
                                                       spec.max_num_seqs, spec.kv_budget_bytes // kvb, max_seq_len))
@@ -137,18 +144,6 @@ def make_engine(spec: EngineSpec):
     return ScheduledEngine(spec.engine, hf_model, kv, config, max_seq_len)
 
 
-def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,
-                           pool_tokens: int, max_seq_len: int) -> int:
-    """What one forward of a scheduled engine allocates beside the KV: the activations, and the attention's
-    temporaries (engines/scheduled/model.py); under --memory cuda the cap leaves room for both."""
-    # torch (engines/scheduled/model.py) loads when a headroom is computed, not with the factory
-    from engines.scheduled.model import attention_temporaries_bytes
-
-    return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \
-        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, dtype_bytes, pool_tokens,
-                                    max_seq_len, batched_tokens)
-
-
 @contextmanager
 def out_of_device_memory(spec: EngineSpec):
     """torch's OutOfMemoryError while an engine is built (its weights' layout, its KV pool) as one line: the
@@ -164,4 +159,4 @@ def out_of_device_memory(spec: EngineSpec):
                                 "with more free memory") from None
 
 
-__all__ = ["EngineConfigError", "EngineSpec", "make_engine"]
+__all__ = ["EngineConfigError", "EngineSpec", "forward_headroom_bytes", "make_engine"]

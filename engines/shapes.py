@@ -25,6 +25,9 @@ def batched_tokens(max_seq_len: int, asked: int | None = None) -> int:
     return asked or max(MIN_BATCHED_TOKENS, max_seq_len)
 
 
+# A decode bucket's shortest context is at least 1/BUCKET_RATIO of its longest: at most a third of what a
+# bucket reads is padding, and a batch of any length mix needs few buckets (each costs a few kernel calls).
+BUCKET_RATIO = 1.5
 LOGITS_BYTES = 4  # logits are computed in fp32
 MLP_PEAK_WIDTHS = 4  # x @ gate|up (2), act(gate) (1) and act(gate) * up (1) live at once, in MLP widths
 
@@ -77,7 +80,7 @@ class ModelShape:
         """Peak temporaries of one forward over `batched_tokens`: residual and normed hidden states, q/k/v,
         the MLP at its peak (gate|up, 2x its width, then act(gate) and act(gate) * up beside it: 4x), and fp32
         logits for every running sequence. What a KV budget must leave beside it (the plan; a cuda memory's cap,
-        with the attention's own temporaries: engines/scheduled/model.attention_temporaries_bytes)."""
+        with the attention's own temporaries: attention_temporaries_bytes, forward_headroom_bytes)."""
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         per_token = 2 * self.hidden_size + q_dim + 2 * kv_dim + MLP_PEAK_WIDTHS * self.intermediate_size
         return batched_tokens * per_token * dtype_bytes + max_num_seqs * self.vocab_size * LOGITS_BYTES
@@ -99,6 +102,36 @@ class ModelShape:
 
     def weights_bytes(self, dtype: str = "float16") -> int:
         return self.num_params * DTYPE_BYTES[dtype]
+
+
+def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
+                                pool_tokens: int, max_seq_len: int, batched_tokens: int) -> int:
+    """What one layer's attention allocates beside the activations, at its peak, on the path the runner
+    (engines/scheduled/model.py) takes off the CPU kernel (`expanded`: SDPA over K/V expanded to every query head,
+    which a GPU runs fused, memory-efficient with a mask, flash without; no score matrix is made): the decode
+    buckets' gathered K and V (every live decode token, `pool_tokens`, at most once, padded by up to BUCKET_RATIO),
+    their copies expanded to every head and their padding mask (bool, and SDPA's additive copy of it in the model's
+    dtype); a continuing prefill chunk's gathered and expanded context and its [chunk, context] mask; a whole
+    chunk's own K/V expanded. What a cuda memory's cap must leave beside the KV budget."""
+    kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
+    expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
+    mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
+    decode = int(BUCKET_RATIO * pool_tokens) * (kv_row + expanded_row + mask_entry)
+    prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
+    whole_chunk = batched_tokens * expanded_row
+    return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
+
+
+def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,
+                           pool_tokens: int, max_seq_len: int) -> int:
+    """What one forward of a scheduled engine allocates beside the KV: the activations, and the attention's
+    temporaries (engines/scheduled/model.py) for the decodes that can be live at once, the KV pool's tokens but
+    never more than max_num_seqs max-length sequences. Under --memory cuda the cap leaves room for both; the plan
+    (harness/plan.py) leaves the same beside its budget: the one rule of both."""
+    live_decode_tokens = min(pool_tokens, max_num_seqs * max_seq_len)
+    return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \
+        attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, dtype_bytes,
+                                    live_decode_tokens, max_seq_len, batched_tokens)
 
 
 def preset_names() -> list[str]:

@@ -31,10 +31,14 @@ class Logprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def make_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
+def make_generator(params: SamplingParams, sample_index: int, device: torch.device | str = "cpu"
+                   ) -> torch.Generator | None:
+    """The row's own generator, on the device its logits lie on: a draw then reads back one token, not the row's
+    vocabulary (a synchronous 128k-float copy a sampled row, every step, on a GPU). Seeded per row, a draw is
+    reproducible under batching on one kind of device; a CUDA generator's stream is not the CPU's."""
     if params.temperature < GREEDY_BELOW:
         return None
-    g = torch.Generator()
+    g = torch.Generator(device=device)
     if params.seed is None:
         g.seed()
     else:  # any 64-bit seed and sample index give a seed manual_seed takes
@@ -159,7 +163,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     whole step's), else a draw from its softmax with the row's own generator."""
     if params.temperature < GREEDY_BELOW:
         return greedy if greedy is not None else int(logits.argmax())
-    probs = torch.softmax(logits.float().cpu(), dim=-1)
+    if generator is not None and generator.device != logits.device:  # a generator made for another device
+        logits = logits.to(generator.device)
+    probs = torch.softmax(logits.float(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from engines.shapes import DTYPE_BYTES, MIN_BATCHED_TOKENS, ModelShape, batched_tokens
+from engines.shapes import DTYPE_BYTES, MIN_BATCHED_TOKENS, ModelShape, batched_tokens, forward_headroom_bytes
 from harness.units import format_bytes as fb
 
 DEFAULT_GPU_UTIL = 0.9  # vLLM's gpu_memory_utilization default
@@ -56,9 +56,39 @@ class Plan:
     workload: str
     fits: bool
     reason: str
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # the server's cap on running sequences: the headroom's and concurrency's
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def headroom_at(shape: ModelShape, dtype: str, max_seq_len: int, kv_budget_bytes: int,
+                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
+    """The headroom the in-house engine's forward asks beside a KV budget (engines/shapes.forward_headroom_bytes,
+    as the factory calls it: the default batched tokens, the budget's tokens as its pool)."""
+    return forward_headroom_bytes(shape, DTYPE_BYTES[dtype], batched_tokens(max_seq_len), max_num_seqs,
+                                  kv_budget_bytes // shape.kv_bytes_per_token(dtype), max_seq_len)
+
+
+def kv_budget_and_headroom(shape: ModelShape, dtype: str, avail_bytes: int, max_seq_len: int,
+                           max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> tuple[int, int]:
+    """The largest KV budget (whole tokens of KV) that fits `avail_bytes` beside the headroom a forward of the
+    in-house engine asks at that budget, and that headroom: the engine's own rule (engines/shapes.
+    forward_headroom_bytes, which the factory sets a cuda memory's cap by), so that an engine built at the plan's
+    budget asks no more than the plan left. The headroom grows with the budget (its decodes' gathers count every
+    live token), so the budget is the largest whose sum with its own headroom fits."""
+    kvb = shape.kv_bytes_per_token(dtype)
+
+    def headroom(tokens: int) -> int:
+        return headroom_at(shape, dtype, max_seq_len, tokens * kvb, max_num_seqs)
+
+    lo, hi = 0, max(0, avail_bytes) // kvb  # lo always fits (or nothing does), hi + 1 never does
+    if kvb * lo + headroom(lo) > avail_bytes:
+        return 0, headroom(0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if mid * kvb + headroom(mid) <= avail_bytes else (lo, mid - 1)
+    return lo * kvb, headroom(lo)
 
 
 def make_plan(
@@ -69,13 +99,13 @@ def make_plan(
     max_seq_len: int | None = None,
     block_size: int = 16,
     mix: LengthMix = SHAREGPT_MIX,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
 ) -> Plan:
     max_seq_len = max_seq_len or shape.max_seq_len
     kvb = shape.kv_bytes_per_token(dtype)
     weights = shape.weights_bytes(dtype)
-    headroom = shape.activation_bytes(DTYPE_BYTES[dtype], batched_tokens(max_seq_len), DEFAULT_MAX_NUM_SEQS)
     usable = int(gpu_mem_bytes * gpu_util)
-    budget = max(0, usable - weights - headroom)
+    budget, headroom = kv_budget_and_headroom(shape, dtype, usable - weights, max_seq_len, max_num_seqs)
     live_per_request = live_tokens_per_request(mix, max_seq_len, block_size)
     fits = budget >= max_seq_len * kvb
     if weights > usable:
@@ -98,11 +128,13 @@ def make_plan(
         kv_budget_bytes=budget,
         max_live_tokens=budget // kvb,
         static_max_concurrency=budget // (max_seq_len * kvb),
-        paged_expected_concurrency=int(budget // kvb / live_per_request),
+        # the tokens' estimate, but never past the running sequences the server schedules
+        paged_expected_concurrency=min(max_num_seqs, int(budget // kvb / live_per_request)),
         mean_live_tokens_per_request=live_per_request,
         workload=mix.source,
         fits=fits,
         reason=reason,
+        max_num_seqs=max_num_seqs,
     )
 
 
@@ -112,14 +144,15 @@ def render_plan(p: Plan) -> str:
         f"  GPU memory                {fb(p.gpu_mem_bytes)} x utilisation {p.gpu_util:.2f}",
         f"  weights                   {fb(p.weights_bytes)}",
         f"  activation headroom       {fb(p.activation_headroom_bytes)} "
-        f"(one forward of max({MIN_BATCHED_TOKENS}, max_seq_len) tokens + fp32 logits of {DEFAULT_MAX_NUM_SEQS} "
-        "sequences)",
+        f"(one forward of max({MIN_BATCHED_TOKENS}, max_seq_len) tokens + fp32 logits of {p.max_num_seqs} "
+        "sequences + the attention's gathers of every live decode token: the in-house engine's rule)",
         f"  KV budget                 {fb(p.kv_budget_bytes)}",
         f"  KV bytes per token        {p.kv_bytes_per_token:,} (2 x layers x kv_heads x head_dim x dtype bytes)",
         f"  max live tokens           {p.max_live_tokens:,}",
         f"  static concurrency        {p.static_max_concurrency} requests reserving max_seq_len = {p.max_seq_len}",
         f"  paged concurrency         ~{p.paged_expected_concurrency} requests of "
-        f"{p.mean_live_tokens_per_request:.0f} live tokens on average (blocks of {p.block_size}; {p.workload})",
+        f"{p.mean_live_tokens_per_request:.0f} live tokens on average (blocks of {p.block_size}; {p.workload}; "
+        f"at most max_num_seqs {p.max_num_seqs})",
         "  fits                      " + (f"yes: the KV budget holds {p.static_max_concurrency} max-length "
                                            "sequence(s) beside the weights" if p.fits else f"NO: {p.reason}"),
     ]

@@ -44,6 +44,13 @@ BF16_TIE_LOGITS = 0.125  # bf16 keeps 8 bits of mantissa: logits of ~10 are 0.06
 # A real shape: Llama-3-8B's layer (hidden 4096, 32 heads of 128, 8 KV heads, 14,336 MLP, 128K vocabulary) in bf16,
 # with 4 of its 32 layers so that building its random weights takes seconds; its KV a token is a real model's
 REAL_SHAPE = {"preset": "llama-3-8b", "layers": 4, "dtype": "bfloat16"}
+# The kernel item's bf16 case, against a dense reference in fp32 of the same bf16 inputs: the output's own rounding
+# (8 bits of mantissa: 0.008 of a value near 1) and the fused kernels' bf16 arithmetic, well below a wrong row or
+# mask (whose errors are of the values' own size, ~1)
+BF16_ATTENTION_TOLERANCE = 3e-2
+# The tiny model in bf16, the GPU's default dtype (make bench runs Llama-3-8B's shape in bf16): the path the kernel
+# item's second case and vLLM (whose CUDA attention backends take no fp32) run
+BF16_TINY = ("tiny-llama", "bfloat16")
 # paged decode against static on the GPU: the paged gather may cost, not halve the rate
 PAGED_DECODE_FLOOR = 0.5
 # An item's inner run (a bench, a server's start) ends this long before the item's own limit (gpu_check's
@@ -197,13 +204,28 @@ def greedy_agreement(want: list[int], logits: list[torch.Tensor], got: list[int]
 def check_kernel(args) -> tuple[str, dict]:
     """The paged engine's decode attention on the GPU (the torch path: gathered rows expanded to every head, SDPA
     with a padding mask, held to SDPA's fused kernels) against a dense reference computed one sequence at a time:
-    equal within 1e-3."""
+    the fp32 model's equal within 1e-3, and the same tiny model in bf16 (the GPU's default: where SDPA may pick
+    cuDNN's or another fused kernel than fp32's) within BF16_ATTENTION_TOLERANCE."""
     worst, path = decode_attention_error(args.model, "cuda")
-    assert worst < 1e-3, f"decode attention differs from the dense reference by {worst:.2e}"
+    assert worst < 1e-3, f"fp32 decode attention differs from the dense reference by {worst:.2e}"
+    worst_bf16, _ = decode_attention_error(str(bf16_tiny_model(args)), "cuda")
+    assert worst_bf16 < BF16_ATTENTION_TOLERANCE, \
+        f"bf16 decode attention differs from the dense reference by {worst_bf16:.2e}"
     installed = [m for m in ("flashinfer", "flash_attn") if importlib.util.find_spec(m)]
-    return (f"{path}: equal to a dense reference within {worst:.1e}"
+    return (f"{path}: equal to a dense reference within {worst:.1e} (fp32), {worst_bf16:.1e} (bf16)"
             + (f" ({', '.join(installed)} installed, not used)" if installed else ""),
-            {"max_abs_error": worst, "path": path})
+            {"max_abs_error": worst, "max_abs_error_bf16": worst_bf16, "path": path})
+
+
+def bf16_tiny_model(args) -> Path:
+    """BF16_TINY built into the item's OUT (a few seconds; each item is a process of its own), or found there."""
+    from engines.modelbuild import build_model
+
+    preset, dtype = BF16_TINY
+    model_dir = Path(args.out) / f"{preset}-{dtype}"
+    if not (model_dir / "config.json").is_file():
+        build_model(preset, model_dir, dtype)
+    return model_dir
 
 
 def fused_attention_only(device: str):
@@ -233,16 +255,16 @@ def decode_attention_error(model: str, device: str) -> tuple[float, str]:
     lengths = torch.tensor([300, 17, 1, 129, 64], device=device)
     rows = torch.stack([torch.randperm(store.shape[0], device=device)[:300] for _ in lengths])
     mask = (torch.arange(300, device=device)[None, :] < lengths[:, None])[:, None, None, :]
-    q = torch.randn(len(lengths), runner.num_heads, runner.head_dim, device=device)
+    q = torch.randn(len(lengths), runner.num_heads, runner.head_dim, device=device, dtype=store.dtype)
     with fused_attention_only(device):  # on a GPU: no math kernel to fall to, so the path must run fused
         got = runner._decode_attention(q, store, Bucket(torch.arange(len(lengths)), rows, lengths, mask))
     worst = 0.0
     for b, n in enumerate(lengths.tolist()):
-        ctx = store[rows[b, :n]]  # [n, 2, KVH, D]
+        ctx = store[rows[b, :n]].float()  # [n, 2, KVH, D]: the reference in fp32, whatever the model's dtype
         keys, values = (ctx[:, i].transpose(0, 1).repeat_interleave(runner.num_heads // runner.num_kv_heads, 0)
                         for i in (0, 1))
-        want = F.scaled_dot_product_attention(q[b][:, None], keys, values)[:, 0]
-        worst = max(worst, float((got[b] - want).abs().max()))
+        want = F.scaled_dot_product_attention(q[b].float()[:, None], keys, values)[:, 0]
+        worst = max(worst, float((got[b].float() - want).abs().max()))
     engine.close()
     return worst, runner.attention_path
 
@@ -254,7 +276,7 @@ def check_bench(args) -> tuple[str, dict]:
     out = Path(args.out) / "bench"
     cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "hf,paged", "--model", args.model,
            "--device", "cuda", "--memory", "cuda", "--kv-budget", "8MiB", "--duration", "20", "--grace", "5",
-           "--out", str(out)]
+           "--out", str(out), "--reports", str(out / "reports")]  # the report too in OUT, not the checkout
     r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     run = sorted(p for p in out.iterdir() if p.is_dir())[-1] if any(p.is_dir() for p in out.iterdir()) else out
@@ -457,17 +479,23 @@ def check_decode_rate(args) -> tuple[str, dict]:
             {**rates, "ratio": ratio})
 
 
+def vllm_installed() -> bool:
+    return (ROOT / ".venv-vllm" / "bin" / "vllm").exists() or importlib.util.find_spec("vllm") is not None
+
+
 class Absent(Exception):
     """The item's subject is not installed here: not run, and not counted."""
 
 
 def check_vllm(args) -> tuple[str, dict]:
     """vLLM, where installed (`make vllm`: .venv-vllm), benched beside paged on the GPU for 20 s."""
-    if not (ROOT / ".venv-vllm" / "bin" / "vllm").exists() and importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         raise Absent("vLLM is not installed (make vllm)")
     out = Path(args.out) / "vllm"
-    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "paged,vllm", "--model", args.model,
-           "--device", "cuda", "--kv-budget", "64MiB", "--duration", "20", "--grace", "5", "--out", str(out)]
+    # the tiny model in bf16: vLLM's CUDA attention backends take no fp32 (the peer passes the model's dtype)
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "--engines", "paged,vllm", "--model",
+           str(bf16_tiny_model(args)), "--device", "cuda", "--kv-budget", "64MiB", "--duration", "20", "--grace", "5",
+           "--out", str(out), "--reports", str(out / "reports")]  # the report too in OUT, not the checkout
     r = run_bounded(cmd, inner_limit_s(args))
     assert r.returncode == 0, r.stderr[-2000:]
     import pandas as pd

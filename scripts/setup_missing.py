@@ -12,8 +12,9 @@ run after a failure finds again only what is still missing. With --wheels every 
 --no-index --find-links DIR), and the whole plan is checked before anything is installed: what neither the
 environment nor a wheel in DIR satisfies (dependencies of those wheels included) stops the set-up in one line
 that names every one. --cuda-torch VERSION: the torch seen must have CUDA and see the GPU; where it does not (or
-there is none), that torch version is installed and checked once more. Exit 0 when set up, 1 at a stop (one
-line on stderr), 2 on bad input.
+there is none), that torch version is installed and checked once more; and after pip has installed what was
+missing the torch seen is checked again (a dependency must not have replaced it with one that lacks CUDA).
+Exit 0 when set up, 1 at a stop (one line on stderr), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ try:
     from packaging.requirements import Requirement
     from packaging.tags import sys_tags
     from packaging.utils import canonicalize_name, parse_wheel_filename
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 except ModuleNotFoundError:  # a bare venv has no packaging yet: pip's own copy is the same library
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.tags import sys_tags
     from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
-    from pip._vendor.packaging.version import Version
+    from pip._vendor.packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_PROBE = ("import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, "
@@ -111,6 +112,19 @@ def applies(req: Requirement, extras: frozenset[str]) -> bool:
     return any(req.marker.evaluate({"extra": e}) for e in (extras or {""}))
 
 
+def satisfies(req: Requirement, version: str) -> bool:
+    """Whether an installed `version` meets `req`: the full version, or its release alone. An image's build of a
+    release is that release: NGC's torch `2.6.0a0+<hash>.nv25.1` is a pre-release that sorts below 2.6, and read
+    whole it would fail `torch>=2.6` and have pip put PyPI's torch over the image's tuned CUDA build. The one rule
+    for every requirement and for the kept CUDA torch alike."""
+    if req.specifier.contains(version, prereleases=True):
+        return True
+    try:
+        return req.specifier.contains(Version(version).base_version, prereleases=True)
+    except InvalidVersion:  # a legacy version string: only the whole of it could have matched
+        return False
+
+
 def plan(wanted: list[Requirement], have: dict[str, str], wheels: dict[str, list[Wheel]] | None,
          follow: bool = True) -> Plan:
     """What to ask pip for, and (offline) what nothing satisfies: `wanted` against the environment, then (where
@@ -125,7 +139,7 @@ def plan(wanted: list[Requirement], have: dict[str, str], wheels: dict[str, list
         if key in seen or not applies(req, extras):
             continue
         seen.add(key)
-        if name in have and req.specifier.contains(have[name], prereleases=True):
+        if name in have and satisfies(req, have[name]):
             continue
         if wheels is None:  # from the index: pip resolves the dependencies itself
             out.install.append(req)
@@ -165,7 +179,7 @@ def ensure_cuda_torch(version: str, wheels: Path | None) -> str:
     seen = torch_seen()
     floor = next(r for r in needs(ROOT / "pyproject.toml", []) if r.name == "torch")
     if seen is not None and seen[1] and seen[2]:
-        if floor.specifier.contains(Version(seen[0]).base_version):
+        if satisfies(floor, seen[0]):
             return f"torch {seen[0]} (CUDA {seen[1]}) at {seen[3]} kept"
         print(f"make setup: torch {seen[0]} at {seen[3]} is outside pyproject.toml's {floor} (the reasons are "
               f"there): torch {version} goes into the venv beside it", flush=True)
@@ -213,9 +227,26 @@ def set_up(args) -> None:
         return
     if todo.install:
         pip([str(r) for r in todo.install], wheels)
+        if args.cuda_torch:
+            check_cuda_kept(todo.install)
     if pinned.install:
         pip(["--no-deps", *(str(r) for r in pinned.install)], wheels)
     pip(["--no-deps", "--no-build-isolation", "-e", str(ROOT)], wheels)  # fragbench itself: nothing to fetch
+
+
+def check_cuda_kept(installed_now: list[Requirement]) -> None:
+    """After pip has resolved `installed_now` with their dependencies, the torch the interpreter imports must still
+    have CUDA and see the GPU: a dependency's own torch bound (or pip reading an image's build differently) can put
+    PyPI's torch over the one ensure_cuda_torch kept, and a torch built for a newer CUDA than the driver sees no
+    GPU, so `--device auto` would fall to the CPU. (The pins go in with --no-deps: they cannot bring a torch.)"""
+    seen = torch_seen()
+    if seen is not None and seen[1] and seen[2]:
+        return
+    what = "no torch imports" if seen is None else (
+        f"torch is now {seen[0]} at {seen[3]}, " + ("which sees no GPU" if seen[1] else "a build without CUDA"))
+    raise Stop(f"installing {', '.join(str(r) for r in installed_now)} left no CUDA torch in view ({what}; pip's "
+               "output above names what asked for it): nothing outside the venv was touched, so .venv/bin/pip "
+               "uninstall -y torch brings the box's back into view")
 
 
 def main(argv: list[str] | None = None) -> int:

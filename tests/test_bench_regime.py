@@ -78,3 +78,14 @@ def test_an_unknown_gpu_gets_the_rule_without_a_roofline():
     assert gpu_of_name("NVIDIA H100 80GB HBM3").name == "h100-80gb" and gpu_of_name("Tesla T4") is None
     words = regime_words(*run_of("cuda", "Tesla T4", 131072, "llama-3-8b"), 2 * 2**30)
     assert "default on a GPU is 8" in words and "roofline" not in words
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-PCIE-40GB", "a100-40gb"), ("NVIDIA H200", "h200-141gb"),
+    ("NVIDIA A100 80GB PCIe", None), ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA H200 NVL", None),
+])
+def test_the_roofline_takes_a_presets_figures_for_that_exact_board_alone(name, preset):
+    """By prefix an A100 80GB PCIe read as an a100-40gb, an H100 PCIe or NVL as the SXM board, a GH200 as an H200."""
+    gpu = gpu_of_name(name)
+    assert (gpu.name if gpu else None) == preset

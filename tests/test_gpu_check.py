@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from argparse import Namespace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -136,3 +137,52 @@ def test_the_churn_recording_enters_the_repository_only_when_asked(tmp_path, mon
 def test_the_decode_rate_item_measures_both_engines(tiny_model):
     rates = items.decode_rates(str(tiny_model), "cpu", tokens=4)
     assert set(rates) == {"paged", "static"} and min(rates.values()) > 0
+
+
+# -- issue 80, 6: the GPU's default dtype through the kernel and vllm items; no report written into the checkout
+def test_the_kernel_item_checks_the_tiny_model_in_bf16_beside_fp32(tiny_model, tmp_path, monkeypatch):
+    seen = []
+
+    def error(model, on):
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        seen.append(cfg.get("dtype") or cfg.get("torch_dtype"))
+        return 0.0, "torch path"
+
+    monkeypatch.setattr(items, "decode_attention_error", error)
+    line, figures = items.check_kernel(Namespace(model=str(tiny_model), out=str(tmp_path)))
+    assert seen == ["float32", "bfloat16"] and "(bf16)" in line and figures["max_abs_error_bf16"] == 0.0
+
+
+def test_the_bf16_decode_attention_is_held_to_its_reference_and_a_wrong_one_is_caught(tmp_path, monkeypatch):
+    """The comparison itself in bf16, on the CPU (the torch path: no compiled kernel for bf16): within the
+    tolerance, and a wrong attention far past it."""
+    from engines.scheduled import model
+
+    bf16 = str(items.bf16_tiny_model(Namespace(out=str(tmp_path))))
+    worst, path = items.decode_attention_error(bf16, "cpu")
+    assert worst < items.BF16_ATTENTION_TOLERANCE and "kernel" not in path
+    monkeypatch.setattr(model.ModelRunner, "_decode_attention", lambda self, q, store, b: q * 0)
+    assert items.decode_attention_error(bf16, "cpu")[0] > 10 * items.BF16_ATTENTION_TOLERANCE
+
+
+class Ran(Exception):
+    """The inner run's command, stopped before it runs."""
+
+
+@pytest.mark.parametrize("key", ["bench", "vllm"])
+def test_the_bench_and_vllm_items_write_their_reports_into_out_not_the_checkout(key, tiny_model, tmp_path,
+                                                                               monkeypatch):
+    def run_bounded(cmd, timeout_s):
+        raise Ran(cmd)
+
+    monkeypatch.setattr(items, "run_bounded", run_bounded)
+    monkeypatch.setattr(items, "vllm_installed", lambda: True)
+    args = Namespace(out=str(tmp_path), model=str(tiny_model), limit_s=gpu_check.ITEMS[key].limit_s)
+    with pytest.raises(Ran) as ran:
+        gpu_check.ITEMS[key].check(args)
+    cmd = ran.value.args[0]
+    assert Path(cmd[cmd.index("--reports") + 1]).is_relative_to(tmp_path)
+    assert Path(cmd[cmd.index("--out") + 1]).is_relative_to(tmp_path)
+    if key == "vllm":  # vLLM's CUDA attention takes no fp32: the tiny model in bf16
+        cfg = json.loads((Path(cmd[cmd.index("--model") + 1]) / "config.json").read_text())
+        assert (cfg.get("dtype") or cfg.get("torch_dtype")) == "bfloat16"

@@ -291,8 +291,8 @@ def test_34_5_the_cuda_cap_leaves_room_for_decode_gathers_and_an_oom_in_forward_
     1,000 tokens of context for 64 decodes, past the cap the activations alone left. The headroom counts
     them; and an OutOfMemoryError from a forward is an OOM event, not a dead engine."""
     from engines.offline import generate
-    from engines.scheduled.model import attention_temporaries_bytes
     from engines.sequence import SamplingParams
+    from engines.shapes import attention_temporaries_bytes
 
     headroom = cuda_headroom_of_paged(tiny_model, monkeypatch)
     pool_tokens = 16 * MiB // 4096

@@ -112,7 +112,8 @@ def test_5_an_items_inner_run_ends_before_the_item_does(key, monkeypatch, tmp_pa
     monkeypatch.setattr(subprocess, "Popen", Refusing)
     monkeypatch.setattr(engines.procs.subprocess, "Popen", Refusing)
     monkeypatch.setattr(items, "kill_tree", lambda proc: None, raising=False)
-    monkeypatch.setattr(items.importlib.util, "find_spec", lambda name: object())  # vLLM "installed"
+    monkeypatch.setattr(items, "vllm_installed", lambda: True)
+    monkeypatch.setattr(items, "bf16_tiny_model", lambda args: "m")  # the model it serves: not built here
     limit = gpu_check.ITEMS[key].limit_s
     args = Namespace(out=str(tmp_path), model="m", limit_s=limit, keep_fixture=False)
     with pytest.raises(AssertionError, match="refused"):
@@ -405,7 +406,7 @@ def test_7_the_headroom_counts_what_the_decode_path_allocates(tiny_model, monkey
     """A decode bucket's gathered K/V, its copies expanded to every head and its mask (bool, and SDPA's additive
     copy): within what attention_temporaries_bytes counts per context token. At Llama-3-8B's shape in bf16 that
     is 20,483 B a token (the old count, 4,224 B, was the gathered rows and fp32 scores: the math path's)."""
-    from engines.scheduled.model import BUCKET_RATIO, attention_temporaries_bytes
+    from engines.shapes import BUCKET_RATIO, attention_temporaries_bytes
 
     def per_decode_token(heads, kv_heads, head_dim, dtype_bytes):
         pool = 3000

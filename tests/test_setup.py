@@ -100,6 +100,45 @@ def test_offline_a_cpu_torch_without_a_cuda_wheel_stops_before_pip(tmp_path, pip
     assert pip_calls == []
 
 
+NGC_TORCH = ("2.6.0a0+ecf3bae40a.nv25.1", "12.8", True, "/usr/local/lib/python3.12/dist-packages/torch/__init__.py")
+
+
+def test_an_ngc_pre_release_torch_at_the_floor_is_kept_and_never_planned(pip_calls, monkeypatch, capsys):
+    """NGC 25.01's torch is `2.6.0a0+<hash>.nv25.1`, a pre-release sorting below 2.6: kept by ensure_cuda_torch,
+    it must not then be asked of pip by the plan (`torch>=2.6` read against the full version)."""
+    monkeypatch.setattr(setup, "torch_seen", lambda: NGC_TORCH)
+    monkeypatch.setattr(setup, "installed", lambda: {"torch": NGC_TORCH[0], "numpy": "1.26.4"})
+    assert setup.main(["--cuda-torch", "2.13.0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"torch {NGC_TORCH[0]} (CUDA 12.8)" in out and "kept" in out
+    [planned] = [x for x in out.splitlines() if "to install" in x]
+    assert "pydantic>=2" in planned and "torch" not in planned and pip_calls == []
+    assert setup.plan(reqs("torch>=2.6"), {"torch": NGC_TORCH[0]}, None).install == []
+    assert [str(r) for r in setup.plan(reqs("torch>=2.6"), {"torch": "2.5.0a0+x.nv24.10"}, None).install] == [
+        "torch>=2.6"]  # below the floor whatever its suffix
+
+
+def test_an_install_that_leaves_torch_without_cuda_stops_in_one_line(pip_calls, monkeypatch, capsys):
+    """A dependency's own torch bound can have pip put PyPI's torch over the image's; one built for a newer CUDA
+    than the driver sees no GPU (`--device auto` would fall to the CPU). CUDA is checked again after the install,
+    and the set-up stops before the pins and the project."""
+    answers = [NGC_TORCH, ("2.13.0+cu130", "13.0", False, "/w/.venv/lib/python3.12/site-packages/torch/__init__.py")]
+    monkeypatch.setattr(setup, "torch_seen", lambda: answers.pop(0))
+    monkeypatch.setattr(setup, "installed", lambda: {"torch": NGC_TORCH[0]})
+    assert setup.main(["--cuda-torch", "2.13.0", "--pin", "apache-otava==0.8.0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2.13.0+cu130" in err[0] and "sees no GPU" in err[0]
+    assert len(pip_calls) == 1 and "--no-deps" not in pip_calls[0] and answers == []
+
+
+def test_an_install_that_keeps_a_cuda_torch_goes_on(pip_calls, monkeypatch):
+    answers = [NGC_TORCH, NGC_TORCH]
+    monkeypatch.setattr(setup, "torch_seen", lambda: answers.pop(0))
+    monkeypatch.setattr(setup, "installed", lambda: {"torch": NGC_TORCH[0]})
+    assert setup.main(["--cuda-torch", "2.13.0", "--pin", "apache-otava==0.8.0"]) == 0
+    assert len(pip_calls) == 3 and answers == []
+
+
 def make_n(*args: str) -> list[str]:
     # --no-print-directory: under `make test` this make is a sub-make, which otherwise prints its directory lines
     out = subprocess.run(["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "setup", *args], cwd=ROOT,

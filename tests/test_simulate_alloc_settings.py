@@ -14,11 +14,11 @@ from harness.views.alloc_settings_sim_page import settings_text, slug
 from tests.conftest import run_cli
 
 SETTINGS = ("default", "expandable_segments:True")
-# Llama-3-8B on an H100 at --gpu-util 0.205: the weights leave a 1.08 GiB KV budget, four 2048-token sequences
-# of 128 KiB a token; naive admission (--no-preflight) asks for memory without checking it first, so every
-# refusal is an OOM with its layer.
+# Llama-3-8B on an H100 at --gpu-util 0.2115: the weights and the engine's headroom leave a 1.09 GiB KV budget,
+# four 2048-token sequences of 128 KiB a token; naive admission (--no-preflight) asks for memory without checking
+# it first, so every refusal is an OOM with its layer.
 BASE = ("simulate", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--workload", "paper", "--policy",
-        "static-max,growth", "--requests", "150", "--gpu-util", "0.205", "--no-preflight", "--memory", "caching",
+        "static-max,growth", "--requests", "150", "--gpu-util", "0.2115", "--no-preflight", "--memory", "caching",
         "--jobs", "1")
 
 

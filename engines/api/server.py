@@ -238,6 +238,9 @@ class CompletionServer:
         self.thread.observe, self.thread.stepped = self.metrics.requests.on_event, self.metrics.requests.on_step
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
+        # what must be written before the process leaves through os._exit, which skips every `finally` and atexit
+        # (serve --record-memory-history's trace: the crash is the event it records for)
+        self.before_exit: list[Callable[[], None]] = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._json_errors, self._auth])
@@ -264,14 +267,24 @@ class CompletionServer:
         _, _, context = self.engine.oom_events[-1] if self.engine.oom_events else (0, None, {})
         self.thread.save_oom_snapshot()
         print("fragbench-crash " + json.dumps({**crash.event.__dict__, **context}), file=sys.stderr, flush=True)
-        os._exit(CRASH_EXIT_CODE)
+        self._exit(CRASH_EXIT_CODE)
 
     def _failed(self, message: str) -> None:
         """From the engine thread: end every open request now, then exit so a supervisor restarts us."""
         print("fragbench-engine-error " + json.dumps({"error": message}), file=sys.stderr, flush=True)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.dead.set)
-        threading.Timer(FAIL_GRACE_S, os._exit, [ENGINE_ERROR_EXIT_CODE]).start()
+        threading.Timer(FAIL_GRACE_S, self._exit, [ENGINE_ERROR_EXIT_CODE]).start()
+
+    def _exit(self, code: int) -> None:
+        """Down hard (a supervisor restarts us), once what before_exit writes is written: one that fails says so
+        on one line and the rest still run."""
+        for write in self.before_exit:
+            try:
+                write()
+            except Exception as e:  # the exit code is what the supervisor reads: nothing may stop it
+                print(f"fragbench serve: before exit: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(code)
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler):

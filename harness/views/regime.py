@@ -6,7 +6,7 @@ from __future__ import annotations
 from engines.shapes import load_shape
 from harness.analysis.records import RunRecord
 from harness.analysis.summary_records import Summary
-from harness.gpus import GPU, GPUS
+from harness.gpus import GPU, gpu_of_device_name
 from harness.plan import BENCH_REGIMES, GPU_TARGET_CONCURRENCY, live_tokens_per_request, workload_mix
 from harness.sim.roofline import StepModel
 from workloads.generate import trace
@@ -16,9 +16,9 @@ MiB = 2**20
 
 
 def gpu_of_name(name: str | None) -> GPU | None:
-    """The GPU preset a device's name names ("NVIDIA H200" -> h200-141gb), if any."""
-    low = (name or "").lower()
-    return next((g for key, g in GPUS.items() if key.split("-")[0] in low), None)
+    """The GPU preset whose figures are the named device's ("NVIDIA H200" -> h200-141gb; an H100 PCIe, an
+    A100 80GB PCIe or a GH200 has none: no roofline is better than another board's), if any."""
+    return gpu_of_device_name(name)
 
 
 def cpu_rule() -> str:

@@ -34,8 +34,7 @@ def register(sub) -> None:
     bench.add_argument("--engines", default="hf,static-max,static-oracle,paged,hf-cb",
                        help=f"engines to run, comma-separated, one after another on the same traffic ({listing()}); "
                             "\"\" runs --target alone")
-    bench.add_argument("--workload", default="mixed-churn",
-                       help="a workload name (fragbench workload list) or a spec's YAML path")
+    bench.add_argument("--workload", default="mixed-churn", help="a workload name (`workload list`) or a spec file")
     bench.add_argument("--model", default="models/tiny-llama", help="model directory (fragbench model build)")
     add_kv_budget(bench, "16MiB", "bytes of KV cache every engine gets")
     add_kv_budgets(bench, "run every engine's knee search at each of these KV budgets (the first is the run's own); "
@@ -157,10 +156,9 @@ def config(args: argparse.Namespace):
         raise UsageError(refused)
     if args.compare_alloc_conf:
         settings_refusal(args.memory, engines)
-    if engines:  # what each server's CudaMemory would refuse at its start
-        refuse_cuda_memory_settings(args.memory, args.alloc_conf)
-    if engines:  # targets bring their own model and memory
+    if engines:  # targets bring their own model and memory; what each server's CudaMemory would refuse at its start
         model_dir(args.model, "run `make model`")
+        refuse_cuda_memory_settings(args.memory, args.alloc_conf)
     check_sweep_args(args, workload_checked(args.workload))
     budgets = kv_budgets(args, engines) if engines else [args.kv_budget]
     device = device_of(args.device)  # last: "auto" asks torch whether CUDA is there, seconds of import

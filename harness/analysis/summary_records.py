@@ -236,6 +236,9 @@ class HeadlineBlock(SummaryBlock):
     paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
     load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
+    # the informative priors on the engines' stream spread and load gain the fit used: their source ("twin"), its
+    # settings and per engine its values (harness/sim/spread_prior.prior_block); None: the half-t on every spread
+    spread_prior: dict[str, Any] | None = None
 
 
 class PhaseTimes(SummaryBlock):

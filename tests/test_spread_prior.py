@@ -45,3 +45,41 @@ def test_a_twin_point_judges_its_requests_in_arrival_order_and_reads_their_offer
     loads = [p.log_load for p in pts]
     assert len(set(loads)) == 3 and all(np.isfinite(loads))  # each stream its own load
     assert spread_prior.twin_point(jobs[0]).log_load == loads[0]  # one stream, one load
+
+
+def test_bench_computes_the_prior_once_for_the_headline_pair_and_run_json_records_it(tmp_path, monkeypatch):
+    """Before the decision: the headline's two engines' twins (as the run's steps fit them) give their priors, which
+    run.json records at once, and every fit from then on (the decision's, the summary's) reads them there."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from harness.analysis.design import Design
+    from harness.analysis.summary import spread_priors
+    from harness.run import bench as bench_mod
+    from harness.run.config import BenchConfig
+    from harness.run.console import Console
+    from harness.run.record import RunWriter
+
+    cfg = BenchConfig(engines=["paged", "static-oracle"], model="m", kv_budget="16MiB", out_dir=tmp_path,
+                      workload="mixed-churn", duration_s=1, run_id="r", sweep=True)
+    twin = TwinEngine("paged", CONFIG, STEPS, False)
+    monkeypatch.setattr(bench_mod, "run_steps", lambda d: pd.DataFrame())
+    monkeypatch.setattr(bench_mod, "twins_of", lambda meta, steps, shared: {"paged": twin, "hf": twin})
+    monkeypatch.setattr(bench_mod, "timed_priors",
+                        lambda *a, **k: spread_prior.timed_priors(*a, streams=6, n_jobs=1, **k))
+    est = {"paged": SimpleNamespace(rps=5.0), "static-oracle": SimpleNamespace(rps=3.0)}
+    verdict = SimpleNamespace(headline=SimpleNamespace(engine="paged", against="static-oracle"),
+                              fit=SimpleNamespace(estimates=est))
+    b = bench_mod.Bench.__new__(bench_mod.Bench)
+    b.cfg, b.dir, b.console = cfg, tmp_path, Console(None)
+    b.record = RunWriter.start(cfg, tmp_path)
+    b.design = Design.of(900, 1.5, 0.9)
+    b.searching = SimpleNamespace(verdict=lambda: verdict)
+    b.spread_prior()
+    meta = b.record.typed()
+    assert meta.spread_prior["source"] == "twin" and set(meta.spread_prior["engines"]) == {"paged"}  # hf: not a pair
+    assert meta.spread_prior["judged"] == b.design.min_judged
+    assert set(spread_priors(meta)) == {"paged"}
+    import json
+    assert json.loads((tmp_path / "run.json").read_text())["spread_prior"] == meta.spread_prior

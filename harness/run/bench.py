@@ -117,7 +117,7 @@ class Bench:
         if not knees:
             return
         judged = self.design.min_judged
-        priors, seconds = timed_priors(twins, knees, meta.config.slo, cfg.kv_budget.bytes, cfg.workload,
+        priors, seconds = timed_priors(twins, knees, meta.config.slo, meta.config.budget.bytes, cfg.workload,
                                        int(cfg.seed or 0), cfg.max_seq_len, judged)
         self.record.spread_prior(prior_block(priors, seconds, STREAMS, judged))
         self.console.plain("spread prior from the twins (" + f"{seconds:.1f} s): " + "; ".join(

@@ -83,3 +83,13 @@ def test_bench_computes_the_prior_once_for_the_headline_pair_and_run_json_record
     assert set(spread_priors(meta)) == {"paged"}
     import json
     assert json.loads((tmp_path / "run.json").read_text())["spread_prior"] == meta.spread_prior
+
+
+def test_the_report_says_where_each_spread_prior_came_from():
+    from harness.analysis.summary_records import HeadlineBlock
+    from harness.views.capacity_section import prior_words
+    h = HeadlineBlock(engine="paged", against="static-oracle", ratio=1.5, ratio_ci=[1.2, 1.8],
+                      spread_prior={"source": "twin", "engines": {"paged": {"centre": 0.12, "gain": 0.5}}})
+    assert "from the twin" in prior_words(h) and "paged 0.120 (gain 0.50)" in prior_words(h)
+    assert "half-t" in prior_words(HeadlineBlock(engine="paged", against="hf", ratio=1.5, ratio_ci=[1.2, 1.8]))
+    assert h.written()["spread_prior"]["source"] == "twin"

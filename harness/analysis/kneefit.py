@@ -218,11 +218,16 @@ class KneeFit:
         return float(np.median(shown / np.maximum(whole, 1e-12)))
 
     def paired_correlation(self, a: str, b: str) -> float:
-        """The correlation the fit implies between two engines' stream effects on one stream (their offered token
-        load is the same; what it leaves is taken as independent): the posterior median."""
-        var_x = (self.load_var[a] + self.load_var[b]) / 2
-        (_, va), (_, vb) = self.stream_variance(a, var_x), self.stream_variance(b, var_x)
-        return float(np.median(self.gains[a] * self.gains[b] * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
+        """The correlation between two engines' stream effects on one stream that the offered token load alone
+        implies: the load is the same for both (correlated 1), what it leaves is taken as independent, so per draw
+        it is sqrt(each engine's explained share), the shares as `explained_share` reads them (each engine's own
+        load variance); the posterior median. A function of the fitted gains and spreads: it can never show a
+        residual the two engines share (benchmarks/pairing_study.py measures that one, on the model's scale)."""
+        shares = []
+        for e in (a, b):
+            shown, whole = self.stream_variance(e, self.load_var[e])
+            shares.append(shown / np.maximum(whole, 1e-12))
+        return float(np.median(np.sqrt(shares[0] * shares[1])))
 
 
 def u_variance(scale: np.ndarray) -> np.ndarray:

@@ -330,6 +330,7 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
     h.bracket_ends, h.unsteady_rates, h.time_s = ends, left_out, search.time_s
     h.spread_prior = meta.spread_prior  # the priors the fit used, where they came from (None: the half-t)
+    h.residual_correlation = 0.0  # each engine fitted alone: what the load leaves is independent between them
     h.more_arrival_s_to_precision = None if more_s is None else round(more_s, 1)
     h.resolvable_ratio = round(resolvable(h, 1.0), 3)
     h.resolvable_ratio_with_20_more_minutes = round(resolvable(h, factor_20min), 3)

@@ -233,7 +233,12 @@ class HeadlineBlock(SummaryBlock):
     resolvable_ratio: Num | None = None
     resolvable_ratio_with_20_more_minutes: Num | None = None
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
-    paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
+    # their stream effects' correlation that the shared offered token load alone implies (kneefit.KneeFit.
+    # paired_correlation: a function of the fitted gains and spreads, not a measured shared residual)
+    paired_correlation: Num | None = None
+    # the correlation the fit gives what the load leaves of two engines' effects on one stream: 0, independent (no
+    # joint fit yet; the twin's model-scale residual correlation, benchmarks/pairing_study.py, is in docs/method.md)
+    residual_correlation: Num | None = None
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
     load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
     # the informative priors on the engines' stream spread and load gain the fit used: their source ("twin"), its

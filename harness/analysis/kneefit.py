@@ -24,9 +24,10 @@ Pairing. The decision gives the headline's two engines the same streams (each at
 one stream share x (as far as their judged windows coincide), so the part of the stream effect that the offered
 token load explains (g * x) is taken out of both engines' points alike, and the ratio's interval narrows by what
 that part was. What the load leaves (u) may still be shared in truth; the fits treat it as independent, which can
-only widen a ratio's interval. The correlation the fit implies between two engines' stream effects on one stream
-(`KneeFit.paired_correlation`) and each engine's share of its stream variance that the load explains
-(`KneeFit.explained_share`) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200
+only widen a ratio's interval. Each engine's share of its stream variance that the load explains
+(`KneeFit.explained_share`) and the correlation that the shared load alone implies between two engines' stream effects
+(`KneeFit.paired_correlation`: sqrt of the two shares, a function of the fitted gains and spreads that can never
+show a shared residual) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200
 streams of mixed-churn offered to paged and static-oracle at their knees) the two engines' stream effects
 correlated 0.64 [0.53, 0.74]; the offered token load explained 34 % and 42 % of them, and left a correlation of
 0.11 [0.00, 0.20]; the tokens asked alone (no bursts) explained under 8 %.
@@ -39,8 +40,10 @@ no quadrature nodes to miss a sharp likelihood where b * s is large), and read o
 tests/test_kneefit.py checks it against a brute-force integral.
 
 The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends), on
-log b (SLOPES), on g (GAINS) and a flat density on s over SPREADS (trapezoid weights on its grid), all on a grid,
-exactly. Draws of (g, s) come from their joint marginal, then the knee from its conditional given them (b summed
+log b (SLOPES) and on g (GAINS), and on s a half-t over SPREADS (trapezoid weights on its grid), all on a grid,
+exactly; or, for an engine given a `SpreadPrior` (the bench gives the headline's two one from their twins before the
+decision: harness/sim/spread_prior.py), a Student-t in log s around the twin's s, wider toward wider, on a log grid
+of its own, and a normal on g around the twin's gain. Draws of (g, s) come from their joint marginal, then the knee from its conditional given them (b summed
 out); a ratio of two engines' knees is read from their draws side by side. An estimate is the posterior median,
 its interval the central 90 %: an interval always holds its estimate.
 """

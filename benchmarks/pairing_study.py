@@ -32,6 +32,12 @@ stream's window offers. At the twin's knee a 25-request point from a cold start 
 the knee search judged 400 requests, the queue by then longer. Static-oracle's attainment hardly moves with rate
 (0.92/0.90/0.87 over 0.85-1.15x; b about 1.8): its misses are fragmentation OOMs at every load, so its s in log
 rate (0.4) is large where its logit spread (0.85) is not.
+
+On one scale (issue 79): the model fitted with the offered token load as a covariate (`fit_load`, `explained_model`,
+`rho_model_residual_load`). On the twins of a fresh-clone run of be5c217 (120 streams, 25 judged, `--boot-model 50`)
+the load explained 68 % (paged) and 58 % (static-oracle) of the shift on the model's scale and what it left
+correlated 0.76 [0.63, 0.90], beside 0.57 [0.48, 0.67] without the covariate: figures that do not add up where
+static-oracle's curve is this flat (docs/method.md, "Pairing").
 """
 
 from __future__ import annotations

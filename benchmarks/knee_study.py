@@ -119,6 +119,8 @@ class Params:
     # the fit's spread prior: None, the half-t (the fit's default); else the twin's prior (kneefit.SpreadPrior) centred
     # on the truth's s and gain (without the drift: the twin has none) times this factor (0.5, 2: the twin off)
     prior_factor: float | None = None
+    prior_below: float = kneefit.PRIOR_BELOW  # the prior's width in log s toward narrower (kneefit.SpreadPrior)
+    prior_above: float = kneefit.PRIOR_ABOVE  # and toward wider
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,7 @@ def twin_priors(prm: Params, engines: dict[str, Engine]) -> dict[str, SpreadPrio
     for name, e in engines.items():
         leftover = T4_SCALE_OF_NORMAL * e.spread_s * math.sqrt(1 - prm.explained)
         gain = math.sqrt(prm.explained) * e.spread_s / prm.load_sd
-        out[name] = SpreadPrior(max(leftover, 1e-3), gain=gain).scaled(prm.prior_factor)
+        out[name] = SpreadPrior(max(leftover, 1e-3), prm.prior_below, prm.prior_above, gain).scaled(prm.prior_factor)
     return out
 
 
@@ -476,6 +478,8 @@ def parser() -> argparse.ArgumentParser:
                     help="static-oracle's true slope over paged's (the twin's: about 0.07, b 1.8 against 25)")
     ap.add_argument("--drift-sd", type=float, default=d.drift_sd,
                     help="the machine's drift: sd of the shift in log load each visit of an engine draws (0: none)")
+    ap.add_argument("--prior-width", default=f"{d.prior_below},{d.prior_above}",
+                    help="the prior's widths in log s, toward narrower and toward wider (kneefit.SpreadPrior)")
     ap.add_argument("--prior-factors", default="none",
                     help="the fit's spread prior: none (the half-t), or comma-separated factors the twin's prior is "
                          "off by (1: centred on the truth; 0.5,1,2: a row each)")
@@ -516,6 +520,7 @@ def one_params(a: argparse.Namespace) -> Params:
                   judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop, drift_sd=a.drift_sd,
+                  prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),
                   decide_confidence=a.decide_confidence)
 
 

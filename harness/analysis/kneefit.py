@@ -43,9 +43,9 @@ The posterior. Flat priors on log knee (over the rates measured, widened by the 
 log b (SLOPES) and on g (GAINS), and on s a half-t over SPREADS (trapezoid weights on its grid), all on a grid,
 exactly; or, for an engine given a `SpreadPrior` (the bench gives the headline's two one from their twins before the
 decision: harness/sim/spread_prior.py), a Student-t in log s around the twin's s, wider toward wider, on a log grid
-of its own, and a normal on g around the twin's gain. Draws of (g, s) come from their joint marginal, then the knee from its conditional given them (b summed
-out); a ratio of two engines' knees is read from their draws side by side. An estimate is the posterior median,
-its interval the central 90 %: an interval always holds its estimate.
+of its own, and a normal on g around the twin's gain. Draws of (g, s) come from their joint marginal, then the knee
+from its conditional given them (b summed out); a ratio of two engines' knees is read from their draws side by side.
+An estimate is the posterior median, its interval the central 90 %: an interval always holds its estimate.
 """
 
 from __future__ import annotations

@@ -117,8 +117,12 @@ class Bench:
         if not knees:
             return
         judged = self.design.min_judged
-        priors, seconds = timed_priors(twins, knees, meta.config.slo, meta.config.budget.bytes, cfg.workload,
-                                       int(cfg.seed or 0), cfg.max_seq_len, judged)
+        try:
+            priors, seconds = timed_priors(twins, knees, meta.config.slo, meta.config.budget.bytes, cfg.workload,
+                                           int(cfg.seed or 0), cfg.max_seq_len, judged)
+        except (ValueError, KeyError) as e:  # a twin that cannot run this budget or configuration: the half-t
+            self.console.plain(f"no spread prior from the twins ({type(e).__name__}: {e}): the half-t")
+            return
         self.record.spread_prior(prior_block(priors, seconds, STREAMS, judged))
         self.console.plain("spread prior from the twins (" + f"{seconds:.1f} s): " + "; ".join(
             f"{e} s {p.prior.centre:.3f}, gain {p.prior.gain:.2f} (twin's knee {p.twin_knee_rps:.3g} req/s)"

@@ -52,7 +52,7 @@ from harness.analysis import kneefit, placement
 from harness.analysis.design import TURN_SHARE
 from harness.analysis.headline import rival_of
 from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
-from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.kneefit import KneeFit, SpreadPrior, fit
 from harness.analysis.ruled_out import evidence_of, rulings
 from harness.analysis.steady import wilson
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
@@ -63,6 +63,10 @@ ABBA = (PAGED, STATIC, STATIC, PAGED)  # the decision's turn order, repeated
 TARGET = 0.9
 RATIOS = (1.0, 1.3, 1.7)
 PRECISION = 1.5  # the headline's hi / lo asked (the bench's default --precision)
+# a normal's sd as the scale of the Student-t of kneefit.TAIL_DF degrees of freedom that fits it best (maximum
+# likelihood on 400,000 normal draws): what the fit's s reads off streams whose leftover shift is normal, as the
+# twin's spread prior is the fit's own s on the twin's streams
+T4_SCALE_OF_NORMAL = 0.83
 
 
 def remembered(likelihood):
@@ -118,6 +122,12 @@ class Params:
     decide_confidence: float = CONFIDENCE  # the interval "decided" reads (the bench: the reported 90 % one)
     stop: str = "rule"  # rule: placement.done; time: until the time is spent; decided: the former rule
     screened_knee: float = 0.7  # the screened engine's true knee over static-oracle's (hf's in a recorded run)
+    drift_sd: float = 0.0  # the machine's drift: each visit of an engine shifts its log load by N(0, drift_sd^2)
+    # the fit's spread prior: None, the half-t (the fit's default); else the twin's prior (kneefit.SpreadPrior) centred
+    # on the truth's s and gain (without the drift: the twin has none) times this factor (0.5, 2: the twin off)
+    prior_factor: float | None = None
+    prior_below: float = kneefit.PRIOR_BELOW  # the prior's width in log s toward narrower (kneefit.SpreadPrior)
+    prior_above: float = kneefit.PRIOR_ABOVE  # and toward wider
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,15 @@ class Run:
     points: dict[str, list[Judged]]
     serial: int = 0
     streams: dict[str, Stream] = field(default_factory=dict)
+    visit: dict[str, int] = field(default_factory=dict)  # per engine, its visit of the server now (0: the search)
+    drifts: dict[tuple[str, int], float] = field(default_factory=dict)  # per engine and visit, the machine's drift
+
+    def drift(self, engine: str) -> float:
+        """The machine's drift in log load for the engine's present visit, drawn once per visit."""
+        at = (engine, self.visit.get(engine, 0))
+        if at not in self.drifts:
+            self.drifts[at] = float(self.rng.normal(0.0, self.prm.drift_sd)) if self.prm.drift_sd > 0 else 0.0
+        return self.drifts[at]
 
     def key(self, rate_rps: float) -> str:
         """A fresh stream for a search point: no other point reads it."""
@@ -199,7 +218,7 @@ def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str |
     prm = run.prm
     key = key or run.key(rate_rps)
     load, shift = run.shift(engine, key)
-    p = attainment_p(engine, rate_rps, shift)
+    p = attainment_p(engine, rate_rps, shift + run.drift(engine.name))
     n = max(1, int(min(prm.judged, (left_s - prm.warmup_s) * rate_rps, most_s * rate_rps)))
     met = bursty_verdicts(run.rng, p, n, prm.burst_mean)
     early = min(prm.early_judged, n)
@@ -268,14 +287,30 @@ def stops(rule: str, decided: bool, precise: bool, counts: dict[str, int]) -> bo
     return rule == "rule" and placement.done(precise, counts)
 
 
-def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]) -> tuple[KneeFit, str, float]:
+def twin_priors(prm: Params, engines: dict[str, Engine]) -> dict[str, SpreadPrior] | None:
+    """What the twin's spread prior would say of each engine (kneefit.SpreadPrior): the fit's s on its streams'
+    leftover shift (normal, its sd the part of the spread the load leaves) and the load's gain, both times
+    `prior_factor` (the twin off); the machine's drift is not in it. None: no prior (the half-t)."""
+    if prm.prior_factor is None:
+        return None
+    out = {}
+    for name, e in engines.items():
+        leftover = T4_SCALE_OF_NORMAL * e.spread_s * math.sqrt(1 - prm.explained)
+        gain = math.sqrt(prm.explained) * e.spread_s / prm.load_sd
+        out[name] = SpreadPrior(max(leftover, 1e-3), prm.prior_below, prm.prior_above, gain).scaled(prm.prior_factor)
+    return out
+
+
+def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch],
+           priors: dict[str, SpreadPrior] | None = None) -> tuple[KneeFit, str, float]:
     """The decision's turns (ABBA), refitting after each, until placement.done or the time is spent: the last
-    fit, why it stopped, and the seconds it used."""
+    fit, why it stopped, and the seconds it used. Each engine's two turns in a row are one visit of its server
+    (the bench's PER_VISIT), which the machine's drift may shift as a whole."""
     prm = run.prm
     left_s, turns, turn, last = prm.decision_s, {PAGED: 0, STATIC: 0}, 0, None
     served = {PAGED: 0, STATIC: 0}  # decision turns each engine has had: its next paired stream
     while True:
-        kf = fit(run.points, TARGET)
+        kf = fit(run.points, TARGET, priors=priors)
         _, _, _, decided, precise = headline(kf, prm.decide_confidence)
         counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
         if stops(prm.stop, decided, precise, counts):
@@ -286,6 +321,7 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
         if not fits(prm, rate, left_s - switch_s - prm.drain_s, prm.judged):
             return kf, "time spent", prm.decision_s - left_s
         key = f"p{served[engine]}" if prm.paired else None  # paired: each engine's n-th turn reads stream n
+        run.visit[engine] = 1 + served[engine] // 2  # visit 0 is the search's
         # a turn's judged arrivals take at most TURN_SHARE of the time left, as the bench's do
         _, took_s = measure(run, engines[engine], rate, left_s - switch_s, key, most_s=TURN_SHARE * left_s)
         served[engine] += 1
@@ -326,18 +362,26 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     searches = {e: search(run, engines[e]) for e in (PAGED, STATIC)}
     search_points = {e: len(run.points[e]) for e in (PAGED, STATIC)}
     after_search = list(run.points[STATIC])
-    kf, stop, used_s = decide(run, engines, searches)
+    kf, stop, used_s = decide(run, engines, searches, twin_priors(prm, engines))
     ratio, lo, hi, decided, precise = headline(kf, prm.decide_confidence)
     rival = rival_check(prm, np.random.default_rng([seed, ratio_key, index, 79]), engines[STATIC], after_search,
                         run.points[STATIC], kf)
     best = STATIC if prm.screened_knee < 1 else SCREENED  # the contiguous engine with the highest true knee
-    return {"true_ratio": true_ratio, "spread": prm.spread_s, "paired": prm.paired, "ratio": ratio, "lo": lo,
+    return {"true_ratio": true_ratio, **cell_of(prm), "ratio": ratio, "lo": lo,
             "hi": hi, "covered": lo <= true_ratio <= hi,
             "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
             "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
             "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
             "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].knee_rps <= kf.estimates[e].ci[1]
                              for e in (PAGED, STATIC)}, "rival_is_best": rival == best}
+
+
+CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor")  # what tells one cell's rows from another's
+
+
+def cell_of(prm: Params) -> dict:
+    return {"spread": prm.spread_s, "paired": prm.paired, "slope_ratio": prm.slope_ratio, "drift_sd": prm.drift_sd,
+            "prior_factor": prm.prior_factor}
 
 
 def _task(args: tuple) -> dict:
@@ -349,7 +393,7 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
     and where the misses fall (true ratio above the interval or below it)."""
     n = len(runs)
     cover = sum(r["covered"] for r in runs) / n
-    return {"true_ratio": true_ratio, "spread": runs[0]["spread"], "paired": runs[0]["paired"], "runs": n,
+    return {"true_ratio": true_ratio, **{k: runs[0][k] for k in CELL}, "runs": n,
             "coverage": round(cover, 4),
             "coverage_se": round(math.sqrt(cover * (1 - cover) / n), 4),
             "median_hi_lo": round(float(np.median([r["hi"] / r["lo"] for r in runs])), 4),
@@ -391,10 +435,18 @@ def study(prm: Params | list[Params], ratios: tuple[float, ...] = RATIOS, runs: 
 
 
 def rows_of(results: list[dict], ratios: tuple[float, ...]) -> dict:
-    cells = sorted({(x["spread"], x["paired"]) for x in results}, key=lambda c: (c[0], not c[1]))
-    of = {c: [x for x in results if (x["spread"], x["paired"], x["true_ratio"]) == c] for c in
-          {(x["spread"], x["paired"], x["true_ratio"]) for x in results}}
-    return {"rows": [summarize(r, of[(s, paired, r)]) for s, paired in cells for r in ratios if (s, paired, r) in of]}
+    """One row per cell and true ratio, in the order the cells' settings sort (pairing on before off)."""
+    def cell(x: dict) -> tuple:
+        return tuple(x[k] for k in CELL)
+
+    def order(c: tuple) -> tuple:
+        return c[0], not c[1], c[2], c[3], -1.0 if c[4] is None else c[4]
+
+    cells = sorted({cell(x) for x in results}, key=order)
+    of: dict[tuple, list[dict]] = {}
+    for x in results:
+        of.setdefault((*cell(x), x["true_ratio"]), []).append(x)
+    return {"rows": [summarize(r, of[(*c, r)]) for c in cells for r in ratios if (*c, r) in of]}
 
 
 def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
@@ -412,7 +464,8 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
     return show
 
 
-COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"),
+COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope_ratio", "slope x", "{:.2f}"),
+           ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"),
            ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
@@ -459,7 +512,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--residual-rho", type=float, default=d.residual_rho,
                     help="the correlation between two engines' leftover shifts on one stream")
     ap.add_argument("--load-sd", type=float, default=d.load_sd, help="sd of a point's log offered token load")
-    ap.add_argument("--slope-ratio", type=float, default=d.slope_ratio, help="static-oracle's true slope over paged's")
+    ap.add_argument("--slope-ratio", type=float, default=d.slope_ratio,
+                    help="static-oracle's true slope over paged's (the twin's: about 0.07, b 1.8 against 25)")
+    ap.add_argument("--drift-sd", type=float, default=d.drift_sd,
+                    help="the machine's drift: sd of the shift in log load each visit of an engine draws (0: none)")
+    ap.add_argument("--prior-width", default=f"{d.prior_below},{d.prior_above}",
+                    help="the prior's widths in log s, toward narrower and toward wider (kneefit.SpreadPrior)")
+    ap.add_argument("--prior-factors", default="none",
+                    help="the fit's spread prior: none (the half-t), or comma-separated factors the twin's prior is "
+                         "off by (1: centred on the truth; 0.5,1,2: a row each)")
     ap.add_argument("--judged", type=int, default=d.judged, help="judged requests a point takes")
     ap.add_argument("--early-judged", type=int, default=d.early_judged, help="a clear miss stops at this many")
     ap.add_argument("--burst-mean", type=float, default=d.burst_mean, 
@@ -489,7 +550,8 @@ def params_of(a: argparse.Namespace) -> list[Params]:
     one = one_params(a)
     spreads = [float(x) for x in a.spreads.split(",")] if a.spreads else [a.spread]
     pairings = {"on": [True], "off": [False], "both": [True, False]}[a.pairing]
-    return [replace(one, spread_s=s, paired=p) for s in spreads for p in pairings]
+    factors = [None if x.strip() == "none" else float(x) for x in a.prior_factors.split(",")]
+    return [replace(one, spread_s=s, paired=p, prior_factor=f) for s in spreads for p in pairings for f in factors]
 
 
 def one_params(a: argparse.Namespace) -> Params:
@@ -497,7 +559,8 @@ def one_params(a: argparse.Namespace) -> Params:
                   spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
                   judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
-                  calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee,
+                  calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee, drift_sd=a.drift_sd,
+                  prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),
                   decide_confidence=a.decide_confidence)
 
 

@@ -32,6 +32,12 @@ stream's window offers. At the twin's knee a 25-request point from a cold start 
 the knee search judged 400 requests, the queue by then longer. Static-oracle's attainment hardly moves with rate
 (0.92/0.90/0.87 over 0.85-1.15x; b about 1.8): its misses are fragmentation OOMs at every load, so its s in log
 rate (0.4) is large where its logit spread (0.85) is not.
+
+On one scale (issue 79): the model fitted with the offered token load as a covariate (`fit_load`, `explained_model`,
+`rho_model_residual_load`). On the twins of a fresh-clone run of be5c217 (120 streams, 25 judged, `--boot-model 50`)
+the load explained 68 % (paged) and 58 % (static-oracle) of the shift on the model's scale and what it left
+correlated 0.76 [0.63, 0.90], beside 0.57 [0.48, 0.67] without the covariate: figures that do not add up where
+static-oracle's curve is this flat (docs/method.md, "Pairing").
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from harness.analysis.capacity import SLO, judged_verdicts
 from harness.analysis.records import RunRecord
 from harness.analysis.steady import warmup_s
 from harness.sim.simulator import pool_map, simulate_policy
-from harness.sim.stepfit import run_steps
+from harness.sim.stepfit import FittedStepModel, run_steps
 from harness.sim.twin import CurveJob, TwinEngine, cancel_as_sent, client_rows, curve_point, curve_streams, twins_of
 from workloads.generate import TraceRequest, has_shared_prefixes
 from workloads.spec import load_spec
@@ -185,41 +191,50 @@ def point_loglik(met: np.ndarray, n: np.ndarray, eta: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Marginal:
-    """One engine's fit of the kneefit model to its streams: logit attainment a at its knee rate, slope b, spread s."""
+    """One engine's fit of the kneefit model to its streams: logit attainment a at its knee rate, slope b, spread s
+    and, where the stream's offered token load x is given, its gain g (the stream's shift in log load is g x + u)."""
 
     a: float
     b: float
     s: float
+    g: float = 0.0
 
 
-def fit_marginal(met: np.ndarray, n: np.ndarray, z: np.ndarray) -> Marginal:
-    """Maximum likelihood of (a, b, s): streams x rates counts at log(rate / knee) z, u integrated out."""
+def fit_marginal(met: np.ndarray, n: np.ndarray, z: np.ndarray, x: np.ndarray | None = None) -> Marginal:
+    """Maximum likelihood of (a, b, s) and, with the streams' loads x, g: streams x rates counts at log(rate /
+    knee) z, u integrated out."""
     nodes, weights = np.polynomial.hermite_e.hermegauss(NODES)
     log_w = np.log(weights / weights.sum())
+    load = np.zeros(len(met)) if x is None else np.asarray(x, dtype=float)
 
     def nll(theta: np.ndarray) -> float:
         a, b, s = theta[0], math.exp(theta[1]), math.exp(theta[2])
-        eta = a - b * (z[None, :, None] + s * nodes[None, None, :])
+        g = theta[3] if x is not None else 0.0
+        eta = a - b * (z[None, :, None] + g * load[:, None, None] + s * nodes[None, None, :])
         ll = point_loglik(met[:, :, None], n[:, :, None], eta).sum(axis=1)
         return -float(logsumexp(ll + log_w, axis=1).sum())
 
-    best = min((minimize(nll, np.array([2.0, math.log(b0), math.log(0.1)]), method="Nelder-Mead",
-                         options={"xatol": 1e-4, "fatol": 1e-6, "maxiter": 4000}) for b0 in (5.0, 25.0)),
-               key=lambda r: r.fun)
-    return Marginal(float(best.x[0]), math.exp(best.x[1]), math.exp(best.x[2]))
+    starts = [np.array([2.0, math.log(b0), math.log(0.1), *([0.5] if x is not None else [])]) for b0 in (5.0, 25.0)]
+    best = min((minimize(nll, t0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6, "maxiter": 6000})
+                for t0 in starts), key=lambda r: r.fun)
+    return Marginal(float(best.x[0]), math.exp(best.x[1]), math.exp(best.x[2]),
+                    float(best.x[3]) if x is not None else 0.0)
 
 
 def model_rho(fits: tuple[Marginal, Marginal], counts: tuple[tuple[np.ndarray, np.ndarray], ...],
-              zs: tuple[np.ndarray, np.ndarray]) -> float:
-    """rho of the two engines' stream effects on the model's scale: each engine's (a, b, s) as fitted alone, the
-    pair (u1, u2) bivariate normal, integrated on a product Gauss-Hermite grid, rho by maximum likelihood."""
+              zs: tuple[np.ndarray, np.ndarray], xs: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """rho of the two engines' stream effects on the model's scale: each engine's (a, b, s, g) as fitted alone, the
+    pair (u1, u2) bivariate normal, integrated on a product Gauss-Hermite grid, rho by maximum likelihood. With
+    the streams' loads `xs` (and gains fitted on them) u is what the load leaves: the residual correlation the
+    knee fit's pairing rests on (issue 79)."""
     nodes, weights = np.polynomial.hermite_e.hermegauss(NODES_2D)
     log_w = np.log(weights / weights.sum())
     lw2 = log_w[:, None] + log_w[None, :]
 
     def per_engine(i: int, u: np.ndarray) -> np.ndarray:  # streams x u's shape
         f, (met, n), z = fits[i], counts[i], zs[i]
-        eta = f.a - f.b * (z.reshape((1, -1) + (1,) * u.ndim) + u[None, None])
+        shift = z[None, :] + (f.g * xs[i][:, None] if xs is not None else 0.0)  # streams x rates
+        eta = f.a - f.b * (np.broadcast_to(shift, met.shape).reshape(met.shape + (1,) * u.ndim) + u[None, None])
         return point_loglik(met.reshape(met.shape + (1,) * u.ndim), n.reshape(n.shape + (1,) * u.ndim),
                             eta).sum(axis=1)
 
@@ -250,25 +265,37 @@ class EngineData:
         return np.log(self.rates / self.knee_rps)
 
 
-def engine_figures(d: EngineData) -> tuple[dict, Marginal]:
+def engine_figures(d: EngineData) -> tuple[dict, Marginal, Marginal]:
     lg = clipped_logit(d.met, d.n)
     effect = stream_effects(d.met, d.n)
     knee = int(np.argmin(np.abs(d.z)))
     fit = fit_marginal(d.met, d.n, d.z)
+    with_load = fit_marginal(d.met, d.n, d.z, d.x_load)
     out = {"knee_rps": d.knee_rps, "rates_rps": [round(float(r), 4) for r in d.rates],
            "attainment": [round(float(d.met[:, j].sum() / d.n[:, j].sum()), 4) for j in range(len(d.rates))],
            "sd_logit": [round(float(lg[:, j].std(ddof=1)), 4) for j in range(len(d.rates))],
            "sd_effect": round(float(effect.std(ddof=1)), 4),
            "all_met_share": [round(float((d.met[:, j] == d.n[:, j]).mean()), 4) for j in range(len(d.rates))],
            "fit": {"a": round(fit.a, 4), "b": round(fit.b, 3), "s": round(fit.s, 4)},
-           "s_from_sd": round(float(lg[:, knee].std(ddof=1)) / fit.b, 4)}
+           "s_from_sd": round(float(lg[:, knee].std(ddof=1)) / fit.b, 4),
+           # the model with the offered token load as a covariate: the stream's shift is g x + u, u what it leaves
+           "fit_load": {"a": round(with_load.a, 4), "b": round(with_load.b, 3), "s": round(with_load.s, 4),
+                        "g": round(with_load.g, 4)},
+           "explained_model": round(explained(with_load, float(d.x_load.var())), 4)}
     for name, x in (("judged", d.x_judged), ("window", d.x_window), ("load", d.x_load)):
         out[f"r2_x_{name}"] = round(residuals(effect, x)[1], 4)
         out[f"sd_x_{name}"] = round(float(x.std(ddof=1)), 4)
-    return out, fit
+    return out, fit, with_load
 
 
-def pair_figures(a: EngineData, b: EngineData, fits: tuple[Marginal, Marginal], seed: int) -> dict:
+def explained(f: Marginal, var_x: float) -> float:
+    """The share of the stream's shift in log load that its offered token load explains, on the model's scale."""
+    shown = f.g ** 2 * var_x
+    return shown / (shown + f.s ** 2) if shown + f.s ** 2 > 0 else 0.0
+
+
+def pair_figures(a: EngineData, b: EngineData, fits: tuple[Marginal, Marginal], seed: int,
+                 load_fits: tuple[Marginal, Marginal] | None = None, boot_draws: int = BOOT_MODEL) -> dict:
     ea, eb = stream_effects(a.met, a.n), stream_effects(b.met, b.n)
     ka, kb = int(np.argmin(np.abs(a.z))), int(np.argmin(np.abs(b.z)))
     la, lb = clipped_logit(a.met[:, ka], a.n[:, ka]), clipped_logit(b.met[:, kb], b.n[:, kb])
@@ -288,8 +315,19 @@ def pair_figures(a: EngineData, b: EngineData, fits: tuple[Marginal, Marginal], 
         return model_rho(fits, ((a.met[i], a.n[i]), (b.met[i], b.n[i])), (a.z, b.z))
 
     out["rho_model"] = {"rho": round(rho, 4), "ci90": [round(x, 4) for x in boot_interval(boot_model, n, rng,
-                                                                                            BOOT_MODEL)],
+                                                                                            boot_draws)],
                         "note": "marginals (a, b, s) held at their full-sample fits in the bootstrap"}
+    if load_fits is not None:  # one scale: the model's, with the load covariate (what kneefit's pairing rests on)
+        xs = (a.x_load, b.x_load)
+        left = model_rho(load_fits, counts, (a.z, b.z), xs)
+
+        def boot_left(i: np.ndarray) -> float:
+            return model_rho(load_fits, ((a.met[i], a.n[i]), (b.met[i], b.n[i])), (a.z, b.z), (xs[0][i], xs[1][i]))
+
+        out["rho_model_residual_load"] = {
+            "rho": round(left, 4), "ci90": [round(x, 4) for x in boot_interval(boot_left, n, rng, boot_draws)],
+            "note": "what the offered token load leaves (each engine's shift g x + u, u bivariate normal); "
+                    "marginals (a, b, s, g) held at their full-sample fits in the bootstrap"}
     out["corr_x_window"] = round(corr(a.x_window, b.x_window), 4)
     out["corr_x_load"] = round(corr(a.x_load, b.x_load), 4)
     return out
@@ -344,15 +382,17 @@ def simulate(study: Study, streams: int, judged: int, jobs: int,
     return out
 
 
-def figures(data: dict[str, EngineData], seed: int = SEED) -> dict:
+def figures(data: dict[str, EngineData], seed: int = SEED, boot_draws: int = BOOT_MODEL) -> dict:
     """The study's one object: per engine its spreads and fit, and the pair's correlations."""
-    engines, fits = {}, []
+    engines, fits, load_fits = {}, [], []
     for e, d in data.items():
-        figs, fit = engine_figures(d)
+        figs, fit, with_load = engine_figures(d)
         engines[e] = figs
         fits.append(fit)
+        load_fits.append(with_load)
     a, b = data.values()
-    return {"engines": engines, "pair": pair_figures(a, b, (fits[0], fits[1]), seed)}
+    return {"engines": engines, "pair": pair_figures(a, b, (fits[0], fits[1]), seed, (load_fits[0], load_fits[1]),
+                                                     boot_draws)}
 
 
 def study_of(run_dir: Path, knee: str, jobs: int) -> Study:
@@ -361,7 +401,8 @@ def study_of(run_dir: Path, knee: str, jobs: int) -> Study:
     summary = json.loads((run_dir / "summary.json").read_text())
     measured = {e: float(c["sustained_rps"]) for e, c in summary.get("capacity", {}).items()
                 if c.get("sustained_rps")}
-    twins = twins_of(meta, run_steps(run_dir), has_shared_prefixes(load_spec(cfg.workload)))
+    shared = has_shared_prefixes(load_spec(cfg.workload))
+    twins = twins_of(meta, run_steps(run_dir), shared) or summary_twins(summary, shared)
     missing = [e for e in ENGINES if e not in twins]
     if missing:
         raise SystemExit(f"{run_dir}: no twin for {', '.join(missing)} (no steps or no engine_config)")
@@ -369,6 +410,15 @@ def study_of(run_dir: Path, knee: str, jobs: int) -> Study:
     max_seq_len = cfg.max_seq_len if cfg.has("max_seq_len") else 2048
     return Study(twins, run_knees(twins, meta, measured, knee, jobs), cfg.slo, cfg.budget.bytes, cfg.workload,
                  cfg.seed, max_seq_len)
+
+
+def summary_twins(summary: dict, shared: bool) -> dict[str, TwinEngine]:
+    """The twins summary.json recorded (each engine's step model and configuration): a run kept without its
+    steps (a fresh clone's, its summary and run.json copied) is still studied on the same twins."""
+    return {e: TwinEngine(e, t["config"], FittedStepModel(t["step_model"]["coefficients"],
+                                                          t["step_model"].get("fit_r2"), t["step_model"].get("rows", 0),
+                                                          t["step_model"].get("source", "summary.json")), shared)
+            for e, t in (summary.get("twin") or {}).items() if t.get("config") and t.get("step_model")}
 
 
 def print_table(out: dict) -> None:
@@ -380,6 +430,10 @@ def print_table(out: dict) -> None:
         att, full, sd = ("/".join(f"{v:.2f}" for v in f[k]) for k in ("attainment", "all_met_share", "sd_logit"))
         print(f"{e:<14} {f['knee_rps']:6.3f}  {att:<15} {full:<15} {sd:<15} {f['fit']['b']:5.1f} {f['fit']['s']:6.3f} "
               f"{f['s_from_sd']:6.3f}  {f['r2_x_judged']:.3f} {f['r2_x_window']:.3f} {f['r2_x_load']:.3f}")
+    for e, f in out["engines"].items():
+        fl = f["fit_load"]
+        print(f"{e:<14} with the load covariate: b {fl['b']:.1f}, s {fl['s']:.3f}, g {fl['g']:.2f}; the load explains "
+              f"{100 * f['explained_model']:.0f} % of the stream's shift on the model's scale")
     for name, r in out["pair"].items():
         if isinstance(r, dict):
             print(f"{name:<24} {r['rho']:+.3f} [{r['ci90'][0]:+.3f}, {r['ci90'][1]:+.3f}]")
@@ -396,13 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--multiples", default=",".join(map(str, MULTIPLES)), help="rates offered, x each knee")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=SEED, help="the bootstraps' seed")
+    ap.add_argument("--boot-model", type=int, default=BOOT_MODEL,
+                    help="bootstrap resamples of each model-scale rho (each one an optimization)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     study = study_of(args.run_dir, args.knee, args.jobs)
     multiples = tuple(float(m) for m in args.multiples.split(","))
     out = {"run": str(args.run_dir), "streams": args.streams, "judged": args.judged, "knee_from": args.knee,
            "multiples": multiples,
-           **figures(simulate(study, args.streams, args.judged, args.jobs, multiples), args.seed)}
+           **figures(simulate(study, args.streams, args.judged, args.jobs, multiples), args.seed,
+                      args.boot_model)}
     if args.json:
         print(json.dumps(out))
     else:

@@ -91,3 +91,28 @@ def test_the_rival_check_names_the_contiguous_engine_with_the_highest_true_knee(
         ["static-oracle"] * 6
     assert knee_study.rival_check(replace(prm, screened_knee=2.0), np.random.default_rng(0), static, pts, pts,
                                   kf) == "hf"
+
+
+def test_the_prior_off_by_a_factor_and_drift_between_visits_give_a_row_each(knee_study, capsys):
+    assert knee_study.main(["--runs", "1", "--ratios", "1.3", "--json", "--decision-s", "90", "--search-s", "60",
+                            "--prior-factors", "none,0.5,2", "--drift-sd", "0.1", "--slope-ratio", "0.07",
+                            "--seed", "5"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["prior_factor"] for r in rows] == [None, 0.5, 2.0]
+    assert all(r["drift_sd"] == 0.1 and r["slope_ratio"] == 0.07 for r in rows)
+    prm = knee_study.Params(spread_s=0.2, prior_factor=2.0)
+    engines = {e: knee_study.Engine(e, 2.0, 25.0, 0.2) for e in ("paged", "static-oracle")}
+    priors = knee_study.twin_priors(prm, engines)
+    truth = knee_study.T4_SCALE_OF_NORMAL * 0.2 * np.sqrt(1 - prm.explained)
+    assert priors["paged"].centre == pytest.approx(2 * truth)  # the twin off by x2, and blind to the drift
+    assert knee_study.twin_priors(knee_study.Params(), engines) is None
+
+
+def test_drift_is_one_draw_per_visit_of_an_engine(knee_study):
+    run = knee_study.Run(knee_study.Params(drift_sd=0.1), np.random.default_rng(2), {"paged": [], "static-oracle": []})
+    first = run.drift("paged")
+    assert run.drift("paged") == first and first != 0.0
+    run.visit["paged"] = 1
+    assert run.drift("paged") != first
+    still = knee_study.Run(knee_study.Params(), np.random.default_rng(2), {"paged": []})
+    assert still.drift("paged") == 0.0

@@ -292,3 +292,57 @@ def test_the_report_picks_the_rival_by_the_headlines_one_rule():
     assert rival_in(Summary(capacity=simulated)) == "static-oracle"
     simulated["static-max"] = CapacityBlock(sustained_rps=2.5)
     assert rival_in(Summary(capacity=simulated)) == "static-max"
+
+
+def test_a_spread_prior_is_centred_on_the_twins_spread_with_a_tail_toward_wider():
+    from harness.analysis.kneefit import SpreadPrior
+    prior = SpreadPrior(0.1, gain=0.5)
+    grid = prior.spreads()
+    w = np.exp(prior.spread_log_weights(grid))
+    assert w.sum() == pytest.approx(1.0) and grid.min() > 0 and grid.max() <= 1.0
+    assert abs(grid[np.argmax(w)] / 0.1 - 1) < 0.2  # its mode at the centre
+    assert w[grid > 0.1].sum() > w[grid < 0.1].sum()  # more of its mass toward wider
+    assert w[grid >= 0.2].sum() > 0.1  # twice the twin's spread keeps a tenth of the mass
+    gains = np.linspace(0.0, 1.5, 7)
+    assert gains[np.argmax(prior.gain_log_weights(gains))] == 0.5
+    assert SpreadPrior.of(prior.to_json()) == prior
+    assert prior.scaled(2.0).centre == pytest.approx(0.2) and prior.scaled(2.0).gain == pytest.approx(1.0)
+
+
+def spread_points(rng, knee: float, shift_sd: float, count: int = 10) -> list[Judged]:
+    """count fresh streams around the knee, each shifted in log load by N(0, shift_sd^2), 50 judged each."""
+    factors = np.geomspace(0.85, 1.18, count)
+    return [stream(rng, snap(knee * f), knee, n=50, rep=i + 1, shift_sd=shift_sd) for i, f in enumerate(factors)]
+
+
+def test_a_prior_from_the_twin_narrows_the_knee_and_a_run_wider_than_it_still_widens():
+    """Ten points at a spread of 0.15 (the fit's s about 0.12): a prior centred there narrows the knee's interval
+    against the half-t's; points that scatter four times as far under the same prior widen it again (its tail
+    toward wider lets the run's own scatter speak), and s moves up toward them."""
+    from harness.analysis.kneefit import SpreadPrior
+    rng = np.random.default_rng(31)
+    pts = spread_points(rng, 3.0, 0.15)
+    prior = {"paged": SpreadPrior(0.12)}
+    half_t, told = fit({"paged": pts}, 0.9), fit({"paged": pts}, 0.9, priors=prior)
+
+    def width(f):
+        return f.estimates["paged"].ci[1] / f.estimates["paged"].ci[0]
+
+    assert width(told) < width(half_t), (width(told), width(half_t))
+    assert told.priors == prior and half_t.priors == {}
+    wide = fit({"paged": spread_points(rng, 3.0, 0.6)}, 0.9, priors=prior)
+    assert width(wide) > width(told) and wide.spread_s["paged"] > 1.5 * told.spread_s["paged"]
+    assert fit({"paged": pts}, 0.9, priors={"other": SpreadPrior(0.12)}).priors == {}  # an engine with no points
+
+
+def test_the_summary_fits_under_the_prior_run_json_records_and_its_headline_names_it():
+    from harness.analysis.records import RunRecord
+    from harness.analysis.summary import fits_of, spread_priors
+    block = {"source": "twin", "engines": {"paged": {"centre": 0.1, "gain": 0.4}}}
+    meta = RunRecord.of({"config": {"slo_attainment": 0.9}, "spread_prior": block})
+    assert spread_priors(meta)["paged"].centre == 0.1 and spread_priors(RunRecord.of({})) == {}
+    rng = np.random.default_rng(32)
+    blocks = {"paged": ({}, engine_points(rng, 3.0)), "static-oracle": ({}, engine_points(rng, 2.0))}
+    whole, within = fits_of(blocks, meta)
+    assert set(whole.priors) == {"paged"} and set(within.priors) == {"paged"}
+    assert set(np.unique(within.spreads["paged"])) == {0.0}  # the within-runs fit still holds s at 0

@@ -62,3 +62,25 @@ def test_one_engine_under_two_names_is_paired_exactly(study):
     assert set(out["engines"]) == {"paged", "static-oracle"}
     assert out["pair"]["rho_effect"]["rho"] == pytest.approx(1.0)
     assert out["pair"]["rho_at_knee"]["ci90"][0] == pytest.approx(1.0)
+
+
+def test_with_the_load_covariate_the_model_scale_correlation_is_what_the_load_leaves(study):
+    """Two engines whose stream shifts are g x + u with the load x shared and u independent: without the covariate
+    their effects correlate through x; with it the residual correlation on the model's scale is near 0, and each
+    engine's gain is found."""
+    rng = np.random.default_rng(11)
+    streams, b, g = 240, 25.0, 1.0
+    z = np.log(np.array([0.85, 1.0, 1.15]))
+    x = rng.normal(0.0, 0.12, streams)
+    n = np.full((streams, 3), 25.0)
+    def counts() -> np.ndarray:
+        u = 0.06 * rng.normal(0, 1, streams)
+        return rng.binomial(25, expit(math.log(9) - b * (z[None] + g * x[:, None] + u[:, None]))).astype(float)
+
+    met = [counts(), counts()]
+    plain = tuple(study.fit_marginal(m, n, z) for m in met)
+    loaded = tuple(study.fit_marginal(m, n, z, x) for m in met)
+    for f in loaded:
+        assert 0.6 < f.g < 1.4 and f.s < plain[0].s
+    assert study.model_rho(plain, ((met[0], n), (met[1], n)), (z, z)) > 0.5
+    assert abs(study.model_rho(loaded, ((met[0], n), (met[1], n)), (z, z), (x, x))) < 0.3

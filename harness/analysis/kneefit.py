@@ -24,9 +24,10 @@ Pairing. The decision gives the headline's two engines the same streams (each at
 one stream share x (as far as their judged windows coincide), so the part of the stream effect that the offered
 token load explains (g * x) is taken out of both engines' points alike, and the ratio's interval narrows by what
 that part was. What the load leaves (u) may still be shared in truth; the fits treat it as independent, which can
-only widen a ratio's interval. The correlation the fit implies between two engines' stream effects on one stream
-(`KneeFit.paired_correlation`) and each engine's share of its stream variance that the load explains
-(`KneeFit.explained_share`) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200
+only widen a ratio's interval. Each engine's share of its stream variance that the load explains
+(`KneeFit.explained_share`) and the correlation that the shared load alone implies between two engines' stream effects
+(`KneeFit.paired_correlation`: sqrt of the two shares, a function of the fitted gains and spreads that can never
+show a shared residual) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200
 streams of mixed-churn offered to paged and static-oracle at their knees) the two engines' stream effects
 correlated 0.64 [0.53, 0.74]; the offered token load explained 34 % and 42 % of them, and left a correlation of
 0.11 [0.00, 0.20]; the tokens asked alone (no bursts) explained under 8 %.
@@ -39,16 +40,19 @@ no quadrature nodes to miss a sharp likelihood where b * s is large), and read o
 tests/test_kneefit.py checks it against a brute-force integral.
 
 The posterior. Flat priors on log knee (over the rates measured, widened by the search's step at both ends), on
-log b (SLOPES), on g (GAINS) and a flat density on s over SPREADS (trapezoid weights on its grid), all on a grid,
-exactly. Draws of (g, s) come from their joint marginal, then the knee from its conditional given them (b summed
-out); a ratio of two engines' knees is read from their draws side by side. An estimate is the posterior median,
-its interval the central 90 %: an interval always holds its estimate.
+log b (SLOPES) and on g (GAINS), and on s a half-t over SPREADS (trapezoid weights on its grid), all on a grid,
+exactly; or, for an engine given a `SpreadPrior` (the bench gives the headline's two one from their twins before the
+decision: harness/sim/spread_prior.py), a Student-t in log s around the twin's s, wider toward wider, on a log grid
+of its own, and a normal on g around the twin's gain. Draws of (g, s) come from their joint marginal, then the knee
+from its conditional given them (b summed out); a ratio of two engines' knees is read from their draws side by side.
+An estimate is the posterior median, its interval the central 90 %: an interval always holds its estimate.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -89,6 +93,72 @@ KNEE_CELLS = 161  # the log-knee grid, per engine
 DRAWS = 4000
 EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
 SEED = 20261204
+# an informative prior on s from the engine's twin (`SpreadPrior`): a Student-t of PRIOR_DF degrees of freedom in log s
+# around what the twin's streams showed, PRIOR_BELOW wide toward narrower (a twin's streams carry every source of
+# spread the model has but the machine's: a run shows at least about as much) and PRIOR_ABOVE toward wider (the
+# machine adds spread the twin has not, drift between visits among it, and the twin's rates are ~22 % off): a run
+# whose points scatter twice as far as the twin's still widens its interval (benchmarks/knee_study.py --prior-factors)
+PRIOR_DF, PRIOR_BELOW, PRIOR_ABOVE = 4, 0.3, 0.6
+PRIOR_GRID = 15  # s's grid under such a prior: log-spaced from PRIOR_REACH_BELOW scales under its centre to ...
+PRIOR_REACH_BELOW, PRIOR_REACH_ABOVE = 3.0, 4.0  # ... PRIOR_REACH_ABOVE over it (within SPREADS' range)
+PRIOR_GAIN_SD = 0.35  # g's prior around the twin's gain: normal, this wide (its grid's step is 0.25)
+
+
+@dataclass(frozen=True)
+class SpreadPrior:
+    """One engine's informative prior on its stream spread s (and on its load gain g), where something outside the
+    run's points has seen the engine's streams (harness/sim/spread_prior.py: its twin offered hundreds of fresh
+    streams in virtual time and fitted by this model). s: a Student-t of PRIOR_DF degrees of freedom in log s,
+    centred on `centre`, `below` wide under it and `above` wide over it (a tail toward wider: a run that shows more
+    spread than the twin still widens); g: a normal of `gain_sd` around `gain` (flat where `gain` is None)."""
+
+    centre: float
+    below: float = PRIOR_BELOW
+    above: float = PRIOR_ABOVE
+    gain: float | None = None
+    gain_sd: float = PRIOR_GAIN_SD
+
+    def spreads(self) -> np.ndarray:
+        """s's grid under this prior: log-spaced around its centre, within SPREADS' range (its ends excluded: s = 0
+        has no density in log s)."""
+        lo = math.log(max(self.centre, 1e-3)) - PRIOR_REACH_BELOW * self.below
+        hi = math.log(max(self.centre, 1e-3)) + PRIOR_REACH_ABOVE * self.above
+        grid = np.exp(np.linspace(lo, hi, PRIOR_GRID))
+        return np.unique(np.round(np.clip(grid, 0.005, float(SPREADS[-1])), 4))
+
+    def spread_log_weights(self, spreads: np.ndarray) -> np.ndarray:
+        """The prior's mass at each grid value of s: its density in log s times each value's trapezoid width in
+        log s (a single value: all of the mass)."""
+        if len(spreads) == 1:
+            return np.zeros(1)
+        ls = np.log(np.maximum(spreads, 1e-9))
+        gaps = np.diff(ls)
+        w = np.concatenate([[gaps[0] / 2], (gaps[:-1] + gaps[1:]) / 2, [gaps[-1] / 2]])
+        z = (ls - math.log(max(self.centre, 1e-3))) / np.where(ls < math.log(max(self.centre, 1e-3)),
+                                                                self.below, self.above)
+        w = w * (1 + z * z / PRIOR_DF) ** (-(PRIOR_DF + 1) / 2)
+        w = np.where(spreads > 0, w, 0.0)
+        return np.log(np.maximum(w / w.sum(), 1e-300))
+
+    def gain_log_weights(self, gains: np.ndarray) -> np.ndarray:
+        if self.gain is None or len(gains) == 1:
+            return np.zeros(len(gains))
+        w = -0.5 * ((gains - self.gain) / self.gain_sd) ** 2
+        return w - logsumexp(w)
+
+    def scaled(self, factor: float) -> SpreadPrior:
+        """The same prior with its centres (s and g) times `factor`: a twin off by that much."""
+        return SpreadPrior(self.centre * factor, self.below, self.above,
+                           None if self.gain is None else self.gain * factor, self.gain_sd)
+
+    def to_json(self) -> dict:
+        return {"centre": round(self.centre, 4), "below": self.below, "above": self.above, "df": PRIOR_DF,
+                "gain": None if self.gain is None else round(self.gain, 4), "gain_sd": self.gain_sd}
+
+    @classmethod
+    def of(cls, d: Mapping) -> SpreadPrior:
+        return cls(float(d["centre"]), float(d.get("below", PRIOR_BELOW)), float(d.get("above", PRIOR_ABOVE)),
+                   None if d.get("gain") is None else float(d["gain"]), float(d.get("gain_sd", PRIOR_GAIN_SD)))
 
 
 @dataclass(frozen=True)
@@ -119,6 +189,7 @@ class KneeFit:
     gains: dict[str, np.ndarray]  # per engine, the draws of g (the offered token load's gain), beside its knee's
     spreads: dict[str, np.ndarray]  # per engine, the draws of s
     load_var: dict[str, float]  # per engine, the variance of its points' x (log offered token load)
+    priors: dict[str, SpreadPrior] = field(default_factory=dict)  # the engines fitted under an informative prior
 
     @property
     def spread_s(self) -> dict[str, float]:
@@ -150,11 +221,16 @@ class KneeFit:
         return float(np.median(shown / np.maximum(whole, 1e-12)))
 
     def paired_correlation(self, a: str, b: str) -> float:
-        """The correlation the fit implies between two engines' stream effects on one stream (their offered token
-        load is the same; what it leaves is taken as independent): the posterior median."""
-        var_x = (self.load_var[a] + self.load_var[b]) / 2
-        (_, va), (_, vb) = self.stream_variance(a, var_x), self.stream_variance(b, var_x)
-        return float(np.median(self.gains[a] * self.gains[b] * var_x / np.sqrt(np.maximum(va * vb, 1e-24))))
+        """The correlation between two engines' stream effects on one stream that the offered token load alone
+        implies: the load is the same for both (correlated 1), what it leaves is taken as independent, so per draw
+        it is sqrt(each engine's explained share), the shares as `explained_share` reads them (each engine's own
+        load variance); the posterior median. A function of the fitted gains and spreads: it can never show a
+        residual the two engines share (benchmarks/pairing_study.py measures that one, on the model's scale)."""
+        shares = []
+        for e in (a, b):
+            shown, whole = self.stream_variance(e, self.load_var[e])
+            shares.append(shown / np.maximum(whole, 1e-12))
+        return float(np.median(np.sqrt(shares[0] * shares[1])))
 
 
 def u_variance(scale: np.ndarray) -> np.ndarray:
@@ -280,13 +356,21 @@ class _Draws:
     spreads: np.ndarray
 
 
-def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: np.random.Generator) -> _Draws:
+def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: np.random.Generator,
+                 prior: SpreadPrior | None = None) -> _Draws:
     """(g, s) from their joint marginal (knee and b summed out), then the knee given them (b summed out). An
-    engine whose points carry no offered token load (a run recorded before it was read) has no gain to fit: g is 0."""
+    engine whose points carry no offered token load (a run recorded before it was read) has no gain to fit: g is 0.
+    Under a `prior` s is read on the prior's own grid (unless `spreads` is not the default: s held, as the
+    within-runs fit holds it at 0) and weighted by it, and g by its gain prior."""
     data = _Data.of(points)
     gains = GAINS if np.any(data.load != 0) else np.zeros(1)
     grid = knee_grid(points)
-    ll = log_likelihood(data, grid, target, spreads, gains) + spread_log_weights(spreads)[None, None, :, None]
+    if prior is not None and spreads is SPREADS:
+        spreads, s_w = prior.spreads(), prior.spread_log_weights(prior.spreads())
+    else:
+        s_w = spread_log_weights(spreads)
+    g_w = prior.gain_log_weights(gains) if prior is not None else np.zeros(len(gains))
+    ll = log_likelihood(data, grid, target, spreads, gains) + s_w[None, None, :, None] + g_w[None, None, None, :]
     given = logsumexp(ll, axis=1)  # knee x s x g
     pick = rng.choice(len(spreads) * len(gains), size=DRAWS, p=softmax(logsumexp(given, axis=0).ravel()))
     s_i, g_i = np.divmod(pick, len(gains))
@@ -294,17 +378,20 @@ def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: 
 
 
 def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
-        seed: int = SEED) -> KneeFit | None:
-    """Every engine's knee from its own fit on the points a knee rests on; None when no engine has any."""
+        seed: int = SEED, priors: Mapping[str, SpreadPrior] | None = None) -> KneeFit | None:
+    """Every engine's knee from its own fit on the points a knee rests on; None when no engine has any. `priors`:
+    per engine, an informative prior on its spread and gain (`SpreadPrior`); an engine without one keeps the
+    half-t on s and the flat prior on g."""
     pts = {e: knee_points(p) for e, p in points.items() if p}
     pts = {e: p for e, p in pts.items() if p}
     if not pts:
         return None
-    draws = {e: engine_draws(p, target, spreads, named_rng(seed, e)) for e, p in pts.items()}
+    priors = {e: p for e, p in (priors or {}).items() if e in pts}
+    draws = {e: engine_draws(p, target, spreads, named_rng(seed, e), priors.get(e)) for e, p in pts.items()}
     estimates = {e: estimate(e, pts[e], draws[e].log_knees, target) for e in pts}
     return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
                    {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
-                   {e: float(np.var([p.log_load for p in pts[e]])) for e in pts})
+                   {e: float(np.var([p.log_load for p in pts[e]])) for e in pts}, priors)
 
 
 def softmax(log_w: np.ndarray) -> np.ndarray:

@@ -155,6 +155,9 @@ class RunRecord(Record):
     hardware: Hardware | None = None
     engine_config: dict[str, dict[str, dict]] | None = None  # engine -> budget -> its server's settings, free-form
     speed_probe: SpeedProbe | None = None  # the machine's speed at start, middle and end (None: an older run)
+    # the knee fits' informative priors on the headline engines' stream spread and load gain, from their twins,
+    # computed before the decision (harness/sim/spread_prior.prior_block; None: the half-t, as before)
+    spread_prior: dict[str, Any] | None = None
     _raw: dict = PrivateAttr(default_factory=dict)
 
     @classmethod

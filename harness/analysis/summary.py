@@ -28,7 +28,7 @@ from harness.analysis.headline import (
 )
 from harness.analysis.integrity import IdleFigures, integrity
 from harness.analysis.knee import Judged, design_effect, knee_block, load_independent_misses, rests_on_unsteady
-from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.kneefit import KneeFit, SpreadPrior, fit
 from harness.analysis.operating import point_intervals
 from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
 from harness.analysis.ruled_out import evidence_of
@@ -272,9 +272,14 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
 def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> tuple[KneeFit | None, KneeFit | None]:
     """The run's joint knee fit over every engine of one budget (kneefit.py), and the same fit with the
     stream-to-stream spread held at 0 (these streams' sampling alone: what the run-to-run share is read against)."""
-    target = meta.config.slo.attainment
-    pts = {e: j for e, (_, j) in blocks.items()}
-    return fit(pts, target), fit(pts, target, spreads=np.zeros(1))
+    target, pts, priors = meta.config.slo.attainment, {e: j for e, (_, j) in blocks.items()}, spread_priors(meta)
+    return fit(pts, target, priors=priors), fit(pts, target, spreads=np.zeros(1), priors=priors)
+
+
+def spread_priors(meta: RunRecord) -> dict[str, SpreadPrior]:
+    """The engines' spread priors run.json records (harness/sim/spread_prior.py); none: the half-t for each."""
+    block = meta.spread_prior or {}
+    return {e: SpreadPrior.of(d) for e, d in (block.get("engines") or {}).items()}
 
 
 def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
@@ -334,6 +339,8 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     spent = float(meta.bench_s or cfg.time_s or 0.0)
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
     h.bracket_ends, h.unsteady_rates, h.time_s = ends, left_out, search.time_s
+    h.spread_prior = meta.spread_prior  # the priors the fit used, where they came from (None: the half-t)
+    h.residual_correlation = 0.0  # each engine fitted alone: what the load leaves is independent between them
     h.more_arrival_s_to_precision = None if more_s is None else round(more_s, 1)
     h.resolvable_ratio = round(resolvable(h, 1.0), 3)
     h.resolvable_ratio_with_20_more_minutes = round(resolvable(h, factor_20min), 3)

@@ -186,8 +186,7 @@ class OperatingPoint(SummaryBlock):
 
 
 class RulingBlock(SummaryBlock):
-    """summary.json's `capacity.<contiguous engine>.ruling`: whether the run ruled the engine out
-    (analysis/ruled_out.py), against which leader's knee, on which rate's judged requests, in words."""
+    """`capacity.<contiguous engine>.ruling`: ruled out or not (analysis/ruled_out.py), against whom, on what."""
 
     ruled_out: bool = False
     leader: str | None = None
@@ -202,9 +201,8 @@ class RulingBlock(SummaryBlock):
 
 
 class LoadIndependentMisses(SummaryBlock):
-    """summary.json's `capacity.<engine>.load_independent_misses`: the share of judged requests missed at rates
-    at most `at_most_rps` (a share of the knee, analysis/knee.LIGHT_LOAD), with its 90 % interval, and the failed
-    requests and OOMs recorded at those rates."""
+    """`capacity.<engine>.load_independent_misses`: the share of judged requests missed at rates at most
+    `at_most_rps` (analysis/knee.LIGHT_LOAD), its 90 % interval, and the failures and OOMs at those rates."""
 
     share: Num
     share_ci: list[Num]
@@ -270,9 +268,16 @@ class HeadlineBlock(SummaryBlock):
     resolvable_ratio: Num | None = None
     resolvable_ratio_with_20_more_minutes: Num | None = None
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
-    paired_correlation: Num | None = None  # their stream effects' correlation, as the fit implies it
+    # the stream effects' correlation the shared load alone implies (kneefit.KneeFit.paired_correlation)
+    paired_correlation: Num | None = None
+    # the correlation the fit gives what the load leaves of two engines' effects on one stream: 0, independent (no
+    # joint fit yet; the twin's model-scale residual correlation, benchmarks/pairing_study.py, is in docs/method.md)
+    residual_correlation: Num | None = None
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
     load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
+    # the informative priors on the engines' stream spread and load gain the fit used: their source ("twin"), its
+    # settings and per engine its values (harness/sim/spread_prior.prior_block); None: the half-t on every spread
+    spread_prior: dict[str, Any] | None = None
 
 
 class PhaseTimes(SummaryBlock):

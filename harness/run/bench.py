@@ -34,8 +34,11 @@ from harness.run.supervisor import Supervisor
 from harness.run.targets import Target
 from harness.run.verdicts import decision_line
 from harness.run.visits import Visits
-from harness.sim.twin import twin_of
+from harness.sim.spread_prior import STREAMS, prior_block, timed_priors
+from harness.sim.stepfit import run_steps
+from harness.sim.twin import twin_of, twins_of
 from harness.units import KvBudget
+from workloads.generate import has_shared_prefixes
 from workloads.spec import load_spec
 from workloads.streams import Streams, dispersion
 
@@ -89,6 +92,7 @@ class Bench:
                 if i == (len(order) - 1) // 2:
                     self.record.speed_probe("middle")
             if self.cfg.sweep and not self.cfg.rates:
+                self.spread_prior()
                 self.searching.decide(runs, shower)
             self.record.speed_probe("end")
         run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console.rich),  # --compare-alloc-conf
@@ -108,6 +112,33 @@ class Bench:
             return "no engine started: " + "; ".join(self.unstarted.values()) if self.unstarted else "no engine ran"
         why = measured_nothing(request_rows(self.dir))
         return f"{', '.join(sorted(self.started))}: {why}" if why else None
+
+    def spread_prior(self) -> None:
+        """The headline engines' stream-spread priors from their twins (harness/sim/spread_prior.py), once, before
+        the decision: each twin fitted on the steps its engine ran so far, offered fresh streams around its own
+        knee; run.json records them and every fit from then on reads them there. An engine without a twin (no
+        steps, or not an engine fragbench schedules) keeps the half-t."""
+        v = self.searching.verdict()
+        if v.headline is None or v.fit is None:
+            return
+        meta, cfg = self.record.typed(), self.cfg
+        pair = (v.headline.engine, v.headline.against)
+        twins = {e: t for e, t in twins_of(meta, run_steps(self.dir), has_shared_prefixes(load_spec(cfg.workload)))
+                 .items() if e in pair}
+        knees = {e: v.fit.estimates[e].rps for e in twins if e in v.fit.estimates}
+        if not knees:
+            return
+        judged = self.design.min_judged
+        try:
+            priors, seconds = timed_priors(twins, knees, meta.config.slo, meta.config.budget.bytes, cfg.workload,
+                                           int(cfg.seed or 0), cfg.max_seq_len, judged)
+        except (ValueError, KeyError) as e:  # a twin that cannot run this budget or configuration: the half-t
+            self.console.plain(f"no spread prior from the twins ({type(e).__name__}: {e}): the half-t")
+            return
+        self.record.spread_prior(prior_block(priors, seconds, STREAMS, judged))
+        self.console.plain("spread prior from the twins (" + f"{seconds:.1f} s): " + "; ".join(
+            f"{e} s {p.prior.centre:.3f}, gain {p.prior.gain:.2f} (twin's knee {p.twin_knee_rps:.3g} req/s)"
+            for e, p in priors.items()))
 
     def order(self) -> list[str]:
         """The engines in the order they are measured: in a knee search the paged reference first (every other

@@ -124,6 +124,12 @@ class RunWriter:
     def operating_point(self, engine: str, rate_rps: float, keys: list[str]) -> None:
         self.meta.setdefault("operating_point", {})[engine] = {"offered_rps": rate_rps, "keys": keys}
 
+    def spread_prior(self, block: dict) -> None:
+        """Each headline engine's stream-spread prior from its twin (harness/sim/spread_prior.py), computed once
+        before the decision: every fit from then on (the decision's, summary.json's) reads it here. Written at once."""
+        self.meta["spread_prior"] = block
+        self.write()
+
     def screen(self, engine: str, screened: dict) -> None:
         """An engine's screen (harness/run/search.py): the rival and its interval then, the rate, what the point
         judged and whether it ruled the engine out (or why no point fitted)."""

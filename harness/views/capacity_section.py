@@ -148,9 +148,21 @@ def pairing_words(h: HeadlineBlock) -> str:
     return (f". Paired streams: the decision gave both engines the same streams, each at its own rate; "
             f"{h.paired_streams:g} streams were judged by both. A stream's offered token load (its requests' tokens "
             f"per second of its window) explained {explained} of each engine's stream-to-stream spread, and the fit "
-            f"takes it out of every point; it implies a correlation of {h.paired_correlation:.2f} between the two "
-            "engines' stream effects on one stream (what the load leaves is taken as independent, which can only "
-            "widen the interval)")
+            f"takes it out of every point; the load alone implies a correlation of {h.paired_correlation:.2f} between "
+            "the two engines' stream effects on one stream (read from the fitted gains and spreads, not measured: "
+            "what the load leaves is taken as independent, which can only widen the interval)"
+            + prior_words(h))
+
+
+def prior_words(h: HeadlineBlock) -> str:
+    """Where each engine's stream-spread prior came from: its twin (harness/sim/spread_prior.py), or the half-t."""
+    engines = (h.spread_prior or {}).get("engines") or {}
+    if not engines:
+        return ". Each engine's stream spread had the weakly informative half-t prior"
+    told = "; ".join(f"{e} {p['centre']:.3f}" + (f" (gain {p['gain']:.2f})" if p.get("gain") is not None else "")
+                     for e, p in engines.items())
+    return (f". Stream-spread priors from the {h.spread_prior.get('source', 'twin')}, centred on the spread its "
+            f"fresh streams showed, with a tail toward wider: {told}")
 
 
 def time_words(spent: TimeSpent | None) -> str:

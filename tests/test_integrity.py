@@ -15,6 +15,7 @@ from harness.run.integrity_probes import IntegrityProbes
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.servers import start_server
 from harness.run.stats_poller import fetch_stats
+from tests.helpers import scaled
 
 IDLE = Served(["a", "b", "c"], [-0.5, -1.0, -2.0], [{"a": -0.5, "x": -3.0}, {"b": -1.0, "y": -1.004},
                                                   {"c": -2.0, "z": -4.0}])
@@ -88,10 +89,11 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
 
     loader = threading.Thread(target=generate, daemon=True)
     loader.start()
-    deadline = time.monotonic() + 120  # a bound on the start, failed loudly: the test waits for the churn itself
+    bound_s = scaled(120)  # a bound on the start (the machine's), failed loudly: the test waits for the churn itself
+    deadline = time.monotonic() + bound_s
     while not getattr(fetch_stats(url), "running", None):
         assert loader.is_alive(), f"the load ended before a request of it ran: {outcome}\n{tail(log)}"
-        assert time.monotonic() < deadline, f"no request of the load running after 120 s\n{tail(log)}"
+        assert time.monotonic() < deadline, f"no request of the load running after {bound_s:.0f} s\n{tail(log)}"
         time.sleep(0.1)
     with check:
         loader.join()

@@ -161,8 +161,10 @@ def test_sigkilled_engine_is_restarted_and_its_requests_are_crashed(tiny_model, 
     back = events[events.kind == "restart"].iloc[0]
     assert (requests.status == "crashed").any()
     after = requests[requests.sent_s > back.t_s + 0.5]
-    assert (after.status == "ok").any(), (  # the rest of the run is measured
-        f"a start took {restart_s:.1f} s, the restart {back.detail}; after it: {after.status.value_counts().to_dict()}")
+    seen = (f"a start took {restart_s:.1f} s, the schedule {duration:.0f} s, the restart {back.detail} at "
+            f"{back.t_s:.1f} s; the requests after it: {after.status.value_counts().to_dict()}")
+    print(seen)
+    assert (after.status == "ok").any(), seen  # the rest of the run is measured
     journal = sum(1 for _ in open(tmp_path / "chaos" / "engines" / "paged" / "requests.jsonl"))
     assert len(requests) == journal  # no row lost
     summary = json.loads((tmp_path / "chaos" / "summary.json").read_text())

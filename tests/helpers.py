@@ -42,9 +42,9 @@ def measured_slowness() -> float:
     FRAGBENCH_TEST_SLOWNESS where set, else the median of PROBE_REPEATS runs of the speed probe's interpreter loop
     over REFERENCE_INTERPRETER_S. The median and not the fastest repetition: what the suite's servers and benches
     meet is the machine as loaded now (another process on a core), not its best moment. The interpreter loop and not
-    the compute probe: the latter's BLAS threads read 10 to 60 times slower on this 2-core machine with other work
-    running (0.14-0.61 s against ~0.01 s, 05:57 UTC), where the suite's runs of the tiny model, an interpreter's
-    work mostly, took 1.3 to 2.4 times as long. ~0.2 s."""
+    the compute probe: test_bench's bench of three engines took 106 s on this 2-core machine at a load average of 3
+    and 308 s at 11 (2.9x), where the loop's median read 28-46 ms and 73-111 ms (2.5x), and the compute probe's BLAS
+    threads ~5 ms and 140-610 ms (up to 100x). ~0.2 s."""
     forced = os.environ.get("FRAGBENCH_TEST_SLOWNESS")
     if forced:
         return min(max(float(forced), 1.0), SLOWNESS_MAX)

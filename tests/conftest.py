@@ -186,7 +186,9 @@ def scale_timeouts(config, items) -> None:
     other processes on the cores: the session's sweep passed 300 s) must not fail on them. A hang still fails."""
     if not config.pluginmanager.hasplugin("timeout"):
         return
-    default = config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+    default = config.getoption("timeout", None)  # --timeout=0 switches the bounds off, as pytest-timeout reads it
+    if default is None:
+        default = os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
     for item in items:
         mark = item.get_closest_marker("timeout")
         base = mark.args[0] if mark and mark.args else (mark.kwargs.get("timeout") if mark else None) or default

@@ -36,12 +36,22 @@ def test_a_slowness_set_in_the_environment_is_taken_within_the_bounds(monkeypatc
 
 
 def configured_timeout(config) -> float:
-    return float(config.getoption("timeout", None) or config.getini("timeout"))
+    given = config.getoption("timeout", None)
+    return float(given if given is not None else config.getini("timeout"))
+
+
+def timeout_is(request, extra_s: float = 0.0) -> None:
+    """The test's pytest-timeout bound is the configured one plus `extra_s`, times the machine's slowness; none where
+    the bounds are switched off (--timeout=0, a debugging session)."""
+    mark, configured = request.node.get_closest_marker("timeout"), configured_timeout(request.config)
+    if configured == 0:
+        assert mark is None
+    else:
+        assert mark is not None and mark.args[0] == pytest.approx((configured + extra_s) * slowness())
 
 
 def test_a_tests_timeout_is_the_configured_bound_scaled_to_the_machine(request):
-    mark = request.node.get_closest_marker("timeout")
-    assert mark is not None and mark.args[0] == pytest.approx(configured_timeout(request.config) * slowness())
+    timeout_is(request)
     assert scaled(10) == pytest.approx(10 * slowness()) and scaled(10) >= 10
 
 
@@ -51,8 +61,7 @@ def build() -> str:
 
 
 def test_a_test_using_a_module_build_has_the_builds_bound_too(request, build):
-    mark = request.node.get_closest_marker("timeout")
-    assert mark.args[0] == pytest.approx((configured_timeout(request.config) + BUILD_S) * slowness())
+    timeout_is(request, BUILD_S)
 
 
 @pytest.mark.timeout(42)

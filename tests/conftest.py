@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import scaled
+from tests.helpers import scaled, slowness
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -177,6 +177,12 @@ def builds_of(item) -> list[str]:
     return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
                   if defs[-1].scope in ("module", "session") and name not in PER_WORKER
                   and Path(inspect.getfile(defs[-1].func)).resolve().is_relative_to(tests))
+
+
+def pytest_report_header(config) -> str:
+    """The factor every bound of this session is scaled by, printed where the suite starts (each xdist worker
+    measures its own)."""
+    return f"machine slowness (tests/helpers.slowness, bounds scaled by it): {slowness():.2f}"
 
 
 def scale_timeouts(config, items) -> None:

@@ -110,7 +110,7 @@ def test_report_renders_offline_in_headless_chromium(run, tmp_path):
            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path}",
            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
            "--virtual-time-budget=15000", "--dump-dom", report.resolve().as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120)).stdout
     for sid in SECTIONS:
         assert f'id="{sid}"' in dom, sid
     assert dom.count('class="main-svg"') >= 8  # plotly drew its figures, offline

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import scaled, slowness
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,9 +95,10 @@ def environ():
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw
-    )
+    """The CLI in a process of its own; `timeout`: the bound on the developers' quiet machine, scaled to this one
+    (tests/helpers.scaled: a bound that catches a hang, never the reason a slow machine's run fails)."""
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=scaled(timeout), cwd=ROOT, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -158,6 +162,49 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
+# The bound a module's or the session's build gets (conftest.swept, test_bench's bench: run_cli's timeout=900 on the
+# developers' quiet machine), on top of the test's own: pytest-timeout's timer covers a test's set-up, and the first
+# test to use a build pays for it.
+BUILD_S = 900
+
+
+def builds_of(item) -> list[str]:
+    """The module and session fixtures the test uses, but for the cheap ones each worker builds (tests/scheduling.py's
+    PER_WORKER) and pytest's own."""
+    from tests.scheduling import PER_WORKER
+
+    tests = ROOT / "tests"
+    return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                  if defs[-1].scope in ("module", "session") and name not in PER_WORKER
+                  and Path(inspect.getfile(defs[-1].func)).resolve().is_relative_to(tests))
+
+
+def pytest_report_header(config) -> str:
+    """The factor every bound of this session is scaled by, printed where the suite starts (each xdist worker
+    measures its own)."""
+    return f"machine slowness (tests/helpers.slowness, bounds scaled by it): {slowness():.2f}"
+
+
+def scale_timeouts(config, items) -> None:
+    """pytest-timeout's bound on each test (pyproject.toml's `timeout`, or the test's own `timeout` mark), plus
+    BUILD_S where it uses a module's or the session's build, scaled by the machine's slowness (tests/helpers.scaled):
+    the bounds were set on the developers' quiet machine, and a busy or slower one (a fresh clone's `make test` with
+    other processes on the cores: the session's sweep passed 300 s) must not fail on them. A hang still fails."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    default = config.getoption("timeout", None)  # --timeout=0 switches the bounds off, as pytest-timeout reads it
+    if default is None:
+        default = os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        base = mark.args[0] if mark and mark.args else (mark.kwargs.get("timeout") if mark else None) or default
+        if not base or float(base) <= 0:  # no bound configured, or switched off (0): none added
+            continue
+        kwargs = {k: v for k, v in (mark.kwargs if mark else {}).items() if k != "timeout"}
+        bound = float(base) + (BUILD_S if builds_of(item) else 0)
+        item.add_marker(pytest.mark.timeout(scaled(bound), **kwargs), append=False)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k, -m or --deselect leave tests out
 def pytest_collection_modifyitems(config, items):
     """This session's collection kept where it is the whole suite's (each of make test's workers collects all of
@@ -169,6 +216,7 @@ def pytest_collection_modifyitems(config, items):
 
     if {item.path for item in items} >= set((ROOT / "tests").glob("test_*.py")):
         config.stash[WHOLE_SUITE] = collection_rows(items)
+    scale_timeouts(config, items)
 
     refused = continuous_batching_refusal()
     if refused is None:

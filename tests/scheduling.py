@@ -36,7 +36,7 @@ APART: frozenset[str] = frozenset({
     "test_capacity.py::test_a_bench_killed_during_a_sweep_reports_the_points_it_finished",  # a sweep, killed
     "test_capacity.py::test_simulated_sweep_reproduces_the_papers_ratios",  # Llama-2-13B's sweep simulated
     "test_capacity.py::test_a_sweep_in_parallel_gives_the_same_json_as_in_series",  # two simulated sweeps
-    "test_reliability.py::test_sigkilled_engine_is_restarted_and_its_requests_are_crashed",  # a 20 s bench, killed
+    "test_reliability.py::test_sigkilled_engine_is_restarted_and_its_requests_are_crashed",  # a start, a bench, killed
     "test_bad_input.py::test_bench_restarts_an_engine_that_failed_and_records_the_crash",  # a bench that fails
     "test_bad_input.py::test_sigterm_to_bench_mid_run_leaves_no_child",  # a bench, stopped
     "test_reliability.py::test_api_key_is_required_when_set",  # a server of its own

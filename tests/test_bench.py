@@ -15,7 +15,7 @@ import pytest
 from harness.results import EVENT_COLUMNS, REQUEST_COLUMNS, SAMPLE_COLUMNS
 from harness.views.report import SECTIONS
 from tests.conftest import ROOT, run_cli
-from tests.helpers import speed_probe
+from tests.helpers import scaled, speed_probe
 
 SUMMARY_FIELDS = {
     "token_states_share", "reservation_share", "internal_fragmentation_share", "external_fragmentation_share",
@@ -61,13 +61,27 @@ def test_bench_writes_every_result_file(run):
         assert abs(sum(shares) - 1) < 1e-6
 
 
+def packing(samples: pd.DataFrame) -> tuple[float, int, int]:
+    """Over the samples of an engine's churn that held any memory: the token states' share of the bytes it held
+    (pooled), how many such samples, and the most requests it ran at once."""
+    held = samples[(samples.t_s >= 0) & (samples.allocated_bytes > 0)]
+    return float(held.token_states_bytes.sum() / max(held.allocated_bytes.sum(), 1)), len(held), int(held.running.max())
+
+
 def test_paged_packs_memory_and_naive_engines_oom(run):
     run_dir, _ = run
     engines = json.loads((run_dir / "summary.json").read_text())["engines"]
-    # paged holds more live tokens in the same bytes; by how much depends on the load that reaches it (1.93x when
-    # the other worker's benches held the cores, 2x or more alone), so the margin asked is 1.5x
-    assert engines["paged"]["token_states_share"] > 1.5 * engines["static"]["token_states_share"]
-    assert engines["paged"]["max_running"] > engines["static"]["max_running"]
+    # paged holds more live tokens in the same bytes. Asked of the bytes each engine held, over its churn: how much of
+    # the budget they are (summary.json's token_states_share, the mean over a fixed window of the engine's clock) is
+    # the load's and the machine's (paged's 0.59 against static's 0.14 on the quiet 2-core machine; 0.03 against 0.10
+    # in a fresh clone's suite on a busy one), while static's reservation of the whole context per request leaves
+    # most of what it holds without a token on any machine (0.26 of it tokens, paged's 0.99, on the quiet machine)
+    samples = pd.read_parquet(run_dir / "samples.parquet")
+    (paged, paged_n, paged_most), (static, static_n, static_most) = (
+        packing(samples[samples.engine == e]) for e in ("paged", "static"))
+    assert paged_n >= 10 and static_n >= 10, (paged_n, static_n)  # enough samples that held memory to compare
+    assert paged > 1.5 * static, (paged, static)
+    assert paged_most > static_most, (paged_most, static_most)
     events = pd.read_parquet(run_dir / "events.parquet")
     ooms = events[events.kind == "oom"]
     assert len(ooms) > 0 and set(ooms.cause) <= {"capacity", "fragmentation"}
@@ -96,7 +110,7 @@ def test_report_renders_offline_in_headless_chromium(run, tmp_path):
            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path}",
            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
            "--virtual-time-budget=15000", "--dump-dom", report.resolve().as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120)).stdout
     for sid in SECTIONS:
         assert f'id="{sid}"' in dom, sid
     assert dom.count('class="main-svg"') >= 8  # plotly drew its figures, offline
@@ -106,7 +120,7 @@ def test_kill_9_mid_run_leaves_a_partial_run_that_reports(tiny_model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *bench_args(tiny_model, tmp_path, "killed", "60")],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = tmp_path / "results" / "killed"
-    deadline = time.time() + 240
+    deadline = time.time() + scaled(240)  # three requests done: after the server's start, the machine's
     while time.time() < deadline:
         journals = list(run_dir.glob("engines/*/requests*.jsonl"))
         if journals and sum(len(p.read_text().splitlines()) for p in journals) >= 3:

@@ -12,6 +12,7 @@ import pytest
 
 from harness.analysis.capacity import SLO, request_metrics, sustained_rate, sweep_rates
 from tests.conftest import ROOT, run_cli
+from tests.helpers import scaled
 
 POINT_FIELDS = {"offered_rps", "achieved_rps", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                 "normalized_latency_s_per_token", "mean_running", "token_states_share", "oom_total",
@@ -144,7 +145,7 @@ def test_a_bench_killed_during_a_sweep_reports_the_points_it_finished(tiny_model
                              "--kv-budget", "32MiB", "--out", str(tmp_path), "--reports", str(tmp_path),
                              "--run-id", "killed"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     meta = tmp_path / "killed" / "run.json"
-    deadline = time.time() + 300
+    deadline = time.time() + scaled(300)  # the first point done: after the server's start, the machine's
     while time.time() < deadline:
         points = json.loads(meta.read_text()).get("sweep", {}).get("points", {}).get("paged", []) \
             if meta.exists() else []

@@ -9,6 +9,7 @@ import pandas as pd
 from engines.procs import free_port
 from harness.run.servers import start_server
 from tests.conftest import ROOT, run_cli
+from tests.helpers import scaled
 from workloads.generate import trace
 from workloads.spec import load_spec
 
@@ -28,15 +29,18 @@ def every_request_once(out) -> None:
 
 def test_a_master_and_two_workers_send_every_request_exactly_once(tiny_model, tmp_path):
     port = free_port()
-    common = ["--workload", "chat-short", "--duration", str(DURATION), "--max-seq-len", "512"]
+    # the master and the workers each wait --connect-timeout for the other (30 s by default): a busy machine's
+    # Python start-ups (Locust's imports) take longer, so the wait is scaled as the test's own bounds are
+    connect = ["--connect-timeout", f"{scaled(30):.0f}"]
+    common = ["--workload", "chat-short", "--duration", str(DURATION), "--max-seq-len", "512", *connect]
     with start_server("paged", str(tiny_model), "32MiB", tmp_path / "s.log", extra=["--max-seq-len", "512"]) as srv:
         master = cli("--master", "--expect-workers", "2", "--master-bind", f"127.0.0.1:{port}", "--target", srv.url,
                      *common, "--out", str(tmp_path / "load"))
         time.sleep(2)
-        workers = [cli("--worker", "--master-host", f"127.0.0.1:{port}") for _ in range(2)]
-        out, err = master.communicate(timeout=180)
+        workers = [cli("--worker", "--master-host", f"127.0.0.1:{port}", *connect) for _ in range(2)]
+        out, err = master.communicate(timeout=scaled(180))
         assert master.returncode == 0, err[-2000:]
-        assert all(w.wait(60) == 0 for w in workers)
+        assert all(w.wait(scaled(60)) == 0 for w in workers)
         every_request_once(tmp_path / "load")
         local = run_cli("load", "--workers", "2", "--target", srv.url, *common, "--out", str(tmp_path / "local"),
                         timeout=180)  # the same protocol, its workers spawned on this machine

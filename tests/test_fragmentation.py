@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import run_cli
+from tests.helpers import scaled
 from tests.test_bench import chromium
 
 
@@ -34,7 +35,7 @@ def test_the_report_draws_the_memory_map_of_a_fragmentation_oom(run, tmp_path):
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path}",
            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
            "--dump-dom", report.resolve().as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120)).stdout
     assert "static-oracle at a fragmentation OOM" in dom
     heading = dom[dom.index("static-oracle at a fragmentation OOM"):]
     free = int(heading.split(" free extents")[0].rsplit(";", 1)[1].split()[0])

@@ -15,6 +15,7 @@ from harness.run.integrity_probes import IntegrityProbes
 from harness.run.loadargs import LoadArgs, run_loadgen
 from harness.run.servers import start_server
 from harness.run.stats_poller import fetch_stats
+from tests.helpers import scaled
 
 IDLE = Served(["a", "b", "c"], [-0.5, -1.0, -2.0], [{"a": -0.5, "x": -3.0}, {"b": -1.0, "y": -1.004},
                                                   {"c": -2.0, "z": -4.0}])
@@ -75,7 +76,10 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
     check = IntegrityProbes(url, 512, "float32", state=lambda: fetch_stats(url), gap_s=0.0)
     check.idle()
     assert len(check.reference) == len(check.probes)
-    load = LoadArgs(target=url, workload="mixed-churn", out=out, duration_s=10, max_seq_len=512, rate=6.0,
+    # the probes run one after another for as long as the churn does: 10 s on the developers' quiet machine, scaled
+    # to this one, so that a slower machine still serves the probes the test counts (a probe under churn takes the
+    # machine's time)
+    load = LoadArgs(target=url, workload="mixed-churn", out=out, duration_s=scaled(10), max_seq_len=512, rate=6.0,
                     grace_s=5)
     log, outcome = out.with_suffix(".log"), {}
 
@@ -88,10 +92,11 @@ def churned(url: str, out) -> tuple[dict, list[dict]]:
 
     loader = threading.Thread(target=generate, daemon=True)
     loader.start()
-    deadline = time.monotonic() + 120  # a bound on the start, failed loudly: the test waits for the churn itself
+    bound_s = scaled(120)  # a bound on the start (the machine's), failed loudly: the test waits for the churn itself
+    deadline = time.monotonic() + bound_s
     while not getattr(fetch_stats(url), "running", None):
         assert loader.is_alive(), f"the load ended before a request of it ran: {outcome}\n{tail(log)}"
-        assert time.monotonic() < deadline, f"no request of the load running after 120 s\n{tail(log)}"
+        assert time.monotonic() < deadline, f"no request of the load running after {bound_s:.0f} s\n{tail(log)}"
         time.sleep(0.1)
     with check:
         loader.join()

@@ -1,8 +1,9 @@
 """A real Prometheus (Debian's package) scrapes two churning servers, a static-oracle one and a paged one, at
 the same load, with `fragbench rules --family fragbench` loaded (the defaults' thresholds and expressions, shorter
-windows): the fragmentation alert fires on the static-oracle server within 60 s of churn, and no alert of the
-fragmentation kind (by name, or by its cause="fragmentation" label) is ever pending on the paged one, read from
-Prometheus' own ALERTS series over the whole run, not only at its end. Both pages carry the contract's metrics."""
+windows): the fragmentation alert fires on the static-oracle server within 60 s of churn (scaled to the machine),
+and no alert of the fragmentation kind (by name, or by its cause="fragmentation" label) is ever pending on the paged
+one, read from Prometheus' own ALERTS series over the whole run, not only at its end. Both pages carry the contract's
+metrics."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ from engines.procs import free_port, spawn, stop
 from harness.monitoring.families import FAILURES, FRAGMENTATION
 from harness.run.servers import start_server
 from tests.conftest import run_cli
+from tests.helpers import scaled
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None or shutil.which("promtool") is None,
                                 reason="prometheus absent (apt-get install prometheus)")
 ENGINES = ("static-oracle", "paged")
-FIRE_WITHIN_S = 60.0
+# 60 s of churn on the developers' quiet machine, scaled to this one: the alert reads a rate of fragmentation OOMs,
+# and a slower machine serves (and fails) fewer requests a second
+FIRE_WITHIN_S = scaled(60.0)
 WINDOW, HOLD = "10s", "5s"  # short, for the test; production keeps the defaults (5m, 2m)
 CONTRACT = ("fragbench:time_to_first_token_seconds_bucket", "fragbench:e2e_request_latency_seconds_bucket",
             "fragbench:request_prompt_tokens_bucket", "fragbench:request_generation_tokens_bucket",

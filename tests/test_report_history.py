@@ -13,6 +13,7 @@ from harness.run.synthetic import write_run
 from harness.views.report import render
 from harness.views.verdict import verdict_sentences
 from tests.conftest import run_cli
+from tests.helpers import scaled
 from tests.test_bench import chromium
 
 FAST = {"token_states": 0.9, "running": 15, "ttft_s": 0.2}
@@ -142,5 +143,5 @@ def test_history_page_draws_in_headless_chromium(tmp_path):
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path}",
            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
            "--dump-dom", out.resolve().as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120)).stdout
     assert dom.count('class="main-svg"') >= 1 and json.dumps("REGRESSION")[1:-1] in dom

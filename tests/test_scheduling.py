@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import scaled
 from tests.scheduling import (
     APART,
     GROUP_OF,
@@ -73,7 +74,7 @@ def collected(request, tmp_path_factory) -> list[tuple[str, str, list[str], list
                PYTHONPATH=os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                         "-p", "no:xdist", "-p", "fixture_users_plugin", str(ROOT / "tests")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     return [tuple(row) for row in json.loads(out.read_text())]
 

@@ -7,6 +7,8 @@ import re
 import aiohttp
 import pytest
 
+from tests.helpers import scaled
+
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
@@ -76,9 +78,11 @@ def test_cancelled_streams_free_their_kv(server):
 
 
 def wait_drained(url, timeout_s=2.0):
+    """/stats once the server holds nothing, or at `timeout_s` scaled to the machine (the aborts reach the engine
+    at its next step: later on a slow or busy machine)."""
     import time
 
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while True:
         stats = get_json(f"{url}/stats")
         if (stats["allocated_bytes"] == 0 and stats["running"] == 0) or time.monotonic() > deadline:

@@ -18,6 +18,7 @@ import pytest
 from harness.sim.grid import GridError, load_grid
 from harness.sim.gridrun import ROWS, best_per_model, pareto_front
 from tests.conftest import run_cli
+from tests.helpers import scaled
 
 # found, not imported: importing ray sets variables in this process' environment
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed")
@@ -224,7 +225,7 @@ def test_a_two_node_cluster_loses_a_worker_mid_grid_and_gives_the_serial_table(s
                       "--temp-dir", f"/tmp/ray-{port}")]  # Ray's socket paths must stay short
     try:
         address = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + scaled(180)  # the nodes' starts: the machine's
         while subprocess.run([ray_cmd, "status", "--address", address], env=env, capture_output=True,
                              timeout=60).returncode:
             assert nodes[0].poll() is None and time.monotonic() < deadline, "the head did not start"
@@ -238,12 +239,12 @@ def test_a_two_node_cluster_loses_a_worker_mid_grid_and_gives_the_serial_table(s
         grid = subprocess.Popen([sys.executable, "-m", "harness.cli", "simulate", "--grid",
                                  str(grid_dir / "grid.yaml"), "--out", str(out), "--ray-address", address,
                                  "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + scaled(300)
         while not ((out / ROWS).exists() and (out / ROWS).read_text().count("\n") >= 1):
             assert grid.poll() is None and time.monotonic() < deadline, grid.stderr.read()[-2000:]
             time.sleep(0.2)
         os.killpg(nodes[1].pid, signal.SIGKILL)  # the worker machine lost, mid-grid
-        stdout, stderr = grid.communicate(timeout=600)
+        stdout, stderr = grid.communicate(timeout=scaled(600))
         assert grid.returncode == 0, stderr[-2000:]
         assert json.loads(stdout)["resumed"] == 0
         pd.testing.assert_frame_equal(pd.read_parquet(out / "grid.parquet"), table)

@@ -16,6 +16,7 @@ from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
+from engines.step_faults import StepFault
 from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
 
@@ -30,6 +31,7 @@ class ScheduledEngine(Engine):
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
         self.step_recorder: StepRecorder | None = None  # serve --step-log: every step's row
+        self.step_fault = StepFault()  # serve --slow-step / --burn-step: applied inside the step (step_faults.py)
 
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
@@ -80,6 +82,8 @@ class ScheduledEngine(Engine):
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
             self._forward_oom(plan, err)
             return
+        if self.step_fault.active:  # before the tokens go out: their TTFT and TPOT and duration_s see it
+            self.step_fault.after_forward(started, lambda: self.runner.forward(chunks, scored))
         self.steps += 1
         step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs
         for i, chunk in enumerate(chunks):

@@ -1,13 +1,14 @@
 """Step faults, to test a regression gate: an engine made slower on purpose, as a code change would make it
 (`serve --slow-step F`, `serve --burn-step F`).
 
-A scheduled engine applies them inside its step, after the forward and before the step's tokens go out, so that
-what a regression moves moves with them: the tokens' TTFT and TPOT, and the step's `duration_s` (steps.parquet,
---step-log). Two forms:
+A scheduled engine applies them inside its step, after the forward (and its logits' processing) and before the
+step's tokens go out, so that what a regression moves moves with them: the tokens' TTFT and TPOT, and the step's
+`duration_s` (steps.parquet, --step-log). Two forms:
 - slow (`--slow-step F`): the step sleeps (F - 1) x its own time so far. The core is free meanwhile: a slower device
   or a lock, not more arithmetic; an instruction count does not see it.
-- burn (`--burn-step F`): the step repeats its own forward, so it computes (F - 1) x its work more on the core, as a
-  real regression does (a busier machine slows it as it slows the rest, and an instruction count sees it). A
+- burn (`--burn-step F`): the step repeats its own forward and logits processing (some 96 % of a tiny-model step's
+  work; the scheduling and sampling are not repeated), so it computes about (F - 1) x its work more on the core, as
+  a real regression does (a busier machine slows it as it slows the rest, and an instruction count sees it). A
   forward is repeated whole: a credit of F - 1 accrues every step and each whole unit of it is one more forward,
   so over any n steps with n x (F - 1) whole the step does exactly that many forwards more (F = 1.2: one in five
   steps runs its forward twice), and the K/V it rewrites is the same bytes in the same rows.
@@ -35,9 +36,10 @@ class StepFault:
         return self.slow > 1.0 or self.burn > 1.0
 
     def after_forward(self, started_s: float, forward: Callable[[], object]) -> None:
-        """Inside a step, once its forward has run and before its tokens go out: repeat the forward as the burn's
-        credit allows (the burn first, so the sleep scales the step's time with it: slow and burn multiply), then
-        sleep (slow - 1) x the step's time since `started_s` (time.perf_counter())."""
+        """Inside a step, once its forward has run and before its tokens go out: repeat `forward` (the step's
+        forward and logits processing) as the burn's credit allows (the burn first, so the sleep scales the step's
+        time with it: slow and burn multiply), then sleep (slow - 1) x the step's time since `started_s`
+        (time.perf_counter())."""
         if self.burn > 1.0:
             self._credit += Fraction(repr(self.burn)) - 1
             while self._credit >= 1:

@@ -82,10 +82,11 @@ class ScheduledEngine(Engine):
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
             self._forward_oom(plan, err)
             return
-        if self.step_fault.active:  # before the tokens go out: their TTFT and TPOT and duration_s see it
-            self.step_fault.after_forward(started, lambda: self.runner.forward(chunks, scored))
         self.steps += 1
-        step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs
+        seqs = [c.seq for c in chunks]
+        step = process(logits, seqs)  # one batched pass: processed logits, argmax, logprobs
+        if self.step_fault.active:  # before the tokens go out: their TTFT and TPOT and duration_s see it
+            self.step_fault.after_forward(started, lambda: process(self.runner.forward(chunks, scored), seqs))
         for i, chunk in enumerate(chunks):
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end

@@ -11,10 +11,10 @@ callgrind's alone):
 
     python harness/run/ab_instr_shapes.py --engine paged --model models/tiny-llama [--engine-args '--burn-step 1.2']
 
-Protocol with the parent: the setup (imports, the model, one warm-up pass over every shape on an engine of its own,
-uncounted: callgrind instruments nothing yet) ends with one JSON line {"ready": ...} on stdout; the parent switches
-callgrind's instrumentation on (callgrind_control -i on) and writes a line to stdin; a fresh engine then runs every
-shape, one `operator.call` each, in SHAPES' order, and the child prints {"shapes": [...]} and exits."""
+Protocol with the parent: the setup (imports, the model, the engine, one warm-up pass over every shape, uncounted:
+callgrind instruments nothing yet) ends with one JSON line {"ready": ...} on stdout; the parent switches
+callgrind's instrumentation on (callgrind_control -i on) and writes a line to stdin; the engine then runs every
+shape again, one `operator.call` each, in SHAPES' order, and the child prints {"shapes": [...]} and exits."""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ class BatchShape:
 
 
 SHAPES = (
-    BatchShape("prefill-128", 0, 0, 128),
-    BatchShape("decode-8x32", 8, 32, 0),
-    BatchShape("decode-8x256", 8, 256, 0),
-    BatchShape("decode-2x1024", 2, 1024, 0),
-    BatchShape("mix-8x64+64", 8, 64, 64),
+    BatchShape("prefill-32", 0, 0, 32),
+    BatchShape("decode-4x16", 4, 16, 0),
+    BatchShape("decode-4x128", 4, 128, 0),
+    BatchShape("decode-1x512", 1, 512, 0),
+    BatchShape("mix-4x32+16", 4, 32, 16),
 )
 
 
@@ -167,11 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(1)
-        warm, driver = ShapeDriver(spec, slow, burn), ShapeDriver(spec, slow, burn)
+        driver = ShapeDriver(spec, slow, burn)
     except (ValueError, TypeError, argparse.ArgumentError) as e:
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 2
-    warm.run(counted=False)  # first calls: lazy set-ups, caches, the kernel's load; uncounted (no instrumentation)
+    # first calls (lazy set-ups, caches, the kernel's load) uncounted: no instrumentation yet. The counted pass runs
+    # on the same engine after it (its pool and caches as the warm-up left them: the same state every run)
+    driver.run(counted=False)
     print(json.dumps({"ready": True, "shapes": [s.name for s in SHAPES]}), flush=True)
     sys.stdin.readline()  # the parent has switched callgrind's instrumentation on
     shapes = driver.run(counted=True)

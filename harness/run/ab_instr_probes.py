@@ -107,6 +107,16 @@ def dumped_counts(out_file: Path, shapes: int) -> list[int]:
     return [callgrind_instructions(d.read_text()) for d in dumps]
 
 
+def last_words(stderr: str, returncode: int | None) -> str:
+    """What a child that ended said last: its own last line (a Python error's), beside valgrind's word where valgrind
+    ended it (a signal); progress bars (carriage returns) and valgrind's other lines left out."""
+    lines = [t.strip() for t in stderr.replace("\r", "\n").splitlines() if t.strip()]
+    own = [t for t in lines if not t.startswith("==") and not t.startswith("Loading weights")]
+    ended = [t.split("== ", 1)[-1] for t in lines if "Process terminating" in t]
+    words = [*own[-1:], *ended[-1:]]
+    return "; ".join(words) if words else f"exit {returncode}"
+
+
 def _lines(proc: subprocess.Popen) -> queue.Queue:
     """The child's stdout lines, read on a thread of their own (a deadline can then bound every wait)."""
     q: queue.Queue = queue.Queue()
@@ -131,8 +141,7 @@ def _next(lines: queue.Queue, proc: subprocess.Popen, deadline: float, err, stag
         if line is None:
             proc.wait()
             err.seek(0)
-            said = [t for t in err.read().splitlines() if t.strip() and not t.startswith("==")]
-            last = said[-1] if said else f"exit {proc.returncode}"
+            last = last_words(err.read(), proc.returncode)
             raise InstrProbeError(f"the instruction count's child ended before it {stage}: {last}",
                                   crashed=proc.returncode not in (0, 2))
         if line.startswith("{"):

@@ -16,7 +16,7 @@ from harness.analysis.ab_instr import (
     instr_ratio,
     shape_ratios,
 )
-from harness.run.ab_instr_probes import InstrProbeError, dumped_counts, instructions
+from harness.run.ab_instr_probes import InstrProbeError, dumped_counts, instructions, last_words
 from tests.conftest import ROOT
 
 DUMP = """# callgrind format
@@ -65,6 +65,14 @@ def test_each_shape_is_read_from_its_own_dump_in_order(tmp_path):
     assert dumped_counts(out, 3) == [5, 7, 11]
     with pytest.raises(InstrProbeError, match="dumped 3 of 4 shapes"):
         dumped_counts(out, 4)
+
+
+def test_a_child_s_last_words_are_its_own_and_valgrind_s_signal_not_a_progress_bar():
+    stderr = ("==7== Callgrind\nLoading weights:   0%|  | 0/39\rLoading weights: 100%| 39/39\n"
+              "==7== Process terminating with default action of signal 11 (SIGSEGV)\n==7==    at 0x1: f\n")
+    assert last_words(stderr, -11) == "Process terminating with default action of signal 11 (SIGSEGV)"
+    assert last_words("Traceback...\nAssertionError: boom\n", 1) == "AssertionError: boom"
+    assert last_words("", 3) == "exit 3"
 
 
 def test_a_flag_the_probe_does_not_know_is_could_not_run_not_a_crash(tiny_model):

@@ -38,8 +38,8 @@ DETERMINISM = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THR
 
 
 class InstrProbeError(Exception):
-    """The probe gave no reading: `crashed` where the engine raised while it ran the shapes (the build's fault),
-    otherwise where it could not run (no valgrind, a flag the tree lacks, its time limit)."""
+    """The probe gave no reading: `crashed` where the tree's code raised (the build's fault), otherwise where it
+    could not run (no valgrind, a flag the tree lacks, its time limit, a signal)."""
 
     def __init__(self, message: str, crashed: bool = False):
         super().__init__(message)
@@ -132,7 +132,8 @@ def _lines(proc: subprocess.Popen) -> queue.Queue:
 
 def _next(lines: queue.Queue, proc: subprocess.Popen, deadline: float, err, stage: str) -> dict:
     """The child's next JSON line; where it ended without one, an InstrProbeError with its last words, `crashed`
-    unless it exited 2 (what it was asked cannot run in that tree: a flag it lacks, a bad engine)."""
+    where the tree's Python code raised (exit 1 after a traceback); a child that exited 2 (a flag the tree lacks, a
+    bad engine) or that a signal ended (valgrind's own failure, or the machine's) could not run."""
     while True:
         try:
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -141,8 +142,9 @@ def _next(lines: queue.Queue, proc: subprocess.Popen, deadline: float, err, stag
         if line is None:
             proc.wait()
             err.seek(0)
-            last = last_words(err.read(), proc.returncode)
-            raise InstrProbeError(f"the instruction count's child ended before it {stage}: {last}",
-                                  crashed=proc.returncode not in (0, 2))
+            said = err.read()
+            raised = proc.returncode == 1 and "Traceback (most recent call last)" in said
+            raise InstrProbeError(f"the instruction count's child ended before it {stage}: "
+                                  f"{last_words(said, proc.returncode)}", crashed=raised)
         if line.startswith("{"):
             return json.loads(line)

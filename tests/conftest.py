@@ -22,6 +22,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("FRAGBENCH_DEVICE", "cpu")
 
 
+def pytest_configure(config) -> None:
+    # registered here, not in pyproject.toml: a tree whose pyproject.toml differs from the checkout's gets a venv of
+    # its own in every A/B run against it (harness/run/trees.py)
+    config.addinivalue_line("markers", "valgrind: counts an engine's step in instructions under valgrind's callgrind "
+                                       "(harness/run/ab_instr_probes.py): CPU minutes; skipped without valgrind")
+
+
 # The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadfile): a file's tests stay on one worker, so
 # a module-scoped fixture (a module's bench run, its servers) is built once; the files that share a session fixture
 # (the sweep, the servers) stay on one worker too (tests/scheduling.py, by the hook at the end of this file).

@@ -12,7 +12,7 @@ import pytest
 from engines.kv.faults import inject
 from engines.kv.paged import PagedKV
 from engines.memory.arena import Arena
-from harness.analysis.memory_gate import MemorySide, PolicyMemory, gate
+from harness.analysis.memory_gate import MemorySide, PolicyCrash, PolicyMemory, gate
 from tests.conftest import ROOT, run_cli
 from tests.helpers import seq
 
@@ -55,6 +55,30 @@ def test_a_policy_measured_on_one_side_is_listed_not_gated():
     assert result.json()["policies"]["novel"]["base"] is None
 
 
+def test_a_crash_in_new_fails_naming_side_engine_and_error_and_one_in_base_is_refused():
+    crashed = MemorySide(trace={}, policies={}, crashed=[PolicyCrash(policy="paged", error="AssertionError: boom")])
+    result = gate(side(), crashed)
+    assert result.verdict == "FAIL"
+    assert [c.line() for c in result.crashed] == ["NEW's paged crashed: AssertionError: boom"]
+    assert result.json()["crashed"] == [{"side": "NEW", "engine": "paged", "error": "AssertionError: boom"}]
+    assert result.json()["policies"]["paged"]["crashed"] == "AssertionError: boom"
+    assert gate(side(), side()).json()["crashed"] == []
+    with pytest.raises(ValueError, match="BASE's paged crashed"):
+        gate(crashed, side())
+
+
+def test_a_crash_in_base_is_a_tree_that_could_not_run(monkeypatch):
+    """BASE's measurement crashing is no verdict on NEW: memory_gate raises a TreeError naming BASE (exit 2)."""
+    from harness.run import memory_gate_runs
+    from harness.run.trees import Tree, TreeError
+
+    base, new = Tree("base-rev", ROOT, None, "python"), Tree("working tree", ROOT, None, "python")
+    crashed = MemorySide(trace={}, policies={}, crashed=[PolicyCrash(policy="growth", error="KeyError: 3")])
+    monkeypatch.setattr(memory_gate_runs, "measure_side", lambda tree, args: crashed if tree is base else side())
+    with pytest.raises(TreeError, match=r"BASE \(base-rev\) could not run .*growth crashed: KeyError: 3"):
+        memory_gate_runs.memory_gate(base, new, [])
+
+
 @pytest.mark.parametrize("counted", [False, True])
 def test_leak_block_keeps_one_block_per_freed_sequence(counted):
     kv = PagedKV(Arena(64 * 16 * 64, backing_device=None), 64, 512, block_size=16, prefix_caching=False)
@@ -91,6 +115,19 @@ def test_a_a_reports_no_difference_and_a_leak_fails_naming_its_blocks(tmp_path):
     blocks = {d["figure"]: d for d in leak["policies"]["paged"]["differences"]}["held_blocks_end"]
     assert blocks["base"] == 0 and blocks["delta"] == leak["policies"]["paged"]["new"]["held_blocks_end"] > 0
     assert blocks["fails"]
+
+
+def test_early_free_in_new_is_a_fail_naming_the_crash_exit_1(tmp_path):
+    """`--inject-kv-fault early-free` makes NEW's paged pool raise: the gate FAILs (exit 1), naming NEW, paged and
+    the exception's last line, in the JSON and the text; the other policies are still measured and pass."""
+    rc, result = gate_cli(str(ROOT), "--new-engine-args", "paged=--inject-kv-fault early-free")
+    assert rc == 1 and result["verdict"] == "FAIL"
+    [crash] = result["crashed"]
+    assert crash["side"] == "NEW" and crash["engine"] == "paged" and crash["error"].startswith("AssertionError: ")
+    assert {n: p["verdict"] for n, p in result["policies"].items()} == \
+        {"static-max": "PASS", "static-oracle": "PASS", "growth": "PASS", "paged": "FAIL"}
+    r = run_cli("memory-gate", str(ROOT), "--new-engine-args", "paged=--inject-kv-fault early-free", timeout=600)
+    assert r.returncode == 1 and "NEW's paged crashed: AssertionError" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_base_runs_its_own_tree_s_code(tmp_path):

@@ -1,5 +1,7 @@
 """`serve --slow-step F` (issue 48): fault injection for testing a regression gate. Every engine step takes F
-times its wall time: the engine thread sleeps (F - 1) x the step's own time after it."""
+times its wall time: an engine whose step is not fragbench's (hf, hf-cb) sleeps (F - 1) x the step's own time
+after it, on the server's engine thread (here); a scheduled engine sleeps inside its step (tests/test_step_faults.py).
+"""
 
 from __future__ import annotations
 
@@ -49,11 +51,13 @@ def test_every_step_takes_f_times_its_own_time(factor):
     assert not failed and engine.steps == 10 and elapsed >= (9 * factor + 1) * STEP_S, failed
 
 
+@pytest.mark.parametrize("flag", ["--slow-step", "--burn-step"])
 @pytest.mark.parametrize("value", ["0.5", "nan", "inf", "x"])
-def test_a_slow_step_under_one_or_not_finite_exits_2_in_one_line(value, tiny_model):
-    r = run_cli("serve", "--engine", "paged", "--model", str(tiny_model), "--kv-budget", "16MiB", "--slow-step", value)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--slow-step" in r.stderr, r.stderr
+def test_a_slow_step_under_one_or_not_finite_exits_2_in_one_line(flag, value, tiny_model):
+    r = run_cli("serve", "--engine", "paged", "--model", str(tiny_model), "--kv-budget", "16MiB", flag, value)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and flag in r.stderr, r.stderr
 
 
 def test_bench_passes_it_to_one_engine_through_engine_args():
     assert engine_args(["paged=--slow-step 1.5"], ["paged", "static-oracle"]) == {"paged": ["--slow-step", "1.5"]}
+    assert engine_args(["paged=--burn-step 1.2"], ["paged", "static-oracle"]) == {"paged": ["--burn-step", "1.2"]}

@@ -37,6 +37,7 @@ from engines.memory.snapshot import write_state
 from engines.oom import EngineCrash
 from engines.percentile import percentile
 from engines.procs import serve_app
+from engines.step_faults import StepFault
 
 CRASH_EXIT_CODE = 70  # the naive engine died of an OOM (--on-oom crash)
 ENGINE_ERROR_EXIT_CODE = 71  # the engine raised an error no single request owns
@@ -59,7 +60,9 @@ class EngineThread:
     def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
                  fail_at_step: int | None = None, oom_snapshot: Path | None = None, slow_step: float = 1.0):
         self.engine = engine
-        self.slow_step = slow_step  # fault injection (serve --slow-step): every step takes this many times its time
+        # serve --slow-step for an engine whose step is not fragbench's (hf, hf-cb): a sleep after it; a scheduled
+        # engine sleeps inside its own step instead (engines/step_faults.py), and serve gives this 1 then
+        self.after_step = StepFault(slow=slow_step)
         self.oom_snapshot = oom_snapshot  # where the (emulated) CUDA allocator's segments at the first OOM go, once
         self.on_crash = on_crash
         self.on_fatal = on_fatal
@@ -110,8 +113,7 @@ class EngineThread:
                 if self.engine.has_work():
                     began = time.perf_counter()
                     self.engine.step()
-                    if self.slow_step > 1.0:  # asleep, not computing: a slower engine, not a busier machine
-                        time.sleep((self.slow_step - 1.0) * (time.perf_counter() - began))
+                    self.after_step.sleep_after(began)
                     self.stepped()
                     self.save_oom_snapshot()
                     if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:

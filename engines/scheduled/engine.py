@@ -16,6 +16,7 @@ from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
+from engines.step_faults import StepFault
 from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
 # prompt logprobs a slice of positions at a time: 256 rows of a 128k vocabulary are about 0.35 GiB of logits,
@@ -34,6 +35,7 @@ class ScheduledEngine(Engine):
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
         self.step_recorder: StepRecorder | None = None  # serve --step-log: every step's row
+        self.step_fault = StepFault()  # serve --slow-step / --burn-step: applied inside the step (step_faults.py)
 
     # -- requests
     def _new_seq(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
@@ -90,7 +92,10 @@ class ScheduledEngine(Engine):
             self._forward_oom(plan, refused)
             return
         self.steps += 1
-        step = process(logits, [c.seq for c in chunks])  # one batched pass: processed logits, argmax, logprobs
+        seqs = [c.seq for c in chunks]
+        step = process(logits, seqs)  # one batched pass: processed logits, argmax, logprobs
+        if self.step_fault.active:  # before the tokens go out: their TTFT and TPOT and duration_s see it
+            self.step_fault.after_forward(started, lambda: process(self.runner.forward(chunks, scored), seqs))
         for i, chunk in enumerate(chunks):
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end

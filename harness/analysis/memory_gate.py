@@ -8,7 +8,12 @@ The rule (FAIL on any of them, per policy; the gate FAILs where one policy does)
 - the token-state share (Figure 2's useful bytes, time-averaged) falling by more than `margin` (a share, default
   0.01: one percentage point).
 The figures come from virtual time alone, so an A/A run differs in nothing: any difference is the code's, printed
-whether it gates or not (a policy that got better is named too)."""
+whether it gates or not (a policy that got better is named too).
+
+A policy whose code raised in NEW's measurement (a crash: `--inject-kv-fault early-free` trips the pool's own
+assertion) FAILs the gate, named with the exception's last line: a memory bug in NEW is NEW's fault, not a run that
+could not be made. A crash in BASE is no fault of NEW's: the caller says BASE could not run
+(harness/run/memory_gate_runs.py)."""
 
 from __future__ import annotations
 
@@ -55,12 +60,36 @@ class PolicyMemory(Record):
         return {k: v for k, v in self.written().items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+class PolicyCrash(Record):
+    """A policy whose code raised while the measurement ran it: the exception's last line."""
+
+    policy: str
+    error: str
+
+
 class MemorySide(Record):
-    """One tree's measurement: the trace it ran and each policy's figures."""
+    """One tree's measurement: the trace it ran, each policy's figures, and the policies that crashed (none in a tree
+    whose measurement predates the field)."""
 
     trace: dict[str, Any]
     engine_args: list[str] = []
     policies: dict[str, PolicyMemory]
+    crashed: list[PolicyCrash] = []
+
+
+@dataclass(frozen=True)
+class GateCrash:
+    """A crash the gate FAILs on: which side, which engine (policy), the exception's last line."""
+
+    side: str
+    engine: str
+    error: str
+
+    def line(self) -> str:
+        return f"{self.side}'s {self.engine} crashed: {self.error}"
+
+    def json(self) -> dict:
+        return {"side": self.side, "engine": self.engine, "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -89,17 +118,19 @@ class Difference:
 class PolicyGate:
     policy: str
     base: PolicyMemory | None  # None: the policy is measured on one side only (added or removed), not gated
-    new: PolicyMemory | None
+    new: PolicyMemory | None  # None also where NEW's crashed (`crash`)
     differences: list[Difference] = field(default_factory=list)
+    crash: GateCrash | None = None  # NEW's code raised on this policy: a FAIL
 
     @property
     def verdict(self) -> str:
-        return "FAIL" if any(d.worse for d in self.differences) else "PASS"
+        return "FAIL" if self.crash is not None or any(d.worse for d in self.differences) else "PASS"
 
     def json(self) -> dict:
         return {"policy": self.policy, "verdict": self.verdict,
                 "base": self.base.written() if self.base else None, "new": self.new.written() if self.new else None,
-                "differences": [d.json() for d in self.differences]}
+                "differences": [d.json() for d in self.differences],
+                "crashed": self.crash.error if self.crash else None}
 
 
 @dataclass(frozen=True)
@@ -110,12 +141,18 @@ class MemoryGate:
     policies: list[PolicyGate]
 
     @property
+    def crashed(self) -> list[GateCrash]:
+        """NEW's crashes, policy by policy (each FAILs the gate); empty where none."""
+        return [p.crash for p in self.policies if p.crash is not None]
+
+    @property
     def verdict(self) -> str:
         return "FAIL" if any(p.verdict == "FAIL" for p in self.policies) else "PASS"
 
     def json(self) -> dict:
         return {"verdict": self.verdict, "share_margin": self.margin, "trace": self.trace,
-                "new_engine_args": self.new_engine_args, "policies": {p.policy: p.json() for p in self.policies}}
+                "new_engine_args": self.new_engine_args, "crashed": [c.json() for c in self.crashed],
+                "policies": {p.policy: p.json() for p in self.policies}}
 
 
 def differences(base: PolicyMemory, new: PolicyMemory, margin: float) -> list[Difference]:
@@ -132,10 +169,15 @@ def differences(base: PolicyMemory, new: PolicyMemory, margin: float) -> list[Di
 
 
 def gate(base: MemorySide, new: MemorySide, margin: float = DEFAULT_SHARE_MARGIN) -> MemoryGate:
-    """BASE's figures against NEW's, policy by policy (a policy on one side alone is listed, not gated)."""
-    names = [*base.policies, *(p for p in new.policies if p not in base.policies)]
+    """BASE's figures against NEW's, policy by policy (a policy on one side alone is listed, not gated; one that
+    crashed in NEW FAILs, named). BASE's crashes are the caller's to refuse (BASE could not run); ValueError where
+    it passes a side with one."""
+    if base.crashed:
+        raise ValueError(f"BASE's {base.crashed[0].policy} crashed: {base.crashed[0].error}")
+    crashes = {c.policy: GateCrash("NEW", c.policy, c.error) for c in new.crashed}
+    names = [*base.policies, *(p for p in [*new.policies, *crashes] if p not in base.policies)]
     rows = []
-    for name in names:
+    for name in dict.fromkeys(names):
         b, n = base.policies.get(name), new.policies.get(name)
-        rows.append(PolicyGate(name, b, n, differences(b, n, margin) if b and n else []))
+        rows.append(PolicyGate(name, b, n, differences(b, n, margin) if b and n else [], crashes.get(name)))
     return MemoryGate(margin, base.trace, new.engine_args, rows)

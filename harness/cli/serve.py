@@ -29,9 +29,16 @@ def register(sub) -> None:
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71; default: none)")
     srv.add_argument("--slow-step", type=slow_factor, default=1.0, metavar="F",
-                     help="fault injection, to test a regression gate: every engine step takes F times its wall time "
-                          "(the engine thread sleeps (F - 1) x the step's time after it; F >= 1; bench passes it "
-                          "with --engine-args ENGINE='--slow-step F'; default: 1, off)")
+                     help="fault injection, to test a regression gate: every engine step takes F times its wall time, "
+                          "asleep (a scheduled engine sleeps (F - 1) x its step's time inside the step, after its "
+                          "forward and before its tokens go out, so TTFT, TPOT and the step's duration_s see it; hf "
+                          "and hf-cb sleep after their step; F >= 1; bench passes it with --engine-args "
+                          "ENGINE='--slow-step F'; default: 1, off)")
+    srv.add_argument("--burn-step", type=slow_factor, default=1.0, metavar="F",
+                     help="fault injection, to test a regression gate: a scheduled engine's step computes F times "
+                          "its forward on the CPU, as a real regression would (the forward repeated inside the step, "
+                          "before its tokens go out: one in five steps runs it twice at F = 1.2); F >= 1; bench passes "
+                          "it with --engine-args ENGINE='--burn-step F'; default: 1, off)")
     srv.add_argument("--inject-kv-fault", choices=["early-free", "leak-block"],
                      help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
                           "next-to-last block back to the pool while the sequence still reads it; to test the memory "
@@ -60,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
         budget_fits(args)  # from config.json alone, before torch and the weights load
     recording = memory_recording(args) if args.record_memory_history else None  # before CUDA allocates
     if entry(args.engine).kind is Kind.PEER:  # another server, fronted by fragbench's proxy
-        if args.slow_step != 1.0:
-            raise UsageError(f"--slow-step: the {args.engine} engine steps in a process of its own; fragbench "
-                             "cannot slow its steps")
+        for flag, factor in (("--slow-step", args.slow_step), ("--burn-step", args.burn_step)):
+            if factor != 1.0:
+                raise UsageError(f"{flag}: the {args.engine} engine steps in a process of its own; fragbench "
+                                 "cannot slow its steps")
         # a peer's proxy (aiohttp) loads for a peer engine alone
         from engines.peers.base import PeerUnavailable, serve_peer
 
@@ -75,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from engines.api.server import CompletionServer, serve
 
     engine = engine_from_flags(args)
+    after_step = step_faults(engine, args)
     if recording is not None:
         recording.note_cap(device_of(args.device))
     if args.step_log:
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
                               args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()),
                               oom_snapshot=Path(args.oom_snapshot) if args.oom_snapshot else None,
-                              slow_step=args.slow_step)
+                              slow_step=after_step)
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)
@@ -162,6 +171,22 @@ def memory_recording(args: argparse.Namespace):
         use_real_alloc_conf(args.alloc_conf)  # read when the allocator starts, which recording does
     with usage_errors(RuntimeError):
         return MemoryRecording(Path(args.record_memory_history))
+
+
+def step_faults(engine, args: argparse.Namespace) -> float:
+    """--slow-step and --burn-step: a scheduled engine takes both inside its step (engines/step_faults.py); another
+    in-house engine (hf, hf-cb) has no forward of fragbench's to repeat, and sleeps after its step. Returns the
+    factor the server's engine thread sleeps by after each step."""
+    if hasattr(engine, "step_fault"):
+        # loaded with the engine: `fragbench --help` does not load it
+        from engines.step_faults import StepFault
+
+        engine.step_fault = StepFault(slow=args.slow_step, burn=args.burn_step)
+        return 1.0
+    if args.burn_step != 1.0:
+        raise UsageError(f"--burn-step: the {args.engine} engine's step is transformers' own; fragbench repeats "
+                         "the forward of a scheduled engine only")
+    return args.slow_step
 
 
 def slow_factor(text: str) -> float:

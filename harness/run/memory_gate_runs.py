@@ -34,8 +34,14 @@ def measure_side(tree: Tree, engine_args: list[str]) -> MemorySide:
 
 def memory_gate(base: Tree, new: Tree, new_engine_args: list[str],
                 margin: float = DEFAULT_SHARE_MARGIN) -> MemoryGate:
-    """Both sides at once (two children; each is one core's work), then BASE's figures against NEW's."""
+    """Both sides at once (two children; each is one core's work), then BASE's figures against NEW's. A crash in
+    NEW's code is in the gate (a FAIL that names it); one in BASE's is a TreeError: BASE could not run, which is no
+    verdict on NEW."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         base_side = pool.submit(measure_side, base, [])
         new_side = pool.submit(measure_side, new, new_engine_args)
-        return gate(base_side.result(), new_side.result(), margin)
+        base_figures, new_figures = base_side.result(), new_side.result()
+    if base_figures.crashed:
+        crash = base_figures.crashed[0]
+        raise TreeError(f"BASE ({base.label}) could not run the memory gate: its {crash.policy} crashed: {crash.error}")
+    return gate(base_figures, new_figures, margin)

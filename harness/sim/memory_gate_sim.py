@@ -5,7 +5,9 @@ the engines' own policy and scheduler code (the simulator's `simulate_policy`), 
 side as a child whose import path starts at BASE's work tree, so every policy, scheduler and simulator it imports is
 BASE's own. That is why this module imports only what every revision since the simulator's counted pool has
 (`harness.sim.simulator`, `engines.kv`, `engines.shapes`, `harness.gpus`, `workloads.generate`) and writes plain
-JSON: harness/analysis/memory_gate.py, which BASE may lack, reads it. Run it as a script:
+JSON: harness/analysis/memory_gate.py, which BASE may lack, reads it. A policy whose code raises is a crash of that
+tree, printed as such (`crashed`: the policy and the exception's last line) beside the others' figures; what cannot
+run at all (an import the tree lacks, a bad flag) exits nonzero. Run it as a script:
 
     python harness/sim/memory_gate_sim.py [--engine-args 'paged=--inject-kv-fault leak-block'] ...
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import shlex
 import sys
+import traceback
 
 from engines.kv.faults import inject
 from engines.scheduled.scheduler import SchedulerConfig
@@ -125,6 +128,13 @@ def per_engine(pairs: list[str]) -> dict[str, dict]:
     return out
 
 
+def crash_line(err: BaseException) -> str:
+    """The exception as its traceback's last line says it ("AssertionError: ..."), where it was raised after it."""
+    where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    line = traceback.format_exception_only(err)[-1].strip()
+    return f"{line} (at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else line
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for key, value in DEFAULTS.items():
@@ -132,9 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS")
     cfg = p.parse_args(argv)
     flags = per_engine(cfg.engine_args)
-    policies = cfg.policies.split(",")
-    out = {"trace": {k: getattr(cfg, k) for k in DEFAULTS}, "engine_args": cfg.engine_args,
-           "policies": {name: measure(name, flags.get(name, {}), cfg) for name in policies}}
+    measured, crashed = {}, []
+    for name in cfg.policies.split(","):
+        try:
+            measured[name] = measure(name, flags.get(name, {}), cfg)
+        except ImportError:  # the tree lacks what this file needs: it cannot run, it did not crash
+            raise
+        except Exception as e:  # the tree's policy or scheduler raised: its crash, named, not a run that failed
+            crashed.append({"policy": name, "error": crash_line(e)})
+    out = {"trace": {k: getattr(cfg, k) for k in DEFAULTS}, "engine_args": cfg.engine_args, "policies": measured,
+           "crashed": crashed}
     json.dump(out, sys.stdout)
     print()
     return 0

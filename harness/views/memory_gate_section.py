@@ -18,6 +18,8 @@ def rule_text(gate: MemoryGate) -> str:
 
 
 def policy_lines(row: PolicyGate) -> list[str]:
+    if row.crash is not None:
+        return [f"  {row.policy}: FAIL: {row.crash.line()}"]
     if row.base is None or row.new is None:
         return [f"  {row.policy}: measured in {'NEW' if row.new else 'BASE'} alone, not gated"]
     head = f"  {row.policy}: {row.verdict}"
@@ -44,6 +46,9 @@ def render_html(gate: MemoryGate) -> str:
              "on any machine, so a difference is the code's.</p>"]
     for row in gate.policies:
         parts.append(f"<h3>{escape(row.policy)}: {row.verdict}</h3>")
+        if row.crash is not None:
+            parts.append(f"<p class=\"fail\">{escape(row.crash.line())}</p>")
+            continue
         if row.base is None or row.new is None:
             parts.append("<p>measured on one side alone, not gated</p>")
             continue

@@ -5,6 +5,7 @@ and its command line; the measurement itself (servers from two trees, pairs of b
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -228,3 +229,36 @@ def test_the_step_diagnostic_prices_both_builds_fits_on_base_s_steps(tmp_path):
     assert f.ratio == pytest.approx(1.2, rel=0.01) and f.verdict == "reported" and not f.gated
     (tmp_path / "short.csv").write_text("duration_s,decodes,prefills,tokens,context_tokens\n0.1,1,0,1,10\n")
     assert step_figure("paged", {"base": tmp_path / "short.csv", "new": logs["new"]}).ratio is None
+
+
+def test_the_instruction_count_gates_and_a_crash_of_new_s_probe_fails_it(monkeypatch):
+    """Both builds counted (the probe stubbed): 20 % more instructions at every shape FAILs; NEW's engine raising
+    under the probe is NEW's crash; a probe that could not run leaves the figure INCONCLUSIVE."""
+    from types import SimpleNamespace
+
+    import harness.run.ab_runs as ab_runs
+    from harness.analysis.ab_instr import InstrReading, ShapeInstructions
+    from harness.run.ab_instr_probes import InstrProbeError
+
+    def reading(scale):
+        return InstrReading("paged", (), (ShapeInstructions("decode", 4, 16, 0, 5, int(1e8 * scale)),
+                                          ShapeInstructions("prefill", 0, 0, 32, 5, int(2e8 * scale))), "2.13")
+
+    def probe(outcome):
+        def run(path, python, engine, args, model, limit):
+            if isinstance(outcome[path], Exception):
+                raise outcome[path]
+            return reading(outcome[path])
+        return run
+
+    plan = ab_runs.ABPlan(["paged"], 60, 0.10, Path("/tmp"), "m", "1", {}, {})
+    base, new = SimpleNamespace(path="b", python="p"), SimpleNamespace(path="n", python="p")
+    monkeypatch.setattr(ab_runs, "instructions", probe({"b": 1.0, "n": 1.2}))
+    f = ab_runs.counted("paged", base, new, plan, lambda text: None)
+    assert f.verdict == "FAIL" and f.ratio == pytest.approx(1.2, rel=1e-3) and f.gated
+    monkeypatch.setattr(ab_runs, "instructions", probe({"b": 1.0, "n": 1.001}))
+    assert ab_runs.counted("paged", base, new, plan, lambda text: None).verdict == "PASS"
+    monkeypatch.setattr(ab_runs, "instructions", probe({"b": 1.0, "n": InstrProbeError("boom", crashed=True)}))
+    assert "crashed" in ab_runs.counted("paged", base, new, plan, lambda text: None)
+    monkeypatch.setattr(ab_runs, "instructions", probe({"b": 1.0, "n": InstrProbeError("no valgrind")}))
+    assert ab_runs.counted("paged", base, new, plan, lambda text: None).verdict == "INCONCLUSIVE"

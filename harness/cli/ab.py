@@ -36,6 +36,10 @@ def register(sub) -> None:
     ab.add_argument("--knee-time", type=nonneg_float, default=300.0, metavar="S",
                     help="seconds for one knee search of each build after the pairs, reported beside the gate and "
                          "never gating it; 0 skips it (default: %(default)g)")
+    ab.add_argument("--instructions", action="store_true",
+                    help="also count each scheduled engine's step at fixed batch shapes under callgrind in both "
+                         "builds, a gated figure no load moves (default: off: about 9 CPU minutes a build and "
+                         "engine on this machine)")
     ab.add_argument("--threshold", type=nonneg_float, default=10.0, metavar="PCT",
                     help="the effect floor: a figure FAILs when NEW is worse than 1 + PCT %% times BASE, "
                          "significantly (one-sided p < 0.01) and confirmed by fresh pairs; PASSes when the upper "
@@ -91,7 +95,7 @@ def checked(args: argparse.Namespace):
     # the user's paths absolute: each build's servers and benches run in their trees' folders
     return ABPlan(engines, args.time, args.threshold / 100, user_path(args.out), str(user_path(args.model)),
                   str(args.kv_budget.bytes), new_args(args.new_engine_args), new_args(args.base_engine_args),
-                  args.pairs, args.knee_time)
+                  args.pairs, args.knee_time, args.instructions)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,17 @@ import pandas as pd
 
 from engines.procs import spawn, stop
 from engines.registry import Kind, entry
-from harness.analysis.ab import SIDES, ABFigure, EngineGate, Pair, knee_figure, side_name, side_order
+from harness.analysis.ab import (
+    SIDES,
+    ABFigure,
+    EngineGate,
+    Pair,
+    instructions_figure,
+    knee_figure,
+    side_name,
+    side_order,
+)
+from harness.analysis.ab_instr import instr_ratio, shape_ratios
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged
 from harness.analysis.operating import OPERATING_JUDGED, operating_rate
@@ -28,6 +39,7 @@ from harness.analysis.records import RunRecord
 from harness.analysis.rundir import load_frames
 from harness.analysis.summary import blocks_of
 from harness.run.ab_blocks import BlockServer, Crashed, close_server, open_server, run_block
+from harness.run.ab_instr_probes import InstrProbeError, instructions
 from harness.run.loadargs import LoadArgs
 from harness.run.servers import READY, ServerFailed, healthy, tail
 from harness.run.speed_probes import reading
@@ -38,6 +50,7 @@ from workloads.spec import load_spec
 from workloads.streams import Streams, snap
 
 SERVE_TIMEOUT_S = 300
+INSTR_LIMIT_S = 1800  # one build's instruction count: 510-550 s of CPU here, 18-27 min wall on a loaded machine
 QUIET_S = 60  # the longest a block waits for every server to hold no request
 BLOCK_LIMIT_S = 90  # a block's judging bound: 30 requests at the slowest rate the check may leave (0.4 req/s)
 RATE_CHECKS = 3  # halvings of the rate the check may make before it gives up on an engine
@@ -57,6 +70,7 @@ class ABPlan:
     base_engine_args: dict[str, list[str]] = field(default_factory=dict)
     min_pairs: int = 10
     knee_time_s: float = 0.0
+    instructions: bool = False  # count each scheduled engine's step under callgrind (about 9 CPU minutes a build)
     seed0: int = 0
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
 
@@ -79,6 +93,7 @@ class Measured:
     notes: list[str] = field(default_factory=list)
 
     steps: dict[str, ABFigure] = field(default_factory=dict)
+    instructions: dict[str, ABFigure | str] = field(default_factory=dict)  # a figure, or NEW's crash in words
 
     def figures(self) -> list[ABFigure]:
         out = []
@@ -189,6 +204,10 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
     servers: dict[str, dict[str, BlockServer]] = {}
     urls: dict[str, str] = {}
     m.speed.append(reading("start"))
+    if plan.instructions:  # before any server starts: the two builds' probes take the machine's two cores
+        for engine in plan.engines:
+            if entry(engine).kind == Kind.SCHEDULED:
+                m.instructions[engine] = counted(engine, base, new, plan, say)
     pairs_log = plan.gate_dir / "pairs.jsonl"
     plan.gate_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -205,7 +224,9 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> 
                 m.notes.append(f"{engine}: BASE missed the SLO at every rate checked: no pairs")
                 continue
             m.rates[engine] = rate
-            m.gates[engine] = EngineGate(engine, plan.threshold, plan.min_pairs)
+            gate = m.gates[engine] = EngineGate(engine, plan.threshold, plan.min_pairs)
+            found = m.instructions.get(engine)
+            gate.crashed, gate.instructions = (found, None) if isinstance(found, str) else (None, found)
         k, began = 0, time.monotonic()  # --time is the pairs': the servers' starts and the rate checks come first
         while (open_ := [e for e, g in m.gates.items() if not g.settled()]) and \
                 time.monotonic() - began < plan.time_s:
@@ -267,6 +288,35 @@ def step_figure(engine: str, logs: dict[str, Path]) -> ABFigure:
     return ABFigure(engine, "step_s", new / base if base > 0 else None, None, "reported",
                     f"each build's step model (r2 {r2}) priced on "
                     f"BASE's {len(rows)} steps; a diagnostic, not gated", base, new)
+
+
+# -- the instruction count (gated where measured)
+
+
+def counted(engine: str, base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> ABFigure | str:
+    """Each build's engine at the fixed step shapes under callgrind, both at once (harness/run/ab_instr_probes.py):
+    the figure, or NEW's crash in words (a FAIL); BASE's crash stops the run (it could not run)."""
+    say(f"ab: {engine}: counting the step's instructions in both builds (callgrind: minutes)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {side: pool.submit(instructions, tree.path, tree.python, engine, engine_args(plan, engine, side),
+                                  plan.model, INSTR_LIMIT_S) for side, tree in zip(SIDES, (base, new), strict=True)}
+        readings, why = {}, ""
+        for side, run in runs.items():
+            try:
+                readings[side] = run.result()
+            except InstrProbeError as e:
+                if e.crashed and side == "new":
+                    return f"NEW's {engine} crashed at the instruction count: {e}"
+                if e.crashed:
+                    raise ServerFailed(f"BASE's {engine} crashed at the instruction count: {e}") from None
+                why = f"{side}: {e}"
+    if len(readings) < len(SIDES):
+        return instructions_figure(engine, None, None, plan.threshold, f"not counted ({why})")
+    b, n = readings["base"], readings["new"]
+    return instructions_figure(engine, b.instructions, n.instructions, plan.threshold,
+                               f"callgrind, {len(b.shapes)} fixed batch shapes; per shape "
+                               + ", ".join(f"{k} x{v:.3f}" for k, v in shape_ratios(b, n).items()),
+                               ratio=instr_ratio(b, n))
 
 
 # -- the knee turn (reported)

@@ -54,15 +54,14 @@ import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import log_expit, logsumexp
 
-from harness.analysis.capacity import SLO, judged_verdicts
+from harness.analysis.capacity import SLO
 from harness.analysis.records import RunRecord
-from harness.analysis.steady import warmup_s
-from harness.sim.simulator import pool_map, simulate_policy
+from harness.sim.simulator import pool_map
 from harness.sim.stepfit import FittedStepModel, run_steps
-from harness.sim.twin import CurveJob, TwinEngine, cancel_as_sent, client_rows, curve_point, curve_streams, twins_of
+from harness.sim.twin import CurveJob, TwinEngine, curve_point, stream_verdicts, twins_of
 from workloads.generate import TraceRequest, has_shared_prefixes
 from workloads.spec import load_spec
-from workloads.streams import Segment, stream
+from workloads.streams import stream
 
 ENGINES = ("paged", "static-oracle")
 MULTIPLES = (0.85, 1.0, 1.15)  # the rates each stream is offered, as multiples of the engine's knee
@@ -110,23 +109,9 @@ def judge(job: StreamJob, rate: float) -> Judgement:
     latency of its finished requests), then the first `judged` verdicts past it; the stream is simulated on past
     its last judged request (a point's tail keeps arriving while its judged requests run), more of it where the
     warm-up took too much."""
-    twin = job.twin
-    streams = curve_streams(job.workload, job.seed, job.max_seq_len, twin.shared)
-    seg = Segment(0, job.key, rate, 0.0, 0, float("inf"))
     tail = max(10, job.judged // 2)
-    sent = 3 * job.judged
-    while True:
-        reqs = list(islice(streams.arrivals(seg), sent))
-        _, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(),
-                                      iter(cancel_as_sent(reqs)), twin.config["max_seq_len"], twin.model,
-                                      twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0,
-                                      memory=False)
-        rows = client_rows(frame, reqs, float("inf"))
-        warm = warmup_s(rows.loc[rows.status == "ok", "e2e_s"].tolist())
-        verdict = judged_verdicts(rows[rows.arrival_s >= warm], job.slo)
-        if len(verdict) >= job.judged + tail or sent >= MAX_SENT:
-            break
-        sent *= 2
+    reqs, verdict = stream_verdicts(job.twin, job.workload, job.seed, job.max_seq_len, job.key, rate,
+                                    job.budget_bytes, job.slo, job.judged + tail, MAX_SENT)
     mine = verdict.iloc[: job.judged]
     last = int(mine.index.max()) if len(mine) else 0
     window = [demand(r) for r in reqs[: last + 1]]

@@ -15,18 +15,16 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from itertools import islice
 
 import numpy as np
 
-from harness.analysis.capacity import SLO, judged_verdicts
+from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged, KneeSearch
 from harness.analysis.kneefit import SpreadPrior, fit
-from harness.analysis.steady import warmup_s
 from harness.analysis.token_load import mean_tokens_asked
-from harness.sim.simulator import pool_map, simulate_policy
-from harness.sim.twin import TwinEngine, cancel_as_sent, client_rows, curve_streams
-from workloads.streams import Segment, key_of
+from harness.sim.simulator import pool_map
+from harness.sim.twin import TwinEngine, stream_verdicts
+from workloads.streams import key_of
 
 KNEE_JUDGED = 100  # judged requests a rate of the twin's own knee search
 KNEE_RATES = 6  # rates that search measures at most
@@ -59,22 +57,8 @@ def twin_point(job: PriorJob) -> Judged:
     finished requests), its first `judged` verdicts in arrival order, and its offered token load over their window
     (the tokens the window's requests asked per second of it, over the rate's at the workload's mean: as
     analysis/token_load.py reads a measured point's)."""
-    twin = job.twin
-    streams = curve_streams(job.workload, job.seed, job.max_seq_len, twin.shared)
-    seg = Segment(0, job.key, job.rate_rps, 0.0, 0, float("inf"))
-    sent = 3 * job.judged
-    while True:
-        reqs = list(islice(streams.arrivals(seg), sent))
-        _, frame, _ = simulate_policy(twin.policy(job.budget_bytes), twin.scheduler_config(),
-                                      iter(cancel_as_sent(reqs)), twin.config["max_seq_len"], twin.model,
-                                      twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0,
-                                      memory=False)
-        rows = client_rows(frame, reqs, float("inf"))
-        warm = warmup_s(rows.loc[rows.status == "ok", "e2e_s"].tolist())
-        verdict = judged_verdicts(rows[rows.arrival_s >= warm], job.slo)
-        if len(verdict) >= job.judged or sent >= MAX_SENT:
-            break
-        sent *= 2
+    reqs, verdict = stream_verdicts(job.twin, job.workload, job.seed, job.max_seq_len, job.key, job.rate_rps,
+                                    job.budget_bytes, job.slo, job.judged, MAX_SENT)
     mine = verdict.iloc[: job.judged]
     met = mine.to_numpy(dtype=float)
     load = 0.0

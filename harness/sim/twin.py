@@ -26,13 +26,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from engines.scheduled.scheduler import SchedulerConfig
-from harness.analysis.capacity import SLO, capacity_block, request_metrics
+from harness.analysis.capacity import SLO, capacity_block, judged_verdicts, request_metrics
 from harness.analysis.knee import KneeSearch
 from harness.analysis.records import RecordedSegment, RunRecord, SweepPoint
 from harness.analysis.rundir import judged_spans, segments
@@ -361,3 +362,26 @@ def twin_of(run_dir: Path, n_jobs: int | None = None) -> Callable[[Summary], dic
 def write_twin(run_dir: Path, n_jobs: int | None = None) -> Summary:
     """The run's summary.json written again, its twin included (a run finished before it simulated one)."""
     return finalize(Path(run_dir), twin_of(run_dir, n_jobs))
+
+
+def stream_verdicts(twin: TwinEngine, workload: str, seed: int, max_seq_len: int, key: str, rate_rps: float,
+                    budget_bytes: int, slo: SLO, enough: int, most: int) -> tuple[list[TraceRequest], pd.Series]:
+    """Stream `key` offered to the twin from its first request at `rate_rps`, in virtual time: its requests as sent
+    and the verdicts past the warm-up rule of the twin's curve points (one p90 E2E latency of its finished
+    requests), simulated on (twice as many requests each time) until `enough` verdicts lie past it or `most`
+    requests were sent (an overloaded engine's warm-up grows)."""
+    streams = curve_streams(workload, seed, max_seq_len, twin.shared)
+    seg = Segment(0, key, rate_rps, 0.0, 0, float("inf"))
+    sent = 3 * enough
+    while True:
+        reqs = list(islice(streams.arrivals(seg), sent))
+        _, frame, _ = simulate_policy(twin.policy(budget_bytes), twin.scheduler_config(), iter(cancel_as_sent(reqs)),
+                                      twin.config["max_seq_len"], twin.model,
+                                      twin.shared and twin.config.get("prefix_caching", False), sample_every_s=1.0,
+                                      memory=False)
+        rows = client_rows(frame, reqs, float("inf"))
+        warm = warmup_s(rows.loc[rows.status == "ok", "e2e_s"].tolist())
+        verdict = judged_verdicts(rows[rows.arrival_s >= warm], slo)
+        if len(verdict) >= enough or sent >= most:
+            return reqs, verdict
+        sent *= 2

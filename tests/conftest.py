@@ -26,7 +26,8 @@ def pytest_configure(config) -> None:
     # registered here, not in pyproject.toml: a tree whose pyproject.toml differs from the checkout's gets a venv of
     # its own in every A/B run against it (harness/run/trees.py)
     config.addinivalue_line("markers", "valgrind: counts an engine's step in instructions under valgrind's callgrind "
-                                       "(harness/run/ab_instr_probes.py): CPU minutes; skipped without valgrind")
+                                       "(harness/run/ab_instr_probes.py): CPU minutes; skipped without valgrind, and "
+                                       "unless FRAGBENCH_VALGRIND_TESTS=1")
 
 
 # The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadfile): a file's tests stay on one worker, so

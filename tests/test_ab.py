@@ -164,6 +164,8 @@ def test_bad_input_is_one_line(tmp_path, tiny_model):
                  ["HEAD", "--knee-time", "-5"], ["HEAD", "--base-engine-args", "nosuch=--x"]):
         r = run_cli("ab", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("ab", "HEAD", "--base-engine-args", "nosuch=--x")
+    assert "--base-engine-args takes ENGINE=ARGS" in r.stderr, r.stderr  # the flag the user gave, named
 
 
 def test_the_text_and_the_page_name_every_figure_and_the_memory_gate(tmp_path):

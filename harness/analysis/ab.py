@@ -51,12 +51,7 @@ CONFIRM_ALPHA = 0.05  # their own one-sided significance
 MIN_LOOK_PAIRS = 6  # the first look: t with 4 degrees of freedom after the order term
 MIN_PAIR_REQUESTS = 10  # requests both builds completed that make a pair's latency ratio
 SLO_FLOOR = 0.05  # NEW's net share of a pair's requests missed where BASE met them, past which misses may FAIL
-# figure -> whether higher is better; the gated ones decide, the rest are reported
-GATED = ("tpot_p50_s", "slo_misses", "instructions")
-REPORTED = ("ttft_p50_s", "output_tokens_per_s", "knee")
-HIGHER_BETTER = {"tpot_p50_s": False, "slo_misses": False, "instructions": False, "ttft_p50_s": False,
-                 "output_tokens_per_s": True, "knee": True}
-VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
+GATED = ("tpot_p50_s", "slo_misses", "instructions")  # the figures that decide; every other is reported
 
 
 def side_name(engine: str, side: str) -> str:

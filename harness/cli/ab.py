@@ -69,9 +69,10 @@ def engines_of(text: str) -> list[str]:
     return list(dict.fromkeys(engines))
 
 
-def new_args(pairs: list[str]) -> dict[str, list[str]]:
+def side_args(pairs: list[str], flag: str) -> dict[str, list[str]]:
+    """One build's serve flags by engine, from --new-engine-args or --base-engine-args (checked, split)."""
     out: dict[str, list[str]] = {}
-    for pair in checked_engine_args(pairs):
+    for pair in checked_engine_args(pairs, flag):
         engine, _, text = pair.partition("=")
         out.setdefault(engine, []).extend(shlex.split(text))
     return out
@@ -94,7 +95,8 @@ def checked(args: argparse.Namespace):
         raise UsageError(f"--model {args.model}: no config.json there (run `make model`)")
     # the user's paths absolute: each build's servers and benches run in their trees' folders
     return ABPlan(engines, args.time, args.threshold / 100, user_path(args.out), str(user_path(args.model)),
-                  str(args.kv_budget.bytes), new_args(args.new_engine_args), new_args(args.base_engine_args),
+                  str(args.kv_budget.bytes), side_args(args.new_engine_args, "--new-engine-args"),
+                  side_args(args.base_engine_args, "--base-engine-args"),
                   args.pairs, args.knee_time, args.instructions)
 
 

@@ -41,8 +41,9 @@ def add_gate_flags(p: argparse.ArgumentParser, margin: float) -> None:
                         "(default: %(default)g)")
 
 
-def checked_engine_args(pairs: list[str]) -> list[str]:
-    """ENGINE=ARGS for a known engine, and a KV fault only where its policy takes one: one line where not."""
+def checked_engine_args(pairs: list[str], flag: str = "--new-engine-args") -> list[str]:
+    """ENGINE=ARGS for a known engine, and a KV fault only where its policy takes one: one line naming `flag` where
+    not."""
     # imported when the verb runs: `fragbench --help` does not load yaml or the KV policies
     from engines.kv.faults import FAULTS
     from harness.sim.memory_gate_sim import engine_flags
@@ -51,14 +52,14 @@ def checked_engine_args(pairs: list[str]) -> list[str]:
     for pair in pairs:
         engine, sep, text = pair.partition("=")
         if not sep or engine not in known:
-            raise UsageError(f"--new-engine-args takes ENGINE=ARGS for one of {', '.join(known)}, not {pair!r}")
+            raise UsageError(f"{flag} takes ENGINE=ARGS for one of {', '.join(known)}, not {pair!r}")
         try:
             flags, _ = engine_flags(text)
         except (argparse.ArgumentError, ValueError) as e:
-            raise UsageError(f"--new-engine-args {pair!r}: {e}") from None
+            raise UsageError(f"{flag} {pair!r}: {e}") from None
         fault = flags.get("inject_kv_fault")
         if fault is not None and (fault not in FAULTS or engine != "paged"):
-            raise UsageError(f"--new-engine-args {pair!r}: --inject-kv-fault takes one of {', '.join(FAULTS)}, on "
+            raise UsageError(f"{flag} {pair!r}: --inject-kv-fault takes one of {', '.join(FAULTS)}, on "
                              "the paged engine")
     return pairs
 

@@ -91,13 +91,13 @@ def checked(args: argparse.Namespace):
         raise UsageError(f"--pairs must be at least 6 (the rule's first look), not {args.pairs}")
     if args.knee_time < 0:
         raise UsageError(f"--knee-time must be 0 or more seconds, not {args.knee_time:g}")
+    new_args = side_args(args.new_engine_args, "--new-engine-args")  # the flags' syntax before the files
+    base_args = side_args(args.base_engine_args, "--base-engine-args")
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (run `make model`)")
     # the user's paths absolute: each build's servers and benches run in their trees' folders
     return ABPlan(engines, args.time, args.threshold / 100, user_path(args.out), str(user_path(args.model)),
-                  str(args.kv_budget.bytes), side_args(args.new_engine_args, "--new-engine-args"),
-                  side_args(args.base_engine_args, "--base-engine-args"),
-                  args.pairs, args.knee_time, args.instructions)
+                  str(args.kv_budget.bytes), new_args, base_args, args.pairs, args.knee_time, args.instructions)
 
 
 def run(args: argparse.Namespace) -> int:

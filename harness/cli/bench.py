@@ -147,6 +147,7 @@ def config(args: argparse.Namespace):
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
+    extra_args = engine_args(args.engine_args, engines)  # the flag's own syntax first: it needs nothing loaded
     with usage_errors(TargetRefused):  # before any load is sent
         targets = open_targets(args.target, args.metrics_url, engines, args.api_key)
     for name in engines:
@@ -166,11 +167,10 @@ def config(args: argparse.Namespace):
         raise UsageError(f"--memory cuda takes KV from the GPU's allocator: it needs --device cuda[:N] (or auto "
                          f"on a GPU), not {device}")
     from harness.run.bench import BenchConfig  # after the checks: a refusal need not load torch and the harness
-
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
                        duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed,
                        max_seq_len=args.max_seq_len, threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
-                       kill_after_s=args.kill_after, engine_args=engine_args(args.engine_args, engines),
+                       kill_after_s=args.kill_after, engine_args=extra_args,
                        warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,

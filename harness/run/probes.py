@@ -47,7 +47,9 @@ class Probes:
         d = self.record.dir / "engines" / run.engine
         journal = Journal(d / "integrity.jsonl")
         target = self.servers.targets.get(run.engine)
-        check = IntegrityProbes(run.server.url, self.cfg.max_seq_len, load_shape(self.cfg.model).dtype, self.cfg.api,
+        # a target's weights are not here and /v1/models names no dtype: judged at the half-precision tolerance
+        dtype = "unknown" if target else load_shape(self.cfg.model).dtype
+        check = IntegrityProbes(run.server.url, self.cfg.max_seq_len, dtype, self.cfg.api,
                           target.model if target else None, target.api_key if target else None,
                           state=lambda: self.servers.stats_of(run) if run.server.alive() else None,
                           on_row=journal.write)

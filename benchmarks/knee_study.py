@@ -48,13 +48,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.analysis import kneefit, placement
+from harness.analysis import kneefit, placement, stream_priors
 from harness.analysis.design import TURN_SHARE
 from harness.analysis.headline import rival_of
 from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
-from harness.analysis.kneefit import KneeFit, SpreadPrior, fit
+from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.kneejoint import joint_fit
 from harness.analysis.ruled_out import evidence_of, rulings
 from harness.analysis.steady import wilson
+from harness.analysis.stream_priors import SpreadPrior
 from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
 
 PAGED, STATIC = "paged", "static-oracle"
@@ -105,6 +107,7 @@ class Params:
     paired: bool = True  # the decision's n-th turn of each engine reads the same stream (the bench's paired streams)
     explained: float = 0.38  # the share of a stream's shift its offered token load explains (twin: 0.34 and 0.42)
     residual_rho: float = 0.11  # what the load leaves, correlated between two engines on one stream (twin: 0.11)
+    fit_rho: float = 0.0  # the correlation the fit is told (kneejoint.joint_fit; 0: each engine fitted alone)
     load_sd: float = 0.28  # the sd of a point's log offered token load (25 requests of mixed-churn's lengths)
     judged: int = 50
     early_judged: int = 10
@@ -123,11 +126,12 @@ class Params:
     stop: str = "rule"  # rule: placement.done; time: until the time is spent; decided: the former rule
     screened_knee: float = 0.7  # the screened engine's true knee over static-oracle's (hf's in a recorded run)
     drift_sd: float = 0.0  # the machine's drift: each visit of an engine shifts its log load by N(0, drift_sd^2)
-    # the fit's spread prior: None, the half-t (the fit's default); else the twin's prior (kneefit.SpreadPrior) centred
-    # on the truth's s and gain (without the drift: the twin has none) times this factor (0.5, 2: the twin off)
+    # the fit's spread prior: None, the half-t (the fit's default); else the twin's prior
+    # (stream_priors.SpreadPrior) centred on the truth's s and gain (without the drift: the twin has none) times
+    # this factor (0.5, 2: the twin off)
     prior_factor: float | None = None
-    prior_below: float = kneefit.PRIOR_BELOW  # the prior's width in log s toward narrower (kneefit.SpreadPrior)
-    prior_above: float = kneefit.PRIOR_ABOVE  # and toward wider
+    prior_below: float = stream_priors.PRIOR_BELOW  # the prior's width in log s toward narrower
+    prior_above: float = stream_priors.PRIOR_ABOVE  # and toward wider
 
 
 @dataclass(frozen=True)
@@ -288,7 +292,7 @@ def stops(rule: str, decided: bool, precise: bool, counts: dict[str, int]) -> bo
 
 
 def twin_priors(prm: Params, engines: dict[str, Engine]) -> dict[str, SpreadPrior] | None:
-    """What the twin's spread prior would say of each engine (kneefit.SpreadPrior): the fit's s on its streams'
+    """What the twin's spread prior would say of each engine (stream_priors.SpreadPrior): the fit's s on its streams'
     leftover shift (normal, its sd the part of the spread the load leaves) and the load's gain, both times
     `prior_factor` (the twin off); the machine's drift is not in it. None: no prior (the half-t)."""
     if prm.prior_factor is None:
@@ -310,7 +314,7 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
     left_s, turns, turn, last = prm.decision_s, {PAGED: 0, STATIC: 0}, 0, None
     served = {PAGED: 0, STATIC: 0}  # decision turns each engine has had: its next paired stream
     while True:
-        kf = fit(run.points, TARGET, priors=priors)
+        kf = joint_fit(run.points, TARGET, {(PAGED, STATIC): prm.fit_rho}, priors=priors)
         _, _, _, decided, precise = headline(kf, prm.decide_confidence)
         counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
         if stops(prm.stop, decided, precise, counts):
@@ -376,12 +380,13 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
                              for e in (PAGED, STATIC)}, "rival_is_best": rival == best}
 
 
-CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor")  # what tells one cell's rows from another's
+# what tells one cell's rows from another's
+CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor", "fit_rho")
 
 
 def cell_of(prm: Params) -> dict:
     return {"spread": prm.spread_s, "paired": prm.paired, "slope_ratio": prm.slope_ratio, "drift_sd": prm.drift_sd,
-            "prior_factor": prm.prior_factor}
+            "prior_factor": prm.prior_factor, "fit_rho": prm.fit_rho}
 
 
 def _task(args: tuple) -> dict:
@@ -440,7 +445,7 @@ def rows_of(results: list[dict], ratios: tuple[float, ...]) -> dict:
         return tuple(x[k] for k in CELL)
 
     def order(c: tuple) -> tuple:
-        return c[0], not c[1], c[2], c[3], -1.0 if c[4] is None else c[4]
+        return c[0], not c[1], c[2], c[3], -1.0 if c[4] is None else c[4], c[5]
 
     cells = sorted({cell(x) for x in results}, key=order)
     of: dict[tuple, list[dict]] = {}
@@ -465,7 +470,7 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
 
 
 COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope_ratio", "slope x", "{:.2f}"),
-           ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"),
+           ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"), ("fit_rho", "fit rho", "{:.2f}"),
            ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
@@ -511,13 +516,16 @@ def parser() -> argparse.ArgumentParser:
                     help="the share of a stream's shift its offered token load explains (known to the fit)")
     ap.add_argument("--residual-rho", type=float, default=d.residual_rho,
                     help="the correlation between two engines' leftover shifts on one stream")
+    ap.add_argument("--fit-rho", default="0",
+                    help="the residual correlation the fit is told, comma-separated for a row each (the bench tells "
+                         "it the twins' lower bound; 0: each engine fitted alone)")
     ap.add_argument("--load-sd", type=float, default=d.load_sd, help="sd of a point's log offered token load")
     ap.add_argument("--slope-ratio", type=float, default=d.slope_ratio,
                     help="static-oracle's true slope over paged's (the twin's: about 0.07, b 1.8 against 25)")
     ap.add_argument("--drift-sd", type=float, default=d.drift_sd,
                     help="the machine's drift: sd of the shift in log load each visit of an engine draws (0: none)")
     ap.add_argument("--prior-width", default=f"{d.prior_below},{d.prior_above}",
-                    help="the prior's widths in log s, toward narrower and toward wider (kneefit.SpreadPrior)")
+                    help="the prior's widths in log s, toward narrower and toward wider (stream_priors.SpreadPrior)")
     ap.add_argument("--prior-factors", default="none",
                     help="the fit's spread prior: none (the half-t), or comma-separated factors the twin's prior is "
                          "off by (1: centred on the truth; 0.5,1,2: a row each)")
@@ -551,7 +559,9 @@ def params_of(a: argparse.Namespace) -> list[Params]:
     spreads = [float(x) for x in a.spreads.split(",")] if a.spreads else [a.spread]
     pairings = {"on": [True], "off": [False], "both": [True, False]}[a.pairing]
     factors = [None if x.strip() == "none" else float(x) for x in a.prior_factors.split(",")]
-    return [replace(one, spread_s=s, paired=p, prior_factor=f) for s in spreads for p in pairings for f in factors]
+    rhos = [float(x) for x in a.fit_rho.split(",")]
+    return [replace(one, spread_s=s, paired=p, prior_factor=f, fit_rho=r) for s in spreads for p in pairings
+            for f in factors for r in rhos]
 
 
 def one_params(a: argparse.Namespace) -> Params:

@@ -295,7 +295,7 @@ def test_the_report_picks_the_rival_by_the_headlines_one_rule():
 
 
 def test_a_spread_prior_is_centred_on_the_twins_spread_with_a_tail_toward_wider():
-    from harness.analysis.kneefit import SpreadPrior
+    from harness.analysis.stream_priors import SpreadPrior
     prior = SpreadPrior(0.1, gain=0.5)
     grid = prior.spreads()
     w = np.exp(prior.spread_log_weights(grid))
@@ -319,7 +319,7 @@ def test_a_prior_from_the_twin_narrows_the_knee_and_a_run_wider_than_it_still_wi
     """Ten points at a spread of 0.15 (the fit's s about 0.12): a prior centred there narrows the knee's interval
     against the half-t's; points that scatter four times as far under the same prior widen it again (its tail
     toward wider lets the run's own scatter speak), and s moves up toward them."""
-    from harness.analysis.kneefit import SpreadPrior
+    from harness.analysis.stream_priors import SpreadPrior
     rng = np.random.default_rng(31)
     pts = spread_points(rng, 3.0, 0.15)
     prior = {"paged": SpreadPrior(0.12)}
@@ -337,7 +337,7 @@ def test_a_prior_from_the_twin_narrows_the_knee_and_a_run_wider_than_it_still_wi
 
 def test_the_summary_fits_under_the_prior_run_json_records_and_its_headline_names_it():
     from harness.analysis.records import RunRecord
-    from harness.analysis.summary import fits_of, spread_priors
+    from harness.analysis.run_fits import fits_of, spread_priors
     block = {"source": "twin", "engines": {"paged": {"centre": 0.1, "gain": 0.4}}}
     meta = RunRecord.of({"config": {"slo_attainment": 0.9}, "spread_prior": block})
     assert spread_priors(meta)["paged"].centre == 0.1 and spread_priors(RunRecord.of({})) == {}

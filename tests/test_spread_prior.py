@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.analysis.capacity import SLO
-from harness.analysis.kneefit import SpreadPrior
+from harness.analysis.stream_priors import SpreadPrior
 from harness.sim import spread_prior
 from harness.sim.stepfit import FittedStepModel
 from harness.sim.twin import TwinEngine
@@ -26,7 +26,8 @@ def test_the_twin_gives_a_prior_from_its_own_streams_around_its_own_knee():
     # the machine's knee told as 8 req/s: the twin's own search finds its own, and the streams are offered there
     out = spread_prior.twin_priors({"paged": twin}, {"paged": 8.0}, SLO(), 16 << 20, "mixed-churn", 0, 2048,
                                    judged=20, streams=10, n_jobs=1)
-    p = out["paged"]
+    p = out.engines["paged"]
+    assert out.correlation is None  # one engine: no pair to correlate
     assert isinstance(p.prior, SpreadPrior) and p.points == 10
     assert 3.0 < p.twin_knee_rps < 8.0
     assert p.prior.centre >= spread_prior.FLOOR and p.spread_ci[0] <= p.prior.centre <= max(p.spread_ci[1], 0.03)
@@ -55,7 +56,7 @@ def test_bench_computes_the_prior_once_for_the_headline_pair_and_run_json_record
     import pandas as pd
 
     from harness.analysis.design import Design
-    from harness.analysis.summary import spread_priors
+    from harness.analysis.run_fits import correlations, spread_priors
     from harness.run import bench as bench_mod
     from harness.run.config import BenchConfig
     from harness.run.console import Console
@@ -65,7 +66,9 @@ def test_bench_computes_the_prior_once_for_the_headline_pair_and_run_json_record
                       workload="mixed-churn", duration_s=1, run_id="r", sweep=True)
     twin = TwinEngine("paged", CONFIG, STEPS, False)
     monkeypatch.setattr(bench_mod, "run_steps", lambda d: pd.DataFrame())
-    monkeypatch.setattr(bench_mod, "twins_of", lambda meta, steps, shared: {"paged": twin, "hf": twin})
+    other = TwinEngine("static-oracle", CONFIG, STEPS, False)
+    monkeypatch.setattr(bench_mod, "twins_of", lambda meta, steps, shared: {"paged": twin, "hf": twin,
+                                                                            "static-oracle": other})
     monkeypatch.setattr(bench_mod, "timed_priors",
                         lambda *a, **k: spread_prior.timed_priors(*a, streams=6, n_jobs=1, **k))
     est = {"paged": SimpleNamespace(rps=5.0), "static-oracle": SimpleNamespace(rps=3.0)}
@@ -78,9 +81,13 @@ def test_bench_computes_the_prior_once_for_the_headline_pair_and_run_json_record
     b.searching = SimpleNamespace(verdict=lambda: verdict)
     b.spread_prior()
     meta = b.record.typed()
-    assert meta.spread_prior["source"] == "twin" and set(meta.spread_prior["engines"]) == {"paged"}  # hf: not a pair
+    assert meta.spread_prior["source"] == "twin"
+    assert set(meta.spread_prior["engines"]) == {"paged", "static-oracle"}  # hf: not the headline's pair
     assert meta.spread_prior["judged"] == b.design.min_judged
-    assert set(spread_priors(meta)) == {"paged"}
+    assert set(spread_priors(meta)) == {"paged", "static-oracle"}
+    c = meta.spread_prior["correlation"]  # the pair's, on the streams both twins judged; the fit uses its bound
+    assert c["engines"] == ["paged", "static-oracle"] and c["streams"] == 6 and c["used"] == c["lower"]
+    assert correlations(meta) == {("paged", "static-oracle"): c["used"]}
     import json
     assert json.loads((tmp_path / "run.json").read_text())["spread_prior"] == meta.spread_prior
 

@@ -70,17 +70,10 @@ from harness.analysis.knee import (
     pooled,
 )
 from harness.analysis.operating import operating_key
+from harness.analysis.stream_priors import SPREADS, SpreadPrior, spread_log_weights
 
 METHOD = "dose-response fit"
 SLOPES = np.geomspace(2.0, 200.0, 25)  # b: logit attainment falls by b per unit of log rate (0.9 -> 0.5 over 2.2/b)
-# s: the scale of a stream's leftover shift in log load, a flat density on [0, 1]: fresh-clone runs fitted 0.04 to
-# 0.5 per engine (one paged run met 100 % and 19 % of requests on two streams of one rate), and a prior that ends
-# where fits sit cuts their intervals short
-SPREADS = np.round(np.linspace(0.0, 1.0, 21), 3)
-# s's prior: a half-t of 4 degrees of freedom and scale 0.25 (Gelman 2006's weakly informative prior for a scale: its
-# scale the size of effect one expects, a quarter in log load, the most adjacent streams' token load differs; half its
-# mass under 0.19, 1.6 % over 1, where the grid ends)
-SPREAD_PRIOR_DF, SPREAD_PRIOR_SCALE = 4, 0.25
 GAINS = np.round(np.linspace(0.0, 1.5, 7), 3)  # g: a shift in x as a shift in log load (1: proportional)
 TAIL_DF = 4  # u's Student-t degrees of freedom (Lange, Little and Taylor 1989's robust default)
 REACH = 8.0  # u's density is cut at this many scales (t4 keeps 0.4 % of its mass beyond 6, 0.1 % beyond 8)
@@ -93,72 +86,6 @@ KNEE_CELLS = 161  # the log-knee grid, per engine
 DRAWS = 4000
 EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
 SEED = 20261204
-# an informative prior on s from the engine's twin (`SpreadPrior`): a Student-t of PRIOR_DF degrees of freedom in log s
-# around what the twin's streams showed, PRIOR_BELOW wide toward narrower (a twin's streams carry every source of
-# spread the model has but the machine's: a run shows at least about as much) and PRIOR_ABOVE toward wider (the
-# machine adds spread the twin has not, drift between visits among it, and the twin's rates are ~22 % off): a run
-# whose points scatter twice as far as the twin's still widens its interval (benchmarks/knee_study.py --prior-factors)
-PRIOR_DF, PRIOR_BELOW, PRIOR_ABOVE = 4, 0.3, 0.6
-PRIOR_GRID = 15  # s's grid under such a prior: log-spaced from PRIOR_REACH_BELOW scales under its centre to ...
-PRIOR_REACH_BELOW, PRIOR_REACH_ABOVE = 3.0, 4.0  # ... PRIOR_REACH_ABOVE over it (within SPREADS' range)
-PRIOR_GAIN_SD = 0.35  # g's prior around the twin's gain: normal, this wide (its grid's step is 0.25)
-
-
-@dataclass(frozen=True)
-class SpreadPrior:
-    """One engine's informative prior on its stream spread s (and on its load gain g), where something outside the
-    run's points has seen the engine's streams (harness/sim/spread_prior.py: its twin offered hundreds of fresh
-    streams in virtual time and fitted by this model). s: a Student-t of PRIOR_DF degrees of freedom in log s,
-    centred on `centre`, `below` wide under it and `above` wide over it (a tail toward wider: a run that shows more
-    spread than the twin still widens); g: a normal of `gain_sd` around `gain` (flat where `gain` is None)."""
-
-    centre: float
-    below: float = PRIOR_BELOW
-    above: float = PRIOR_ABOVE
-    gain: float | None = None
-    gain_sd: float = PRIOR_GAIN_SD
-
-    def spreads(self) -> np.ndarray:
-        """s's grid under this prior: log-spaced around its centre, within SPREADS' range (its ends excluded: s = 0
-        has no density in log s)."""
-        lo = math.log(max(self.centre, 1e-3)) - PRIOR_REACH_BELOW * self.below
-        hi = math.log(max(self.centre, 1e-3)) + PRIOR_REACH_ABOVE * self.above
-        grid = np.exp(np.linspace(lo, hi, PRIOR_GRID))
-        return np.unique(np.round(np.clip(grid, 0.005, float(SPREADS[-1])), 4))
-
-    def spread_log_weights(self, spreads: np.ndarray) -> np.ndarray:
-        """The prior's mass at each grid value of s: its density in log s times each value's trapezoid width in
-        log s (a single value: all of the mass)."""
-        if len(spreads) == 1:
-            return np.zeros(1)
-        ls = np.log(np.maximum(spreads, 1e-9))
-        gaps = np.diff(ls)
-        w = np.concatenate([[gaps[0] / 2], (gaps[:-1] + gaps[1:]) / 2, [gaps[-1] / 2]])
-        z = (ls - math.log(max(self.centre, 1e-3))) / np.where(ls < math.log(max(self.centre, 1e-3)),
-                                                                self.below, self.above)
-        w = w * (1 + z * z / PRIOR_DF) ** (-(PRIOR_DF + 1) / 2)
-        w = np.where(spreads > 0, w, 0.0)
-        return np.log(np.maximum(w / w.sum(), 1e-300))
-
-    def gain_log_weights(self, gains: np.ndarray) -> np.ndarray:
-        if self.gain is None or len(gains) == 1:
-            return np.zeros(len(gains))
-        w = -0.5 * ((gains - self.gain) / self.gain_sd) ** 2
-        return w - logsumexp(w)
-
-    def scaled(self, factor: float) -> SpreadPrior:
-        """The same prior with its centres (s and g) times `factor`: a twin off by that much."""
-        return SpreadPrior(self.centre * factor, self.below, self.above,
-                           None if self.gain is None else self.gain * factor, self.gain_sd)
-
-    def to_json(self) -> dict:
-        return {"centre": round(self.centre, 4), "below": self.below, "above": self.above, "df": PRIOR_DF,
-                "gain": None if self.gain is None else round(self.gain, 4), "gain_sd": self.gain_sd}
-
-    @classmethod
-    def of(cls, d: Mapping) -> SpreadPrior:
-        return cls(float(d["centre"]), float(d.get("below", PRIOR_BELOW)), float(d.get("above", PRIOR_ABOVE)),
-                   None if d.get("gain") is None else float(d["gain"]), float(d.get("gain_sd", PRIOR_GAIN_SD)))
 
 
 @dataclass(frozen=True)
@@ -190,6 +117,11 @@ class KneeFit:
     spreads: dict[str, np.ndarray]  # per engine, the draws of s
     load_var: dict[str, float]  # per engine, the variance of its points' x (log offered token load)
     priors: dict[str, SpreadPrior] = field(default_factory=dict)  # the engines fitted under an informative prior
+    slopes: dict[str, np.ndarray] = field(default_factory=dict)  # per engine, the draws of b beside its knee's
+    cells: dict[str, np.ndarray] = field(default_factory=dict)  # per engine, each draw's cell on its knee grid
+    # per engine pair (a, b) fitted jointly (kneejoint.py), each draw pair's normalized importance weight and the
+    # correlation it rests on: a ratio of a and b is read from the weighted draws
+    joint: dict[tuple[str, str], JointWeights] = field(default_factory=dict)
 
     @property
     def spread_s(self) -> dict[str, float]:
@@ -199,8 +131,12 @@ class KneeFit:
     def ratio(self, a: str, b: str) -> tuple[float, tuple[float, float]]:
         """a's knee over b's: the posterior median and central interval of the draws' ratios."""
         draws = np.exp(self.log_knees[a] - self.log_knees[b])
-        lo, hi = central(draws, CONFIDENCE)
-        return float(np.median(draws)), (lo, hi)
+        w = self.joint.get((a, b)) or self.joint.get((b, a))
+        if w is None:
+            lo, hi = central(draws, CONFIDENCE)
+            return float(np.median(draws)), (lo, hi)
+        mid, lo, hi = weighted_quantiles(draws, w.weights, (0.5, (1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2))
+        return mid, (round(lo, 4), round(hi, 4))
 
     def gain(self, engine: str) -> tuple[float, tuple[float, float]]:
         """The offered token load's gain g: its posterior median and central interval."""
@@ -233,6 +169,28 @@ class KneeFit:
         return float(np.median(np.sqrt(shares[0] * shares[1])))
 
 
+@dataclass(frozen=True)
+class JointWeights:
+    """Two engines' draws reweighted to their joint fit (kneejoint.py): one weight per draw pair, summing to 1."""
+
+    rho: float  # the residual correlation of their stream effects the joint fit assumed
+    weights: np.ndarray
+    paired_streams: int  # streams both engines' knees rest on: the only ones the correlation couples
+
+    @property
+    def effective_draws(self) -> float:
+        """Kish's effective sample size of the weighted draws (DRAWS when every weight is equal)."""
+        return float(1.0 / np.sum(self.weights ** 2))
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """Quantiles of weighted draws: each value's weight centred on its place in the sorted cumulative sum."""
+    order = np.argsort(values)
+    v, cw = values[order], np.cumsum(weights[order])
+    at = (cw - weights[order] / 2) / cw[-1]
+    return [float(np.interp(q, at, v)) for q in qs]
+
+
 def u_variance(scale: np.ndarray) -> np.ndarray:
     """The variance of a Student-t of TAIL_DF degrees of freedom and this scale."""
     return scale ** 2 * TAIL_DF / (TAIL_DF - 2)
@@ -252,18 +210,6 @@ class _Data:
         d = design_effect(points)
         return cls(np.log([p.offered_rps for p in points]), np.array([p.log_load for p in points]),
                    np.array([p.met.sum() / d for p in points]), np.array([len(p.met) / d for p in points]))
-
-
-def spread_log_weights(spreads: np.ndarray) -> np.ndarray:
-    """The prior density of s on its grid: a half-t (SPREAD_PRIOR_DF degrees of freedom, scale SPREAD_PRIOR_SCALE)
-    times each grid value's trapezoid width (a single value: all of the mass)."""
-    if len(spreads) == 1:
-        return np.zeros(1)
-    gaps = np.diff(spreads)
-    w = np.concatenate([[gaps[0] / 2], (gaps[:-1] + gaps[1:]) / 2, [gaps[-1] / 2]])
-    z = spreads / SPREAD_PRIOR_SCALE
-    w = w * (1 + z * z / SPREAD_PRIOR_DF) ** (-(SPREAD_PRIOR_DF + 1) / 2)  # the half-t's shape
-    return np.log(w / w.sum())
 
 
 @lru_cache(maxsize=256)
@@ -354,6 +300,8 @@ class _Draws:
     log_knees: np.ndarray
     gains: np.ndarray
     spreads: np.ndarray
+    slopes: np.ndarray
+    cells: np.ndarray  # each draw's cell on the knee grid (its log knee is the cell's value, jittered within it)
 
 
 def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: np.random.Generator,
@@ -374,7 +322,10 @@ def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: 
     given = logsumexp(ll, axis=1)  # knee x s x g
     pick = rng.choice(len(spreads) * len(gains), size=DRAWS, p=softmax(logsumexp(given, axis=0).ravel()))
     s_i, g_i = np.divmod(pick, len(gains))
-    return _Draws(draw_knees(given[:, s_i, g_i], grid, rng), gains[g_i], spreads[s_i])
+    knees, cells = draw_knees(given[:, s_i, g_i], grid, rng)
+    b_log = ll[cells, :, s_i, g_i]  # draws x SLOPES: b given the drawn knee's cell, s and g
+    b_i = (np.cumsum(softmax_rows(b_log), axis=1) < rng.random(DRAWS)[:, None]).sum(axis=1)
+    return _Draws(knees, gains[g_i], spreads[s_i], SLOPES[np.minimum(b_i, len(SLOPES) - 1)], cells)
 
 
 def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
@@ -391,7 +342,8 @@ def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SP
     estimates = {e: estimate(e, pts[e], draws[e].log_knees, target) for e in pts}
     return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
                    {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
-                   {e: float(np.var([p.log_load for p in pts[e]])) for e in pts}, priors)
+                   {e: float(np.var([p.log_load for p in pts[e]])) for e in pts}, priors,
+                   {e: d.slopes for e, d in draws.items()}, {e: d.cells for e, d in draws.items()})
 
 
 def softmax(log_w: np.ndarray) -> np.ndarray:
@@ -399,14 +351,20 @@ def softmax(log_w: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
-def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def softmax_rows(log_w: np.ndarray) -> np.ndarray:
+    w = np.exp(log_w - log_w.max(axis=1, keepdims=True))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def draw_knees(cond: np.ndarray, grid: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One log knee per column of `cond` (knees x draws: the log posterior given that draw's shared parameters)
-    from its conditional on the grid, spread uniformly inside its cell."""
+    from its conditional on the grid, spread uniformly inside its cell; and each draw's cell."""
     draws = cond.shape[1]
     cdf = np.cumsum(np.exp(cond - cond.max(axis=0)), axis=0)
     at = (cdf < rng.random(draws) * cdf[-1]).sum(axis=0)
     width = grid[1] - grid[0]
-    return grid[np.minimum(at, len(grid) - 1)] + width * (rng.random(draws) - 0.5)
+    cells = np.minimum(at, len(grid) - 1)
+    return grid[cells] + width * (rng.random(draws) - 0.5), cells
 
 
 def informs(point: Judged) -> bool:

@@ -28,10 +28,11 @@ from harness.analysis.headline import (
 )
 from harness.analysis.integrity import IdleFigures, integrity
 from harness.analysis.knee import Judged, design_effect, knee_block, load_independent_misses, rests_on_unsteady
-from harness.analysis.kneefit import KneeFit, SpreadPrior, fit
+from harness.analysis.kneefit import KneeFit
 from harness.analysis.operating import point_intervals
 from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
 from harness.analysis.ruled_out import evidence_of
+from harness.analysis.run_fits import fits_of
 from harness.analysis.rundir import (
     arrived_in,
     in_point,
@@ -269,19 +270,6 @@ def capacity(engine: str, req: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame
     return block, judged
 
 
-def fits_of(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord) -> tuple[KneeFit | None, KneeFit | None]:
-    """The run's joint knee fit over every engine of one budget (kneefit.py), and the same fit with the
-    stream-to-stream spread held at 0 (these streams' sampling alone: what the run-to-run share is read against)."""
-    target, pts, priors = meta.config.slo.attainment, {e: j for e, (_, j) in blocks.items()}, spread_priors(meta)
-    return fit(pts, target, priors=priors), fit(pts, target, spreads=np.zeros(1), priors=priors)
-
-
-def spread_priors(meta: RunRecord) -> dict[str, SpreadPrior]:
-    """The engines' spread priors run.json records (harness/sim/spread_prior.py); none: the half-t for each."""
-    block = meta.spread_prior or {}
-    return {e: SpreadPrior.of(d) for e, d in (block.get("engines") or {}).items()}
-
-
 def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
               fits: tuple[KneeFit | None, KneeFit | None] | None = None
               ) -> tuple[dict[str, CapacityBlock], dict[str, Ratio]]:
@@ -328,7 +316,8 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     cfg, search = meta.config, (meta.sweep.search if meta.sweep else None) or SearchSettings()
     precision = float(search.precision or cfg.precision or 1.5)
     slo, pts = cfg.slo, {e: j for e, (_, j) in blocks.items()}
-    h = headline(*(fits or fits_of(blocks, meta)), precision, pts, slo.attainment)
+    fits = fits or fits_of(blocks, meta)
+    h, knee_fit = headline(*fits, precision, pts, slo.attainment), fits[0]
     if h is None:
         return None
     more_s = time_to_resolve(h, pts, precision)
@@ -340,7 +329,10 @@ def headline_with(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
     factor_20min = 1 + 1200.0 / max(spent, 1.0)
     h.bracket_ends, h.unsteady_rates, h.time_s = ends, left_out, search.time_s
     h.spread_prior = meta.spread_prior  # the priors the fit used, where they came from (None: the half-t)
-    h.residual_correlation = 0.0  # each engine fitted alone: what the load leaves is independent between them
+    joint = knee_fit.joint.get((h.engine, h.against)) or knee_fit.joint.get((h.against, h.engine)) \
+        if knee_fit is not None else None
+    h.residual_correlation = joint.rho if joint else 0.0  # 0: fitted alone (no twins' correlation, or none shown)
+    h.joint_effective_draws = round(joint.effective_draws) if joint else None
     h.more_arrival_s_to_precision = None if more_s is None else round(more_s, 1)
     h.resolvable_ratio = round(resolvable(h, 1.0), 3)
     h.resolvable_ratio_with_20_more_minutes = round(resolvable(h, factor_20min), 3)

@@ -270,9 +270,9 @@ class HeadlineBlock(SummaryBlock):
     paired_streams: Num | None = None  # streams both engines judged (kneefit.py: what the pairing rests on)
     # the stream effects' correlation the shared load alone implies (kneefit.KneeFit.paired_correlation)
     paired_correlation: Num | None = None
-    # the correlation the fit gives what the load leaves of two engines' effects on one stream: 0, independent (no
-    # joint fit yet; the twin's model-scale residual correlation, benchmarks/pairing_study.py, is in docs/method.md)
-    residual_correlation: Num | None = None
+    # the joint fit's correlation of what the load leaves of the pair's stream effects (analysis/kneejoint.py) and
+    residual_correlation: Num | None = None  # its draws' effective number (Kish); 0 and None: each fitted alone
+    joint_effective_draws: Num | None = None
     load_explained_share: dict[str, Num] | None = None  # each engine's stream variance its offered token load explains
     load_gain: dict[str, list[Num]] | None = None  # each engine's fitted gain on its offered token load, its interval
     # the informative priors on the engines' stream spread and load gain the fit used: their source ("twin"), its

@@ -75,11 +75,15 @@ class Metrics:
         return self.family
 
     def sample(self, t0: float) -> dict | None:
+        # stamped when the scrape is sent: the page it returns was read after that moment, so a sample stamped
+        # after the first token shows the state after it (stamped on return, a busy machine's slow scrape showed
+        # the state from before admission at the first token, and static-contiguous read as blocks)
+        sent_s = time.time() - t0
         m = scrape(self.url)
         if m is None or self.family is None:
             return None
         read = family_named(self.family).row(m)  # harness/run/telemetry.py: one table of names per server
-        row = {"t_s": time.time() - t0, "usage": read.get("kv_cache_usage_perc"), "running": read.get("running"),
+        row = {"t_s": sent_s, "usage": read.get("kv_cache_usage_perc"), "running": read.get("running"),
                "waiting": read.get("waiting"), "preemptions": read.get("preempted_total"), "raw": m}
         self.samples.append(row)
         return row

@@ -136,9 +136,11 @@ class Bench:
             self.console.plain(f"no spread prior from the twins ({type(e).__name__}: {e}): the half-t")
             return
         self.record.spread_prior(prior_block(priors, seconds, STREAMS, judged))
+        c = priors.correlation
         self.console.plain("spread prior from the twins (" + f"{seconds:.1f} s): " + "; ".join(
             f"{e} s {p.prior.centre:.3f}, gain {p.prior.gain:.2f} (twin's knee {p.twin_knee_rps:.3g} req/s)"
-            for e, p in priors.items()))
+            for e, p in priors.engines.items()) + ("" if c is None else f"; residual correlation {c.estimate:.2f}, "
+                                                   f"the joint fit uses its lower bound {c.lower:.2f}"))
 
     def order(self) -> list[str]:
         """The engines in the order they are measured: in a knee search the paged reference first (every other

@@ -15,8 +15,9 @@ from harness.analysis.headline import verdict_words
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.records import RunRecord
+from harness.analysis.run_fits import fits_of
 from harness.analysis.rundir import load_frames
-from harness.analysis.summary import blocks_of, fits_of, headline_with, intervals
+from harness.analysis.summary import blocks_of, headline_with, intervals
 from harness.analysis.summary_records import CapacityBlock, HeadlineBlock, Ratio
 
 

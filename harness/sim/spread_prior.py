@@ -3,7 +3,7 @@ own policy and scheduler on its measured step times) is offered fresh streams of
 knee's multiples, each judged as a decision turn is (the warm-up rule, then the turn's judged requests, their
 offered token load read as the bench reads it), and the knee fit's own model (harness/analysis/kneefit.py) is
 fitted to them: the spread s and load gain g it finds are on the fit's scale, for this workload, budget and engine.
-The run's knee fit then takes them as an informative prior (kneefit.SpreadPrior: centred there, a tail toward
+The run's knee fit then takes them as an informative prior (stream_priors.SpreadPrior: centred there, a tail toward
 wider, since the machine adds spread the twin has not and the twin's absolute rates are ~22 % off).
 
 Why: with about ten points an engine, learning s (and the slope and the gain) from the run's points alone is
@@ -20,7 +20,9 @@ import numpy as np
 
 from harness.analysis.capacity import SLO
 from harness.analysis.knee import Judged, KneeSearch
-from harness.analysis.kneefit import SpreadPrior, fit
+from harness.analysis.kneefit import fit
+from harness.analysis.kneejoint import Correlation, twin_correlation
+from harness.analysis.stream_priors import SpreadPrior
 from harness.analysis.token_load import mean_tokens_asked
 from harness.sim.simulator import pool_map
 from harness.sim.twin import TwinEngine, stream_verdicts
@@ -104,11 +106,22 @@ def twin_knee(twin: TwinEngine, start_rps: float, slo: SLO, budget_bytes: int, w
     return lo or hi or start_rps
 
 
+@dataclass(frozen=True)
+class TwinPriors:
+    """The headline engines' priors and, where both have twins, their stream effects' residual correlation on the
+    streams both twins judged (kneejoint.twin_correlation: stream i is offered to each twin at the same multiple
+    of its own knee)."""
+
+    engines: dict[str, TwinPrior]
+    correlation: Correlation | None
+
+
 def twin_priors(twins: dict[str, TwinEngine], knees_rps: dict[str, float], slo: SLO, budget_bytes: int,
                 workload: str, seed: int, max_seq_len: int, judged: int, streams: int = STREAMS,
-                n_jobs: int | None = None) -> dict[str, TwinPrior]:
+                n_jobs: int | None = None) -> TwinPriors:
     """Per engine with a twin and a measured knee: its twin's knee, `streams` fresh streams at its multiples, and
-    the knee fit's s and g on them (posterior medians, the half-t prior on s: the twin's points decide)."""
+    the knee fit's s and g on them (posterior medians, the half-t prior on s: the twin's points decide); and for
+    two such engines, the correlation of what the load leaves of their effects on one stream."""
     engines = [e for e in twins if knees_rps.get(e)]
     n = n_jobs or os.cpu_count() or 1
     mean = mean_tokens_asked(workload, seed, max_seq_len)
@@ -117,9 +130,9 @@ def twin_priors(twins: dict[str, TwinEngine], knees_rps: dict[str, float], slo: 
     jobs = [PriorJob(twins[e], f"{KEY}{i}", knees[e] * MULTIPLES[i % len(MULTIPLES)], judged, slo, budget_bytes,
                      workload, seed, max_seq_len, mean) for e in engines for i in range(streams)]
     results = iter(pool_map(twin_point, jobs, n))
-    out = {}
+    out, seen = {}, {}
     for e in engines:
-        points = [p for p in (next(results) for _ in range(streams)) if len(p.met)]
+        points = seen[e] = [p for p in (next(results) for _ in range(streams)) if len(p.met)]
         kf = fit({e: points}, slo.attainment) if points else None
         if kf is None or e not in kf.estimates:
             continue
@@ -127,20 +140,24 @@ def twin_priors(twins: dict[str, TwinEngine], knees_rps: dict[str, float], slo: 
         prior = SpreadPrior(max(float(np.median(s)), FLOOR), gain=float(np.median(g)))
         out[e] = TwinPrior(prior, knees[e], len(points), tuple(float(x) for x in np.quantile(s, [0.05, 0.95])),
                            tuple(float(x) for x in np.quantile(g, [0.05, 0.95])))
-    return out
+    pair = [e for e in engines if seen.get(e)]
+    corr = twin_correlation(seen, pair[0], pair[1], slo.attainment, seed) if len(pair) == 2 else None
+    return TwinPriors(out, corr)
 
 
 def _knee(args: tuple) -> float:
     return twin_knee(*args)
 
 
-def prior_block(priors: dict[str, TwinPrior], seconds: float, streams: int, judged: int) -> dict:
-    """run.json's and summary.json's `spread_prior`: where it came from and, per engine, its values."""
+def prior_block(priors: TwinPriors, seconds: float, streams: int, judged: int) -> dict:
+    """run.json's and summary.json's `spread_prior`: where it came from, per engine its values, and the residual
+    correlation the joint fit of the two uses (None: no pair of twins, and the engines are fitted alone)."""
     return {"source": SOURCE, "streams": streams, "judged": judged, "multiples": list(MULTIPLES),
-            "seconds": round(seconds, 1), "engines": {e: p.to_json() for e, p in priors.items()}}
+            "seconds": round(seconds, 1), "engines": {e: p.to_json() for e, p in priors.engines.items()},
+            "correlation": priors.correlation.to_json() if priors.correlation else None}
 
 
-def timed_priors(*args, **kwargs) -> tuple[dict[str, TwinPrior], float]:
+def timed_priors(*args, **kwargs) -> tuple[TwinPriors, float]:
     """twin_priors and the seconds it took."""
     t0 = time.time()
     out = twin_priors(*args, **kwargs)

@@ -149,9 +149,21 @@ def pairing_words(h: HeadlineBlock) -> str:
             f"{h.paired_streams:g} streams were judged by both. A stream's offered token load (its requests' tokens "
             f"per second of its window) explained {explained} of each engine's stream-to-stream spread, and the fit "
             f"takes it out of every point; the load alone implies a correlation of {h.paired_correlation:.2f} between "
-            "the two engines' stream effects on one stream (read from the fitted gains and spreads, not measured: "
-            "what the load leaves is taken as independent, which can only widen the interval)"
-            + prior_words(h))
+            "the two engines' stream effects on one stream (read from the fitted gains and spreads, not measured)"
+            + joint_words(h) + prior_words(h))
+
+
+def joint_words(h: HeadlineBlock) -> str:
+    """What the ratio's interval takes from what the load leaves of the two engines' stream effects."""
+    c = (h.spread_prior or {}).get("correlation")
+    if not h.residual_correlation or not c:
+        why = (f"their twins' streams put its lower bound at {c['lower']:.2f} (estimate {c['estimate']:.2f})" if c
+               else "no twins measured it")
+        return f". What the load leaves is taken as independent between the two engines: {why}"
+    return (f". What the load leaves was fitted jointly, its correlation between the engines taken at "
+            f"{h.residual_correlation:.2f}, {c['rule']} on the {c['streams']} streams both twins judged (estimate "
+            f"{c['estimate']:.2f}): the ratio is read from the joint fit's reweighted draws "
+            f"({h.joint_effective_draws or 0:g} effective)")
 
 
 def prior_words(h: HeadlineBlock) -> str:

@@ -211,7 +211,10 @@ def test_bench_restarts_an_engine_that_failed_and_records_the_crash(tiny_model, 
     r = run_cli("bench", "--engines", "paged", "--model", str(tiny_model), "--duration", "8", "--grace", "5",
                 "--kv-budget", "16MiB", "--workload", "chat-short", "--engine-args", "paged=--fail-at-step 150",
                 "--out", str(tmp_path), "--reports", str(tmp_path), "--run-id", "failing", timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    # the idle integrity probes take about 370 steps, so the first server dies during them and the restarted one
+    # serves the churn until its own step 150: on a busy machine its restart can outlast the churn, every request
+    # then fails, and the run rightly exits 1 saying it measured nothing; the restart is what is tested
+    assert r.returncode == 0 or (r.returncode == 1 and "the run measured nothing" in r.stderr), r.stderr[-2000:]
     events = pd.read_parquet(tmp_path / "failing" / "events.parquet")
     assert {"crash", "restart"} <= set(events.kind)
     assert "71" in events[events.kind == "crash"].detail.iloc[0]

@@ -23,8 +23,9 @@ attainment tips differs by engine, and so does how much one stream's attainment 
 Pairing. The decision gives the headline's two engines the same streams (each at its own rate): their points on
 one stream share x (as far as their judged windows coincide), so the part of the stream effect that the offered
 token load explains (g * x) is taken out of both engines' points alike, and the ratio's interval narrows by what
-that part was. What the load leaves (u) may still be shared in truth; the fits treat it as independent, which can
-only widen a ratio's interval. Each engine's share of its stream variance that the load explains
+that part was. What the load leaves (u) may still be shared in truth: each engine is fitted alone here, and the
+headline's pair is then reweighted to a joint fit with the correlation its twins show at a lower bound
+(kneejoint.py; `KneeFit.joint`, which `ratio` reads). Each engine's share of its stream variance that the load explains
 (`KneeFit.explained_share`) and the correlation that the shared load alone implies between two engines' stream effects
 (`KneeFit.paired_correlation`: sqrt of the two shares, a function of the fitted gains and spreads that can never
 show a shared residual) are read from the same draws. In the bench's twin (benchmarks/pairing_study.py, 200

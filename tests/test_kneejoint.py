@@ -76,8 +76,9 @@ def test_shared_streams_narrow_the_ratio_and_keep_its_estimate():
 
 
 def test_the_twins_correlation_is_read_back_and_its_lower_bound_is_used():
-    strong = twin_correlation(synth(np.random.default_rng(1), 40, 0.8), A, B, 0.9)
-    none = twin_correlation(synth(np.random.default_rng(2), 40, 0.0), A, B, 0.9)
+    strong_pts, none_pts = synth(np.random.default_rng(1), 40, 0.8), synth(np.random.default_rng(2), 40, 0.0)
+    strong = twin_correlation(kneefit.fit(strong_pts, 0.9), strong_pts, A, B, 0.9)
+    none = twin_correlation(kneefit.fit(none_pts, 0.9), none_pts, A, B, 0.9)
     assert strong.estimate >= 0.6 and 0.3 <= strong.lower <= strong.estimate and strong.streams == 40
     assert none.lower == 0.0 and none.estimate <= 0.4
     assert strong.to_json()["used"] == strong.to_json()["lower"]

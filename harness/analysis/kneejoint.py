@@ -213,12 +213,12 @@ def joint_fit(points: dict[str, list[Judged]], target: float, correlations: Mapp
     return replace(kf, joint=joint) if joint else kf
 
 
-def twin_correlation(points: dict[str, list[Judged]], a: str, b: str, target: float,
+def twin_correlation(kf: KneeFit | None, points: dict[str, list[Judged]], a: str, b: str, target: float,
                      seed: int = 0) -> Correlation | None:
-    """rho from two twins' points on shared streams (one point a stream each): its marginal likelihood on
-    RHO_GRID from the independent fits' draws (TWIN_DRAWS of them), the posterior under a flat prior there, its
-    median and its LOWER_Q quantile. None when the two share no stream or either fit is missing."""
-    kf = fit(points, target)
+    """rho from two twins' points on shared streams (one point a stream each) and their independent fit `kf`
+    (kneefit.fit on those points: the one the twins' priors are read from): its marginal likelihood on RHO_GRID
+    from the fits' draws (TWIN_DRAWS of them), the posterior under a flat prior there, its median and its LOWER_Q
+    quantile. None when the two share no stream or either fit is missing."""
     if kf is None or a not in kf.estimates or b not in kf.estimates:
         return None
     pts = {e: knee_points(points[e]) for e in (a, b)}

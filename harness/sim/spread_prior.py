@@ -130,18 +130,19 @@ def twin_priors(twins: dict[str, TwinEngine], knees_rps: dict[str, float], slo: 
     jobs = [PriorJob(twins[e], f"{KEY}{i}", knees[e] * MULTIPLES[i % len(MULTIPLES)], judged, slo, budget_bytes,
                      workload, seed, max_seq_len, mean) for e in engines for i in range(streams)]
     results = iter(pool_map(twin_point, jobs, n))
-    out, seen = {}, {}
+    seen = {e: [p for p in (next(results) for _ in range(streams)) if len(p.met)] for e in engines}
+    # one fit of every twin (each engine fitted alone on its own draws): the priors and the correlation read it
+    kf = fit(seen, slo.attainment)
+    out = {}
     for e in engines:
-        points = seen[e] = [p for p in (next(results) for _ in range(streams)) if len(p.met)]
-        kf = fit({e: points}, slo.attainment) if points else None
         if kf is None or e not in kf.estimates:
             continue
         s, g = kf.spreads[e], kf.gains[e]
         prior = SpreadPrior(max(float(np.median(s)), FLOOR), gain=float(np.median(g)))
-        out[e] = TwinPrior(prior, knees[e], len(points), tuple(float(x) for x in np.quantile(s, [0.05, 0.95])),
+        out[e] = TwinPrior(prior, knees[e], len(seen[e]), tuple(float(x) for x in np.quantile(s, [0.05, 0.95])),
                            tuple(float(x) for x in np.quantile(g, [0.05, 0.95])))
     pair = [e for e in engines if seen.get(e)]
-    corr = twin_correlation(seen, pair[0], pair[1], slo.attainment, seed) if len(pair) == 2 else None
+    corr = twin_correlation(kf, seen, pair[0], pair[1], slo.attainment, seed) if len(pair) == 2 else None
     return TwinPriors(out, corr)
 
 

@@ -13,7 +13,10 @@ at offered rate r, u ~ Normal(0, s^2) drawn afresh for each point (every point i
 requests come in bursts of geometric length (mean `--burst-mean`, 1.5: a design effect of 2 x 1.5 - 1 = 2) that
 share one outcome, as requests caught in one episode of queueing do. A point judges `--judged` requests; one whose
 Wilson interval at its effective size lies under the target stops as soon as it has `--early-judged` (the bench's
-clear miss). A point costs warm-up + judged / rate + drain seconds.
+clear miss). A point costs warm-up + judged / rate + drain seconds. With `--spread-exponent g` a stream's shift
+and its offered load's spread narrow as (judged / `--spread-judged-ref`)^-g: a longer point averages more of its
+arrivals (the twin's streams: g about 0.34 to 0.78, benchmarks/pairing_study.py at 25 and 100 judged), so that the
+study can weigh a point's length against its fixed costs (issue 79 part 6: design.POINT_LENGTH).
 
 The flow mirrors the bench: each engine's knee bracketed by knee.KneeSearch from 0.75 x its calibrated rate (the
 calibration drawn around 1.6 x its true knee), stepping by 1.6, stopping once bracketed or its search time spent;
@@ -132,6 +135,16 @@ class Params:
     prior_factor: float | None = None
     prior_below: float = stream_priors.PRIOR_BELOW  # the prior's width in log s toward narrower
     prior_above: float = stream_priors.PRIOR_ABOVE  # and toward wider
+    # how a stream's shift narrows as its point judges more requests: spread_s and load_sd hold at
+    # `spread_judged_ref` judged requests and scale as (judged / ref)^-spread_exponent (0: a point's length does
+    # not matter; the twin's streams: about 0.4, a longer window averages more of its arrivals' load)
+    spread_exponent: float = 0.0
+    spread_judged_ref: int = 50
+
+    def length_factor(self, judged: int) -> float:
+        """How much a stream's shift (and its offered load's spread) a point of `judged` requests keeps, against
+        one of `spread_judged_ref`."""
+        return (max(1, judged) / self.spread_judged_ref) ** -self.spread_exponent
 
 
 @dataclass(frozen=True)
@@ -181,14 +194,16 @@ class Run:
             self.streams[key] = Stream(float(self.rng.normal(0.0, self.prm.load_sd)), float(self.rng.normal()))
         return self.streams[key]
 
-    def shift(self, engine: Engine, key: str) -> tuple[float, float]:
-        """(the stream's log offered token load, the engine's whole shift in log load on it): the load's part
-        explains `explained` of the engine's spread; the rest correlates `residual_rho` between two engines."""
+    def shift(self, engine: Engine, key: str, judged: int) -> tuple[float, float]:
+        """(the stream's log offered token load, the engine's whole shift in log load on it) for a point of
+        `judged` requests: the load's part explains `explained` of the engine's spread; the rest correlates
+        `residual_rho` between two engines. Both shrink by the point's length factor (Params.length_factor)."""
         prm, st = self.prm, self.stream(key)
+        f = prm.length_factor(judged)
         gain = math.sqrt(prm.explained) * engine.spread_s / prm.load_sd
-        rest = engine.spread_s * math.sqrt(1 - prm.explained)
+        rest = engine.spread_s * math.sqrt(1 - prm.explained) * f
         rho = prm.residual_rho
-        return st.load, gain * st.load + rest * (math.sqrt(rho) * st.shared + math.sqrt(1 - rho) * self.rng.normal())
+        return st.load * f, gain * st.load * f + rest * (math.sqrt(rho) * st.shared + math.sqrt(1 - rho) * self.rng.normal())
 
 
 def attainment_p(engine: Engine, rate_rps: float, shift_u: float) -> float:
@@ -221,9 +236,9 @@ def measure(run: Run, engine: Engine, rate_rps: float, left_s: float, key: str |
     clear-miss test is the engine's, from its earlier points and this one's first `early_judged` verdicts."""
     prm = run.prm
     key = key or run.key(rate_rps)
-    load, shift = run.shift(engine, key)
-    p = attainment_p(engine, rate_rps, shift + run.drift(engine.name))
     n = max(1, int(min(prm.judged, (left_s - prm.warmup_s) * rate_rps, most_s * rate_rps)))
+    load, shift = run.shift(engine, key, n)
+    p = attainment_p(engine, rate_rps, shift + run.drift(engine.name))
     met = bursty_verdicts(run.rng, p, n, prm.burst_mean)
     early = min(prm.early_judged, n)
     d = design_effect([*run.points[engine.name], Judged(rate_rps, key, met[:early], np.arange(early))])
@@ -297,9 +312,9 @@ def twin_priors(prm: Params, engines: dict[str, Engine]) -> dict[str, SpreadPrio
     `prior_factor` (the twin off); the machine's drift is not in it. None: no prior (the half-t)."""
     if prm.prior_factor is None:
         return None
-    out = {}
+    out, f = {}, prm.length_factor(prm.judged)  # the twin judges the run's points' length
     for name, e in engines.items():
-        leftover = T4_SCALE_OF_NORMAL * e.spread_s * math.sqrt(1 - prm.explained)
+        leftover = T4_SCALE_OF_NORMAL * e.spread_s * f * math.sqrt(1 - prm.explained)
         gain = math.sqrt(prm.explained) * e.spread_s / prm.load_sd
         out[name] = SpreadPrior(max(leftover, 1e-3), prm.prior_below, prm.prior_above, gain).scaled(prm.prior_factor)
     return out
@@ -381,12 +396,13 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
 
 
 # what tells one cell's rows from another's
-CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor", "fit_rho")
+CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor", "fit_rho", "judged", "spread_exponent")
 
 
 def cell_of(prm: Params) -> dict:
     return {"spread": prm.spread_s, "paired": prm.paired, "slope_ratio": prm.slope_ratio, "drift_sd": prm.drift_sd,
-            "prior_factor": prm.prior_factor, "fit_rho": prm.fit_rho}
+            "prior_factor": prm.prior_factor, "fit_rho": prm.fit_rho, "judged": prm.judged,
+            "spread_exponent": prm.spread_exponent}
 
 
 def _task(args: tuple) -> dict:
@@ -471,7 +487,7 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
 
 COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope_ratio", "slope x", "{:.2f}"),
            ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"), ("fit_rho", "fit rho", "{:.2f}"),
-           ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
+           ("judged", "judged", "{:d}"), ("spread_exponent", "s exp", "{:.2f}"), ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
            ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
@@ -529,7 +545,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prior-factors", default="none",
                     help="the fit's spread prior: none (the half-t), or comma-separated factors the twin's prior is "
                          "off by (1: centred on the truth; 0.5,1,2: a row each)")
-    ap.add_argument("--judged", type=int, default=d.judged, help="judged requests a point takes")
+    ap.add_argument("--judged", default=str(d.judged),
+                    help="judged requests a point takes (comma-separated: a row for each)")
+    ap.add_argument("--spread-exponent", type=float, default=d.spread_exponent,
+                    help="a stream's shift (and its load's spread) scale as (judged / --spread-judged-ref) to minus "
+                         "this (0: a point's length does not matter; the twin: about 0.4)")
+    ap.add_argument("--spread-judged-ref", type=int, default=d.spread_judged_ref,
+                    help="the judged requests at which --spread and --load-sd hold")
     ap.add_argument("--early-judged", type=int, default=d.early_judged, help="a clear miss stops at this many")
     ap.add_argument("--burst-mean", type=float, default=d.burst_mean, 
                     help="mean burst length (requests sharing a fate)")
@@ -554,20 +576,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def params_of(a: argparse.Namespace) -> list[Params]:
-    """One Params per (spread, pairing) cell the flags ask for."""
+    """One Params per (spread, pairing, prior, fit rho, judged) cell the flags ask for."""
     one = one_params(a)
     spreads = [float(x) for x in a.spreads.split(",")] if a.spreads else [a.spread]
     pairings = {"on": [True], "off": [False], "both": [True, False]}[a.pairing]
     factors = [None if x.strip() == "none" else float(x) for x in a.prior_factors.split(",")]
     rhos = [float(x) for x in a.fit_rho.split(",")]
-    return [replace(one, spread_s=s, paired=p, prior_factor=f, fit_rho=r) for s in spreads for p in pairings
-            for f in factors for r in rhos]
+    judged = [int(x) for x in a.judged.split(",")]
+    return [replace(one, spread_s=s, paired=p, prior_factor=f, fit_rho=r, judged=n) for s in spreads
+            for p in pairings for f in factors for r in rhos for n in judged]
 
 
 def one_params(a: argparse.Namespace) -> Params:
     return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
                   spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
-                  judged=a.judged, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
+                  judged=int(a.judged.split(",")[0]), spread_exponent=a.spread_exponent,
+                  spread_judged_ref=a.spread_judged_ref, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee, drift_sd=a.drift_sd,
                   prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),

@@ -2,13 +2,12 @@
 time) by rules the report prints, not tuned so that a figure comes out: how many requests a point judges,
 when it stops, how long a decision turn may take, how the time is shared.
 
-- A point judges `min_judged` requests: the fewest at which a point every one of whose requests met the SLO
-  can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9), times the workload's index of
-  dispersion D (the variance over the mean of its arrival counts in windows that hold that many arrivals on
-  average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty stream's
-  requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
-- The number is fixed (`max_judged` is `min_judged`: the knee is fitted from every point, and one more stream
-  tells more than a longer one), save that a point whose Wilson 90 % interval at the effective size (judged
+- A point judges `min_judged` requests: `POINT_LENGTH` times the fewest at which a point every one of whose
+  requests met the SLO can be told from the target (Wilson: z^2 t / (1 - t), 25 at t = 0.9), times the
+  workload's index of dispersion D (the variance over the mean of its arrival counts in windows that hold that
+  many arrivals on average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty
+  stream's requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
+- The number is fixed (`max_judged` is `min_judged`: the knee is fitted from every point), save that a point whose Wilson 90 % interval at the effective size (judged
   requests over the engine's design effect, harness/analysis/knee.py) lies wholly under the target stops as
   soon as it has `early_judged` judged requests (a clear miss needs no more), and that no point runs past its
   time bound: its engine's share in a search, a share of the time left in the decision (harness/run/search.py's
@@ -43,6 +42,13 @@ GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to
 # decision measures both of them again, so it is reserved as much as their two searches (it gets every second
 # the searches and screens leave besides)
 DECISION_SHARES = 2
+# a point's length, in multiples of the fewest judged requests that tell a point from the target (times D): a
+# stream's shift narrows as a longer window averages more of its arrivals' load (the twin's streams: the fitted
+# spread falls as judged^-0.34 to judged^-0.78, benchmarks/pairing_study.py at 25 and 100 judged), while a point's
+# warm-up, drain and the restart between engines cost the same whatever its length. benchmarks/knee_study.py at
+# the default budget (docs/performance.md, "Point length") put 1x, 1.5x, 2x, 3x and 4x side by side: 3x and 4x were
+# the narrowest and held coverage; 3x is the shorter of the two, so more points per engine (was 1x: issue 79 part 6)
+POINT_LENGTH = 3
 # a decision turn's judged arrivals take at most this share of the time left: one ABBA round (two turns of each
 # engine) would fit in the time left after it were every turn that long, so that no one turn takes the time of
 # the turns that pair it (a fresh-clone run's first turn, at 0.229 req/s, took the decision's whole 237 s)
@@ -67,7 +73,7 @@ class Design:
     def of(cls, time_s: float, precision: float, target: float, point_requests: int | None = None,
            point_s: float | None = None, tolerance: float | None = None, max_points: int = 8,
            dispersion: float = 1.0) -> Design:
-        n = point_requests or math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
+        n = point_requests or by_rule(target, dispersion)
         return cls(time_s, precision, target, n, n, tolerance, point_s or 0.0, max_points=max_points,
                    early_judged=min(EARLY_JUDGED, n), dispersion=round(dispersion, 3))
 
@@ -80,13 +86,17 @@ class Design:
         bursts = (f" x the workload's index of dispersion {self.dispersion:g} (its arrival counts' variance over "
                   f"their mean in windows of {fewest} arrivals; 1 is Poisson), so that a point holds its bursts"
                   if self.dispersion > 1 and self.min_judged > fewest else "")
+        ruled = self.min_judged == by_rule(self.target, self.dispersion)
+        why = (f"{POINT_LENGTH} x because a stream's shift narrows as a longer point averages more of its load, "
+               "while a point's warm-up, drain and restart cost the same (the knee study's narrowest length at the "
+               "default budget, docs/performance.md); " if ruled else "")
+        how = (f" ({POINT_LENGTH} x the fewest at which a point that met the SLO for every request is told from the "
+               f"{100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})" if ruled else " (--point-requests)")
         return [
-            f"a point judges at least {self.min_judged} requests (the fewest at which a point that met the SLO for "
-            f"every request is told from the {100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})"
+            f"a point judges at least {self.min_judged} requests{how}"
             + (f" and {self.min_judged_s:g} s of arrivals" if self.min_judged_s else ""),
-            f"every point judges {self.min_judged} (a fixed number: the knee is fitted from every point, and one more "
-            f"stream tells more than a longer one); one whose Wilson 90 % interval lies under the target stops at "
-            f"{self.early_judged}",
+            f"every point judges {self.min_judged} (a fixed number: the knee is fitted from every point); {why}one "
+            f"whose Wilson 90 % interval lies under the target stops at {self.early_judged}",
             ("each engine's search brackets its knee and stops" if self.tolerance is None else
              f"each engine's bracket is bisected until hi / lo <= {1 + self.tolerance:.3f} (--knee-tolerance)"),
             f"the {self.time_s:g} s budget is shared equally, before each engine's search, between the searches "
@@ -105,6 +115,12 @@ class Design:
             "time left (whether it is decided does not stop it: stopping on the first look that excludes 1.0 would "
             "decide too often where there is no difference)",
         ]
+
+
+def by_rule(target: float, dispersion: float) -> int:
+    """The judged requests a point takes by the design's rule: POINT_LENGTH x the fewest that tell a point from the
+    target, times the workload's index of dispersion."""
+    return POINT_LENGTH * math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
 
 
 def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True,

@@ -134,8 +134,9 @@ class KneeSearching:
             return None
         self.console.plain(f"{run.engine}: screened at {rate:g} req/s, at or under {rival}'s lower end "
                            f"{est.ci[0]:.3g} req/s")
-        self.visits.measure(visit, rate, show, min_judged=d.min_judged, max_judged=d.max_judged,
-                            min_judged_s=d.min_judged_s, early_judged=d.early_judged, stop_by_s=stop_by)
+        n = d.screen_judged or d.min_judged
+        self.visits.measure(visit, rate, show, min_judged=n, max_judged=n, min_judged_s=d.min_judged_s,
+                            early_judged=min(d.early_judged, n), stop_by_s=stop_by)
         block = self.verdict(visit).capacity.get(run.engine)
         ruling = block.ruling if block is not None and block.ruling is not None else RulingBlock(
             offered_rps=rate, words=f"{run.engine}: not ruled out: no judged point a knee rests on")

@@ -42,13 +42,14 @@ GUARD_S = (1.0, 10.0)  # a point's tail guard, one median E2E latency clamped to
 # decision measures both of them again, so it is reserved as much as their two searches (it gets every second
 # the searches and screens leave besides)
 DECISION_SHARES = 2
-# a point's length, in multiples of the fewest judged requests that tell a point from the target (times D): a
+# a point's length, in multiples of the fewest judged requests that tell a point from the target (times D). A
 # stream's shift narrows as a longer window averages more of its arrivals' load (the twin's streams: the fitted
-# spread falls as judged^-0.34 to judged^-0.78, benchmarks/pairing_study.py at 25 and 100 judged), while a point's
-# warm-up, drain and the restart between engines cost the same whatever its length. benchmarks/knee_study.py at
-# the default budget (docs/performance.md, "Point length") put 1x, 1.5x, 2x, 3x and 4x side by side: 3x and 4x were
-# the narrowest and held coverage; 3x is the shorter of the two, so more points per engine (was 1x: issue 79 part 6)
-POINT_LENGTH = 3
+# spread falls as judged^-0.34 to judged^-0.78, benchmarks/pairing_study.py at 25 and 100 judged), and the knee study
+# with each search's time held at 75 s found 3 x narrower (hi/lo 1.71 -> 1.56 at s = 0.2). On the bench it was not:
+# the searches bracket by points, so at 3 x they ran to their caps (about 190 s each), the decision began at 390-620
+# s instead of 280-320 s and had 3-5 visits instead of 8-10, and four fresh-clone runs gave hi/lo 1.47-2.05 (median
+# 1.80) against 1x's five 1.47-1.94 (1.55). 1 x stays (issue 79 part 6; docs/performance.md, "Point length").
+POINT_LENGTH = 1
 # a decision turn's judged arrivals take at most this share of the time left: one ABBA round (two turns of each
 # engine) would fit in the time left after it were every turn that long, so that no one turn takes the time of
 # the turns that pair it (a fresh-clone run's first turn, at 0.229 req/s, took the decision's whole 237 s)
@@ -68,9 +69,9 @@ class Design:
     max_points: int = 8
     early_judged: int = EARLY_JUDGED
     dispersion: float = 1.0  # the workload's index of dispersion of arrivals (1: Poisson), as measured
-    # a screen's point: 1 x the fewest (x D). A screen asks one question, whether the engine clearly misses at the
-    # rival's lower end, and is not fitted into the headline: a longer point buys it nothing and cost a fresh-clone
-    # run 160 s of its decision (two screens judging 154-156 requests at 2.1 req/s)
+    # a screen's point: 1 x the fewest (x D) whatever POINT_LENGTH is. A screen asks one question, whether the
+    # engine clearly misses at the rival's lower end, and is not fitted into the headline: a longer point buys it
+    # nothing (at 3 x two screens judged 154-156 requests at 2.1 req/s, 160 s of a fresh-clone run's decision)
     screen_judged: int = 0
 
     @classmethod
@@ -92,9 +93,8 @@ class Design:
                   f"their mean in windows of {fewest} arrivals; 1 is Poisson), so that a point holds its bursts"
                   if self.dispersion > 1 and self.min_judged > fewest else "")
         ruled = self.min_judged == by_rule(self.target, self.dispersion)
-        why = (f"{POINT_LENGTH} x because a stream's shift narrows as a longer point averages more of its load, "
-               "while a point's warm-up, drain and restart cost the same (the knee study's narrowest length at the "
-               "default budget, docs/performance.md); " if ruled else "")
+        why = (f"{POINT_LENGTH} x: a longer point narrows its stream's shift, but its searches then run to their caps "
+               "and leave the decision fewer turns (docs/performance.md, \"Point length\"); " if ruled else "")
         how = (f" ({POINT_LENGTH} x the fewest at which a point that met the SLO for every request is told from the "
                f"{100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})" if ruled else " (--point-requests)")
         return [

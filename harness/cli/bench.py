@@ -85,8 +85,8 @@ def register(sub) -> None:
                        help="seconds of judged arrivals per point, at least (default: none in a search; 20 s a rate "
                             "with --rates)")
     sweep.add_argument("--point-requests", type=positive_int, default=None,
-                       help="judged requests per point, at least (default: 3 x the fewest that tell a point from the "
-                            "target, x the workload's burstiness: 75 at 90 %% for Poisson arrivals; 1 with --rates)")
+                       help="judged requests per point, at least (default: the fewest that tell a point from the "
+                            "target, x the workload's burstiness: 25 at 90 %% for Poisson arrivals; 1 with --rates)")
     sweep.add_argument("--search-time", type=positive_float, default=None,
                        help="seconds one engine's knee search may spend per budget, at most (default: its share of "
                             "--time)")

@@ -200,10 +200,11 @@ class Run:
         `residual_rho` between two engines. Both shrink by the point's length factor (Params.length_factor)."""
         prm, st = self.prm, self.stream(key)
         f = prm.length_factor(judged)
+        load = st.load * f
         gain = math.sqrt(prm.explained) * engine.spread_s / prm.load_sd
         rest = engine.spread_s * math.sqrt(1 - prm.explained) * f
         rho = prm.residual_rho
-        return st.load * f, gain * st.load * f + rest * (math.sqrt(rho) * st.shared + math.sqrt(1 - rho) * self.rng.normal())
+        return load, gain * load + rest * (math.sqrt(rho) * st.shared + math.sqrt(1 - rho) * self.rng.normal())
 
 
 def attainment_p(engine: Engine, rate_rps: float, shift_u: float) -> float:
@@ -487,7 +488,8 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
 
 COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope_ratio", "slope x", "{:.2f}"),
            ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"), ("fit_rho", "fit rho", "{:.2f}"),
-           ("judged", "judged", "{:d}"), ("spread_exponent", "s exp", "{:.2f}"), ("true_ratio", "true", "{:.2f}"), ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
+           ("judged", "judged", "{:d}"), ("spread_exponent", "s exp", "{:.2f}"), ("true_ratio", "true", "{:.2f}"),
+           ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
            ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
@@ -591,7 +593,8 @@ def one_params(a: argparse.Namespace) -> Params:
     return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
                   spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
                   judged=int(a.judged.split(",")[0]), spread_exponent=a.spread_exponent,
-                  spread_judged_ref=a.spread_judged_ref, early_judged=a.early_judged, burst_mean=a.burst_mean, warmup_s=a.warmup_s,
+                  spread_judged_ref=a.spread_judged_ref, early_judged=a.early_judged, burst_mean=a.burst_mean,
+                  warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee, drift_sd=a.drift_sd,
                   prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),

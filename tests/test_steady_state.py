@@ -122,9 +122,11 @@ def test_a_point_is_judged_on_its_attainment_against_the_target_not_on_its_queue
 def test_the_design_derives_its_numbers_from_the_precision_and_the_time():
     d = Design.of(900, 1.5, 0.9)
     assert d.min_judged == 25 and d.max_judged == 25 and d.tolerance is None and d.screen_judged == 25
-    assert len(d.rules()) == 6 and "25" in d.rules()[0] and "1 x the fewest" in d.rules()[0]
+    assert len(d.rules()) == 6 and "25" in d.rules()[0] and "brackets its knee and stops" in d.rules()[2]
+    assert "1 x the fewest" in d.rules()[0]
     asked = Design.of(900, 1.5, 0.9, point_requests=40)
-    assert asked.min_judged == 40 and "(--point-requests)" in asked.rules()[0] and "1 x" not in asked.rules()[1] and "brackets its knee and stops" in d.rules()[2]
+    assert asked.min_judged == 40 and asked.screen_judged == 40 and "(--point-requests)" in asked.rules()[0]
+    assert "1 x" not in asked.rules()[1]
     assert "1.150" in Design.of(900, 1.5, 0.9, tolerance=0.15).rules()[2]
     assert share_s(600, 2, 20) == pytest.approx((600 - 20) / (2 + 2))  # two engines and two decision shares
     assert share_s(600, 1, 20, decision=False) == 600

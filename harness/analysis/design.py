@@ -7,11 +7,12 @@ when it stops, how long a decision turn may take, how the time is shared.
   workload's index of dispersion D (the variance over the mean of its arrival counts in windows that hold that
   many arrivals on average: 1 for Poisson arrivals, more for bursty ones, workloads/streams.dispersion). A bursty
   stream's requests arrive in bunches that share a fate, so a point holds D times as many to hold its bursts.
-- The number is fixed (`max_judged` is `min_judged`: the knee is fitted from every point), save that a point whose Wilson 90 % interval at the effective size (judged
-  requests over the engine's design effect, harness/analysis/knee.py) lies wholly under the target stops as
-  soon as it has `early_judged` judged requests (a clear miss needs no more), and that no point runs past its
-  time bound: its engine's share in a search, a share of the time left in the decision (harness/run/search.py's
-  TURN_SHARE). A point cut short judges fewer requests, and its interval says so.
+- The number is fixed (`max_judged` is `min_judged`: the knee is fitted from every point), save that a point
+  whose Wilson 90 % interval at the effective size (judged requests over the engine's design effect,
+  harness/analysis/knee.py) lies wholly under the target stops as soon as it has `early_judged` judged requests
+  (a clear miss needs no more), and that no point runs past its time bound: its engine's share in a search, a
+  share of the time left in the decision (harness/run/search.py's TURN_SHARE). A point cut short judges fewer
+  requests, and its interval says so.
 - Each engine's search brackets its knee (a rate that met below one that missed) and stops; with
   `--knee-tolerance` it bisects the bracket until hi / lo <= 1 + tolerance.
 - Who is searched: the paged reference first, then the contiguous engine likeliest to be its rival
@@ -72,14 +73,14 @@ class Design:
     # a screen's point: 1 x the fewest (x D) whatever POINT_LENGTH is. A screen asks one question, whether the
     # engine clearly misses at the rival's lower end, and is not fitted into the headline: a longer point buys it
     # nothing (at 3 x two screens judged 154-156 requests at 2.1 req/s, 160 s of a fresh-clone run's decision)
-    screen_judged: int = 0
+    screen_judged: int = 0  # Design.of sets it
 
     @classmethod
     def of(cls, time_s: float, precision: float, target: float, point_requests: int | None = None,
            point_s: float | None = None, tolerance: float | None = None, max_points: int = 8,
            dispersion: float = 1.0) -> Design:
-        n = point_requests or by_rule(target, dispersion)
-        screen = point_requests or by_rule(target, dispersion) // POINT_LENGTH
+        fewest = fewest_judged(target, dispersion)
+        n, screen = point_requests or POINT_LENGTH * fewest, point_requests or fewest
         return cls(time_s, precision, target, n, n, tolerance, point_s or 0.0, max_points=max_points,
                    early_judged=min(EARLY_JUDGED, n), dispersion=round(dispersion, 3), screen_judged=screen)
 
@@ -92,11 +93,12 @@ class Design:
         bursts = (f" x the workload's index of dispersion {self.dispersion:g} (its arrival counts' variance over "
                   f"their mean in windows of {fewest} arrivals; 1 is Poisson), so that a point holds its bursts"
                   if self.dispersion > 1 and self.min_judged > fewest else "")
-        ruled = self.min_judged == by_rule(self.target, self.dispersion)
-        why = (f"{POINT_LENGTH} x: a longer point narrows its stream's shift, but its searches then run to their caps "
-               "and leave the decision fewer turns (docs/performance.md, \"Point length\"); " if ruled else "")
+        ruled = self.min_judged == POINT_LENGTH * fewest_judged(self.target, self.dispersion)
+        why = (f"{POINT_LENGTH} x: a longer point narrows its stream's shift, but its searches then run to their "
+               "caps and leave the decision fewer turns (docs/performance.md, \"Point length\"); " if ruled else "")
         how = (f" ({POINT_LENGTH} x the fewest at which a point that met the SLO for every request is told from the "
-               f"{100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})" if ruled else " (--point-requests)")
+               f"{100 * self.target:.0f} % target: z^2 t / (1 - t), z = {z}{bursts})" if ruled
+               else " (--point-requests)")
         return [
             f"a point judges at least {self.min_judged} requests{how}"
             + (f" and {self.min_judged_s:g} s of arrivals" if self.min_judged_s else ""),
@@ -109,9 +111,9 @@ class Design:
             f"{DECISION_SHARES} shares for the decision, less the set-up of every engine still to come; a share caps "
             "a search, and what it leaves goes on; no point runs past its engine's share",
             "every engine other than the paged one and its likely rival (measured second) is screened: one point "
-            f"({self.screen_judged or self.min_judged} judged requests at most: a screen asks one question and is not "
-            "fitted into the headline) at the grid rate at or under the rival's lower interval end; a clear miss there (its Wilson interval "
-            "under the target) rules it out, its knee a bound under the rival's, and ends its search",
+            f"({self.screen_judged} judged requests at most: a screen asks one question and is not fitted into the "
+            "headline) at the grid rate at or under the rival's lower interval end; a clear miss there (its Wilson "
+            "interval under the target) rules it out, its knee a bound under the rival's, and ends its search",
             "the decision measures the headline's two engines in alternating visits (ABBA), turn n of each on the "
             "same paired stream (one request sequence, each engine at its own rate), each turn placed around the "
             "engine's fitted knee, alternately above and below it, never more than a grid step below the lowest "
@@ -123,10 +125,10 @@ class Design:
         ]
 
 
-def by_rule(target: float, dispersion: float) -> int:
-    """The judged requests a point takes by the design's rule: POINT_LENGTH x the fewest that tell a point from the
-    target, times the workload's index of dispersion."""
-    return POINT_LENGTH * math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
+def fewest_judged(target: float, dispersion: float) -> int:
+    """The fewest judged requests that tell a point from the target, times the workload's index of dispersion: a
+    screen's point, and POINT_LENGTH times it every other point."""
+    return math.ceil(fewest_to_pass(target) * max(1.0, dispersion))
 
 
 def share_s(left_s: float, engines_left: int, setup_s: float, decision: bool = True,

@@ -134,7 +134,7 @@ class KneeSearching:
             return None
         self.console.plain(f"{run.engine}: screened at {rate:g} req/s, at or under {rival}'s lower end "
                            f"{est.ci[0]:.3g} req/s")
-        n = d.screen_judged or d.min_judged
+        n = d.screen_judged
         self.visits.measure(visit, rate, show, min_judged=n, max_judged=n, min_judged_s=d.min_judged_s,
                             early_judged=min(d.early_judged, n), stop_by_s=stop_by)
         block = self.verdict(visit).capacity.get(run.engine)

@@ -135,6 +135,7 @@ class ScheduledEngine(Engine):
         where it prefilled), the step's prefills (or else its newest sequence) are preempted and recomputed
         later, and a sequence alone fails its request. The engine goes on; what its device can hold is what
         it now runs."""
+        self.scheduler.unstep()  # no sequence gained a token: the step is taken again, whatever is preempted below
         mem = self.memory.stats()
         event = self.memory.device_oom(segment_asked(err), "activations")  # judged from the allocator's state
         live = self.scheduler.live()

@@ -130,6 +130,13 @@ class Scheduler:
         self.kv.next_need_bytes = self.kv.allocation_bytes(self.waiting[0]) if self.waiting else None
         return plan
 
+    def unstep(self) -> None:
+        """The step just planned never ran (its forward raised): no sequence gained a token, so the next schedule()
+        takes the same step again. Every allocation made in it stands (allocate is idempotent) and every due it
+        pushed is still right; without this, a beat's bucket would be asked one step before its sequences cross
+        into their next block, and never at the step they do (row_of past the table's end)."""
+        self.steps -= 1
+
     def _due_one_by_one(self, step: int) -> list[Sequence]:
         """Serve the beat's bucket due at `step` whole if nothing else is due and the policy has room for all of
         it; what is left to serve one by one (the heap's and, when the bucket was not served, the bucket's), in

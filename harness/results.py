@@ -4,7 +4,10 @@ every row written), turned into parquet at the end or when a partial run is read
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,26 @@ SAMPLE_COLUMNS = [
 ]
 EVENT_COLUMNS = ["engine", "t_s", "kind", "requested_bytes", "free_bytes", "largest_free_bytes", "cause", "detail"]
 COLUMNS = {"requests": REQUEST_COLUMNS, "samples": SAMPLE_COLUMNS, "events": EVENT_COLUMNS}
+
+
+@contextmanager
+def whole_file(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write to; once the block ends it replaces `path` in one rename, so that a
+    reader (or a run killed mid-write) sees the old file or the new one, never half of one. Its name is the
+    process's and the thread's: two writers of one file never write into each other's (and, unlike mkstemp's,
+    the file gets the user's usual permissions)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # an error mid-write leaves the old file, and no temporary beside it
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` as the whole of `path`, atomically (whole_file)."""
+    with whole_file(path) as tmp:
+        tmp.write_text(text)
 
 
 class Journal:
@@ -114,7 +137,8 @@ def measured_nothing(requests: pd.DataFrame) -> str | None:
 def to_parquet(run_dir: Path, kind: str) -> pd.DataFrame:
     """Gather `{kind}*.jsonl` of a run into `{kind}.parquet`."""
     df = read_journals(sorted(run_dir.glob(f"{kind}*.jsonl")), kind)
-    df.to_parquet(run_dir / f"{kind}.parquet", index=False)
+    with whole_file(run_dir / f"{kind}.parquet") as tmp:  # rewritten when a partial run is read again
+        df.to_parquet(tmp, index=False)
     return df
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.summary_records import Summary
+from harness.results import whole_file
 
 ENGINES_CSV = "engines.csv"  # beside summary.json in every run's folder
 REQUESTS_CSV = "requests.csv"  # `report --format csv`: the per-request table (requests.parquet's rows)
@@ -90,9 +91,8 @@ def engines_frame(summary: Summary) -> pd.DataFrame:
 
 def write_engines_csv(folder: Path, summary: Summary) -> Path:
     path = folder / ENGINES_CSV
-    tmp = path.with_suffix(".csv.tmp")
-    engines_frame(summary).to_csv(tmp, index=False)
-    tmp.replace(path)  # whole or not at all, as summary.json is
+    with whole_file(path) as tmp:  # whole or not at all, as summary.json is
+        engines_frame(summary).to_csv(tmp, index=False)
     return path
 
 
@@ -107,8 +107,9 @@ def export_tables(run_dir: Path, summary: Summary, out: Path, kind: str) -> list
     engines = engines_frame(summary)
     paths = [out / f"requests.{kind}", out / f"engines.{kind}"]
     for frame, path in zip((requests, engines), paths, strict=True):
-        if kind == "csv":
-            frame.to_csv(path, index=False)
-        else:
-            frame.to_json(path, orient="records", indent=1)
+        with whole_file(path) as tmp:  # the run's own engines.csv may be the one rewritten
+            if kind == "csv":
+                frame.to_csv(tmp, index=False)
+            else:
+                frame.to_json(tmp, orient="records", indent=1)
     return paths

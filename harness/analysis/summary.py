@@ -57,7 +57,7 @@ from harness.analysis.summary_records import (
     TwinBlock,
 )
 from harness.analysis.token_load import log_token_load, mean_tokens_asked
-from harness.results import read_rows
+from harness.results import read_rows, whole_file, write_whole
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of
 
@@ -411,11 +411,13 @@ def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None
     the twin's block from the summary (the simulator lives above this room: the caller hands it in); without
     it, a twin an earlier finalize wrote is kept."""
     frames = load_frames(run_dir)
-    for kind in ("requests", "samples", "events"):
-        frames[kind].to_parquet(run_dir / f"{kind}.parquet", index=False)
+    for kind in ("requests", "samples", "events"):  # whole files: a report may read them while a rerun rewrites
+        with whole_file(run_dir / f"{kind}.parquet") as tmp:
+            frames[kind].to_parquet(tmp, index=False)
     steps = load_steps(run_dir, RunRecord.read(run_dir))
     if len(steps):
-        steps.to_parquet(run_dir / "steps.parquet", index=False)
+        with whole_file(run_dir / "steps.parquet") as tmp:
+            steps.to_parquet(tmp, index=False)
     summary = summarize(run_dir, frames)
     path = run_dir / "summary.json"
     block = twin(summary) if twin is not None else None
@@ -430,9 +432,7 @@ def finalize(run_dir: Path, twin: Callable[[Summary], dict | None] | None = None
 
 def write_summary(path: Path, summary: Summary) -> None:
     """summary.json's one writer: the record as it was built, whole (a reader never sees half a summary)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary.written(), indent=2))
-    tmp.replace(path)
+    write_whole(path, json.dumps(summary.written(), indent=2))
 
 
 def read_summary_record(run_dir: Path) -> Summary:

@@ -23,6 +23,7 @@ from harness.cli.args import (
 )
 from harness.cli.engine_flags import alloc_conf_arg, refuse_cuda_memory_settings
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
+from harness.cli.run_folder import add_place_flags, claimed, run_place
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 from harness.cli.user_paths import user_path, user_workload
 from harness.units import KvBudget
@@ -46,9 +47,7 @@ def register(sub) -> None:
     bench.add_argument("--max-seq-len", type=positive_int, default=2048, help="tokens a sequence may hold")
     bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
     bench.add_argument("--seed", type=int, default=0, help="the workload's seed (the same requests for every engine)")
-    bench.add_argument("--out", default="results", help="directory the run's folder is written under")
-    bench.add_argument("--reports", default="reports", help="directory the HTML report is written to")
-    bench.add_argument("--run-id", help="the run's folder name (default: the start time and the workload)")
+    add_place_flags(bench)
     bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
     bench.add_argument("--memory", choices=["arena", "cuda", "caching"], default="arena",
                        help="arena: one pre-allocated buffer carved exactly (OOM causes identical on CPU and GPU); "
@@ -147,6 +146,7 @@ def config(args: argparse.Namespace):
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
+    run_place(engines, user_path(args.out), args.run_id, user_path(args.reports))
     extra_args = engine_args(args.engine_args, engines)  # the flag's own syntax first: it needs nothing loaded
     with usage_errors(TargetRefused):  # before any load is sent
         targets = open_targets(args.target, args.metrics_url, engines, args.api_key)
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.views.engine_table import engine_table
     from harness.views.report import render
 
-    bench = Bench(cfg)
+    bench = claimed(lambda: Bench(cfg))  # its own folder, or one line before any measuring
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
     run_dir = bench.run()
     if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)

@@ -26,7 +26,7 @@ from harness.run.config import BenchConfig
 from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
-from harness.run.record import RunWriter
+from harness.run.record import RunWriter, claim_run_dir
 from harness.run.search import KneeSearching, likely_rival
 from harness.run.servers import ServerFailed
 from harness.run.stats_poller import StatsPoller
@@ -61,9 +61,9 @@ class Bench:
         self.design = Design.of(cfg.time_s, cfg.precision, cfg.slo_attainment, cfg.point_requests, cfg.point_s,
                                 cfg.knee_tolerance, cfg.points, dispersion=bursts)
         streams = Streams(spec, cfg.seed, cfg.max_seq_len) if cfg.sweep else None
-        cfg.run_id = cfg.run_id or datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
-        self.dir = cfg.out_dir / cfg.run_id
-        self.dir.mkdir(parents=True, exist_ok=True)
+        default_id = datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{Path(cfg.workload).stem}"
+        self.dir = claim_run_dir(cfg.out_dir, cfg.run_id or default_id, numbered=not cfg.run_id)  # its own, alone
+        cfg.run_id = self.dir.name
         self.samples = Journal(self.dir / "samples.jsonl")
         self.targets = {name: Target.restore(name, d, cfg.api_key) for name, d in cfg.targets.items()}
         self.record = RunWriter.start(cfg, self.dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 from engines.api.stats import EngineConfigBlock, OomEventRow
 from harness.analysis.design import Design
 from harness.analysis.records import RecordedTarget, RunRecord, SearchSettings
-from harness.results import Journal
+from harness.results import Journal, write_whole
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.provenance import git_sha, hardware, versions
@@ -23,6 +23,33 @@ from harness.units import KvBudget
 
 OOM_STATE = ("running", "waiting", "live_tokens", "kv_usage")  # the engine when an allocation failed
 OOM_LAYER = ("layer", "cached_free_bytes", "device_free_bytes")  # policy or allocator, and the bytes that tell
+
+
+class RunFolderRefused(ValueError):
+    """A run's folder that cannot be its own (taken by another run, or not makeable): one line, exit 2."""
+
+
+def claim_run_dir(out_dir: Path, run_id: str, numbered: bool) -> Path:
+    """The run's folder, made here and by no one else (mkdir without exist_ok: of two runs that ask for one folder at
+    once, one gets it), so that two runs never merge and none overwrites another. A run id the user gave is refused
+    when taken; the default one (`numbered`) takes the next free `-2`, `-3`... (two runs started in one second)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # unwritable, or a file
+        raise RunFolderRefused(f"--out {out_dir}: cannot make the run's folder in it ({e.strerror or e})") from None
+    for n in range(1, 1000 if numbered else 2):
+        path = out_dir / (run_id if n == 1 else f"{run_id}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            if not numbered:
+                raise RunFolderRefused(f"--run-id {run_id}: {path} already exists (a run is never merged into "
+                                       f"another or overwritten): give another --run-id or --out") from None
+        except OSError as e:  # unwritable
+            raise RunFolderRefused(f"--out {out_dir}: cannot make the run's folder {path.name} "
+                                   f"({e.strerror or e})") from None
+    raise RunFolderRefused(f"--out {out_dir}: {run_id} and 998 numbered after it are taken: give --run-id")
 
 
 class RunWriter:
@@ -48,9 +75,7 @@ class RunWriter:
         return record
 
     def write(self) -> None:
-        tmp = self.dir / "run.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
-        tmp.replace(self.dir / "run.json")  # atomic: a kill never leaves half a run.json
+        write_whole(self.dir / "run.json", json.dumps(self.meta, indent=2, default=str))  # a kill never halves it
 
     # -- events
     def event(self, run: EngineRun, kind: str, t_s: float | None = None, **fields) -> None:

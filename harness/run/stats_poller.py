@@ -15,7 +15,7 @@ from engines.api.stats import AllocatorBlock, StatsPayload
 from engines.kv_categories import CATEGORY_COLUMNS
 from harness.analysis.allocator_summary import STATS_COLUMNS as ALLOCATOR_BLOCK_COLUMNS
 from harness.fetch import json_or_none as fetch_json  # bench and the samplers read /stats through it
-from harness.results import SAMPLE_COLUMNS, Journal
+from harness.results import SAMPLE_COLUMNS, Journal, write_whole
 
 # the samples columns read from /stats' `allocator` block (the caching allocator's figures), by its keys
 ALLOCATOR_COLUMNS = {column: key for key, column in ALLOCATOR_BLOCK_COLUMNS.items()}
@@ -96,9 +96,9 @@ class StatsPoller:
         previous, self.worst = self.worst, max(self.worst, waste(stats))  # asked once per new worst, not again
         if waste(full) > previous and full.memory_map:
             self.worst = max(self.worst, waste(full))
-            self.map_path.write_text(json.dumps({"t_s": round((full.t_s if full.has("t_s") else 0.0) + offset, 4),
-                                                 "stats": {k: full.figure(k) for k in FIELDS},
-                                                 "memory_map": full.memory_map}))
+            write_whole(self.map_path,  # the worst map so far, rewritten at each new worst: whole
+                        json.dumps({"t_s": round((full.t_s if full.has("t_s") else 0.0) + offset, 4),
+                                    "stats": {k: full.figure(k) for k in FIELDS}, "memory_map": full.memory_map}))
 
     def _run(self) -> None:
         next_t = time.time()

@@ -15,7 +15,7 @@ import psutil
 from engines import SCHEDULED
 from engines.api.stats import OomEventRow, StatsPayload
 from engines.registry import entry
-from harness.results import write_restarts
+from harness.results import write_restarts, write_whole
 from harness.run.config import BenchConfig
 from harness.run.engine_run import EngineRun
 from harness.run.loadargs import LoadArgs
@@ -109,7 +109,7 @@ class Supervisor:
             run.down.append((run.down_since, now))
             run.down_since = None
             (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
-            (self.dir / "engines" / run.engine / "down.json").write_text(json.dumps(run.down))
+            write_whole(self.dir / "engines" / run.engine / "down.json", json.dumps(run.down))  # rewritten: whole
 
     def restart(self, run: EngineRun, sampler: StatsPoller | None) -> None:
         crashed_at = time.time() - run.t0
@@ -134,8 +134,7 @@ class Supervisor:
             sampler.process = psutil.Process(run.server.proc.pid)
         self.record.event(run, "restart", back, detail=f"down {back - crashed_at:.1f} s")
         (self.dir / "engines" / run.engine).mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "engines" / run.engine / "down.json", "w") as f:
-            json.dump(run.down, f)
+        write_whole(self.dir / "engines" / run.engine / "down.json", json.dumps(run.down))
 
     def export_restarts(self) -> None:
         """A server cannot count its own deaths, its supervisor can (results.write_restarts)."""

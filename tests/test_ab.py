@@ -264,3 +264,143 @@ def test_the_instruction_count_gates_and_a_crash_of_new_s_probe_fails_it(monkeyp
     assert "crashed" in ab_runs.counted("paged", base, new, plan, lambda text: None)
     monkeypatch.setattr(ab_runs, "instructions", probe({"b": 1.0, "n": InstrProbeError("no valgrind")}))
     assert ab_runs.counted("paged", base, new, plan, lambda text: None).verdict == "INCONCLUSIVE"
+
+
+# -- every NEW failure a FAIL, BASE's a 2, the verdict written on every path
+
+
+def ab_json(out: Path) -> dict:
+    import json
+
+    (found,) = out.glob("gate-*/ab.json")
+    return json.loads(found.read_text())
+
+
+def test_new_crashing_mid_pair_fails_its_engine_and_the_verdict_is_written(tmp_path, tiny_model):
+    """Real servers: NEW's paged raises an engine error at its 20th step, inside its first block; the knee turn
+    (given time, as the nightly's default gives it) skips the dead engine instead of benching it (exit 2 before)."""
+    out = tmp_path / "ab"
+    r = run_cli("ab", "HEAD", "--engines", "paged", "--new-engine-args", "paged=--fail-at-step 20", "--time", "60",
+                "--knee-time", "20", "--model", str(tiny_model), "--out", str(out), timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    record = ab_json(out)
+    assert record["verdict"] == "FAIL" and record["engines"] == {"paged": "FAIL"} and record["passed"] is None
+    crash = next(f for f in record["figures"] if f["figure"] == "crash")
+    assert "paged.new" in crash["why"] and "injected engine error at step 20" in crash["why"]
+    assert any("knee turn skipped" in n for n in record["notes"]) and Path(record["page"]).is_file()
+    assert record["base"]["sha"] and record["new"]["sha"] and record["base"]["label"] == "HEAD"
+
+
+def stubbed_ab(monkeypatch, tmp_path, tiny_model, start, *flags: str) -> tuple[int, dict]:
+    """`fragbench ab` in this process with each server's start stubbed (`start(engine, side)` raises or returns) and
+    the trees and the memory gate stood in for: what the run does around a server that fails."""
+    import sys
+
+    import harness.run.ab_runs as ab_runs
+    import harness.run.memory_gate_runs as memory_gate_runs
+    import harness.run.trees as trees
+    from harness.analysis.memory_gate import MemorySide, PolicyMemory, gate
+    from harness.cli import main
+    from tests.test_memory_gate import FIGURES
+
+    side = MemorySide(trace={"workload": "mixed-churn"}, policies={"paged": PolicyMemory(**FIGURES)})
+    monkeypatch.setattr(trees, "tree_of", lambda name: trees.Tree(name or "working tree", trees.ROOT, None,
+                                                                  sys.executable))
+    monkeypatch.setattr(memory_gate_runs, "memory_gate", lambda *a: gate(side, side))
+    monkeypatch.setattr(ab_runs, "start", lambda tree, engine, side, plan, logs: start(engine, side))
+    monkeypatch.setattr(ab_runs, "reading", lambda at: {"at": at, "compute_s": [0.01]})
+    out = tmp_path / "ab"
+    code = main(["ab", "HEAD", "--model", str(tiny_model), "--out", str(out), "--time", "5", *flags])
+    return code, ab_json(out)
+
+
+def test_new_that_never_starts_fails_each_engine_named(monkeypatch, tmp_path, tiny_model):
+    import harness.run.ab_runs as ab_runs
+    from harness.run.ab_blocks import Crashed
+
+    def start(engine, side):
+        if side == "new":
+            raise Crashed(f"{engine}.new", side, f"{engine}.new not healthy after 300 s: ImportError: no module")
+        return None, "http://127.0.0.1:9", tmp_path / "log"
+
+    closed = []
+    monkeypatch.setattr(ab_runs, "open_server", lambda name, *a: name)
+    monkeypatch.setattr(ab_runs, "close_server", closed.append)
+    code, record = stubbed_ab(monkeypatch, tmp_path, tiny_model, start)
+    assert code == 1 and record["verdict"] == "FAIL" and record["engines"] == {"paged": "FAIL", "static-oracle": "FAIL"}
+    assert all("ImportError" in f["why"] for f in record["figures"] if f["figure"] == "crash")
+    assert closed == ["paged.base", "static-oracle.base"]  # each engine's BASE stopped with its NEW
+
+
+def test_base_that_fails_exits_2_and_an_unforeseen_error_too_with_the_verdict_written(monkeypatch, tmp_path,
+                                                                                     tiny_model, capsys):
+    from harness.run.ab_blocks import Crashed
+
+    def base_dies(engine, side):
+        raise Crashed(f"{engine}.base", side, f"{engine}.base did not start (exit 1): OSError: no port")
+
+    code, record = stubbed_ab(monkeypatch, tmp_path / "a", tiny_model, base_dies)
+    assert code == 2 and record["verdict"] == "ERROR" and "BASE's paged.base did not start" in record["error"]
+    assert Path(record["page"]).is_file() and record["passed"] is None
+
+    def bug(engine, side):
+        raise KeyError("a bug nobody foresaw")
+
+    code, record = stubbed_ab(monkeypatch, tmp_path / "b", tiny_model, bug)
+    assert code == 2 and record["verdict"] == "ERROR" and "KeyError" in record["error"]
+    assert "Traceback" in capsys.readouterr().err  # said in full: a CI's log shows where
+
+
+def test_a_block_its_live_server_answered_none_of_is_that_build_s_failure(tmp_path):
+    """A hung NEW (its HTTP loop up, its engine stuck) would leave every later pair INCONCLUSIVE until --time ran
+    out: a block with no completed request is its server's failure."""
+    from types import SimpleNamespace
+
+    from harness.run.ab_blocks import Crashed
+    from harness.run.ab_runs import answered
+
+    server = SimpleNamespace(name="paged.new", side="new", log=tmp_path / "log")
+    rows = block(1.0, 0)
+    assert answered(server, rows) is rows and answered(server, rows.iloc[:0]).empty
+    with pytest.raises(Crashed) as hung:
+        answered(server, rows.assign(status="error"))
+    assert hung.value.side == "new" and "none of its 30 judged" in str(hung.value)
+
+
+def test_the_knee_turn_s_own_failures_are_notes_and_a_new_that_died_in_it_fails(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import harness.run.ab_runs as ab_runs
+    from harness.run.servers import ServerFailed
+
+    def bench_fails(*args, **kwargs):
+        raise ServerFailed("the knee turn's bench (x) failed: paged server exited with 71")
+
+    monkeypatch.setattr(ab_runs, "bench_run", bench_fails)
+    monkeypatch.setattr(ab_runs, "quiesce", lambda urls, say: None)
+    plan = ab_runs.ABPlan(["paged"], 60, 0.10, tmp_path, "m", "1", {}, {}, knee_time_s=20)
+    m = ab_runs.Measured(gates={"paged": gate_of(1.0, 16)})
+    ab_runs.knee_turn({"paged.base": "u", "paged.new": "u"}, plan, ["paged"], 20, m, lambda text: None)
+    assert len(m.notes) == 2 and "exited with 71" in m.notes[0] and not m.knee_points
+    assert all(f.figure != "knee" for f in m.figures())
+    (tmp_path / "log").write_text("Traceback\nAssertionError: block freed twice\n")
+    dead = {side: SimpleNamespace(name=f"paged.{side}", alive=lambda: False, proc=SimpleNamespace(returncode=70),
+                                  log=tmp_path / "log") for side in ("base", "new")}
+    ab_runs.after_knee(ab_runs.Serving({"paged": dead}), plan, m, lambda text: None)
+    assert m.gates["paged"].verdict() == "FAIL" and "block freed twice" in m.gates["paged"].crashed
+    assert "BASE's paged.base" in m.notes[-1]
+
+
+def test_new_s_memory_measurement_that_cannot_import_fails_the_memory_gate(tmp_path):
+    """Real children: NEW's tree whose engines package raises on import: the memory gate FAILs every policy,
+    naming the error (it exited 2, "could not run", before)."""
+    import sys
+
+    from harness.run.memory_gate_runs import memory_gate
+    from harness.run.trees import ROOT, Tree
+
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "__init__.py").write_text("raise ImportError('a module this change deleted')\n")
+    gate = memory_gate(Tree("HEAD", ROOT, None, sys.executable), Tree("broken", tmp_path, None, sys.executable), [])
+    assert gate.verdict == "FAIL" and gate.crashed
+    assert all("a module this change deleted" in c.error for c in gate.crashed)

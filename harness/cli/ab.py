@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+import traceback
 from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
@@ -15,7 +16,7 @@ from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 from harness.cli.user_paths import user_path
 
-EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3}
+EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3, "ERROR": 2}  # ERROR: the run could not judge NEW
 
 
 def register(sub) -> None:
@@ -101,36 +102,69 @@ def checked(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """The gate, its verdict written on every path once both builds resolve; whatever nobody foresaw (a bug, a
+    failed write) exits 2, "could not run", and never 1, which a CI reads as NEW's FAIL."""
+    try:
+        return gated(args)
+    except UsageError:
+        raise
+    except Exception as e:
+        traceback.print_exc()
+        raise UsageError(f"ab could not run: {type(e).__name__}: {e}") from None
+
+
+def gated(args: argparse.Namespace) -> int:
     # imported when the verb runs: `fragbench --help` does not load these (numpy, pandas, scipy)
-    from harness.analysis.ab import overall
-    from harness.run.ab_runs import measure
+    from harness.run.ab_runs import Measured, measure
     from harness.run.memory_gate_runs import memory_gate
     from harness.run.servers import ServerFailed
     from harness.run.trees import TreeError, tree_of
-    from harness.views.ab_page import render_text, write_page
 
     margin = margin_of(args.share_margin)
     plan = checked(args)
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else \
         (lambda text: print(text, flush=True))
-    with usage_errors(TreeError, ServerFailed):
+    with usage_errors(TreeError):  # an unknown revision: nothing ran, nothing to write
         base, new = tree_of(args.base), tree_of(args.new)
-        if base.sha is not None and base.sha == new.sha:
-            say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): an A/A run")
+    if base.sha is not None and base.sha == new.sha:
+        say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): an A/A run")
+    measured, memory = Measured(), None
+    try:
         memory = memory_gate(base, new, args.new_engine_args, margin)
         say(f"ab: memory gate {memory.verdict}; serving {len(plan.engines) * 2} servers")
-        measured = measure(base, new, plan, say)
-    figures = measured.figures()
+        measure(base, new, plan, say, measured)
+    except (TreeError, ServerFailed) as e:  # BASE's side could not run: no verdict on NEW
+        measured.error = str(e)
+    except Exception as e:  # unforeseen: said in full, and still a verdict written, "could not run"
+        traceback.print_exc()
+        measured.error = f"{type(e).__name__}: {e}"
+    return written(args, plan, base, new, memory, measured)
+
+
+def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
+    """The verdict (ERROR where the run could not judge NEW), ab.json and the page, then the exit code."""
+    from harness.analysis.ab import overall
+    from harness.run.trees import identity
+    from harness.views.ab_page import render_text, write_page
+
     engines = {e: g.verdict() for e, g in measured.gates.items()}
     missing = ["INCONCLUSIVE" for e in plan.engines if e not in engines]  # no rate BASE sustained: not measured
-    verdict = overall(list(engines.values()) + missing + [memory.verdict])
-    page = write_page(verdict, engines, figures, memory, (base.label, new.label), measured, plan.threshold,
-                      plan.out / "reports" / f"ab-{plan.run_id}.html")
-    record = {"verdict": verdict, "engines": engines, "rates_rps": measured.rates,
-              "figures": [f.json() for f in figures], "memory": memory.json(), "notes": measured.notes,
-              "speed_probe": measured.speed, "turns": [str(d) for d in measured.dirs], "page": str(page),
+    verdict = "ERROR" if measured.error else overall(list(engines.values()) + missing + [memory.verdict])
+    if measured.error:
+        measured.notes.append(f"could not run: {measured.error}")
+    figures = measured.figures()
+    page = plan.out / "reports" / f"ab-{plan.run_id}.html"
+    sides = {"base": identity(base), "new": identity(new)}
+    record = {"verdict": verdict, "error": measured.error, **sides,
+              # a revision that passed: NEW's commit, and only where NEW's tree was that commit, unchanged
+              "passed": sides["new"]["sha"] if verdict == "PASS" and not sides["new"]["dirty"] else None,
+              "engines": engines, "rates_rps": measured.rates, "figures": [f.json() for f in figures],
+              "memory": memory.json() if memory else None, "notes": measured.notes, "speed_probe": measured.speed,
+              "turns": [str(d) for d in measured.dirs], "page": str(page),
               "pairs": str(plan.gate_dir / "pairs.jsonl")}
-    (plan.gate_dir / "ab.json").write_text(json.dumps(record, indent=2))
+    plan.gate_dir.mkdir(parents=True, exist_ok=True)
+    (plan.gate_dir / "ab.json").write_text(json.dumps(record, indent=2))  # before the page: the verdict first
+    write_page(verdict, engines, figures, memory, (base.label, new.label), measured, plan.threshold, page)
     if args.json:
         print(json.dumps(record, indent=2))
     else:

@@ -94,6 +94,7 @@ class Measured:
 
     steps: dict[str, ABFigure] = field(default_factory=dict)
     instructions: dict[str, ABFigure | str] = field(default_factory=dict)  # a figure, or NEW's crash in words
+    error: str | None = None  # BASE's build failed: the run could not judge NEW (exit 2)
 
     def figures(self) -> list[ABFigure]:
         out = []
@@ -101,9 +102,41 @@ class Measured:
             out += gate.figures()
             if engine in self.steps:
                 out.append(self.steps[engine])
-            if self.knee_points:
+            if any(side_name(engine, s) in turn for turn in self.knee_points for s in SIDES):
                 out.append(knee_figure(engine, self.knee_points, self.target))
         return out
+
+    def fail(self, engine: str, crash: Crashed, plan: ABPlan, say: Callable[[str], None]) -> None:
+        """A build's server failed (crashed, hung, or never started): NEW's FAILs its engine, naming what its log
+        said last; BASE's stops the run, no verdict on NEW (BaseFailed)."""
+        if crash.side == "base":
+            raise BaseFailed(f"BASE's {crash}")
+        gate = self.gates.setdefault(engine, EngineGate(engine, plan.threshold, plan.min_pairs))
+        gate.crashed = gate.crashed or str(crash)
+        say(f"ab: {engine}: FAIL: {crash}")
+
+
+class BaseFailed(RuntimeError):
+    """BASE's build failed (its server, its instruction count): the run cannot judge NEW, exit 2."""
+
+
+@dataclass
+class Serving:
+    """The builds' servers, by engine then side, and every live server's URL by its name (engine.side)."""
+
+    servers: dict[str, dict[str, BlockServer]] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def close(self, engine: str) -> None:
+        """An engine's servers stopped (a failed NEW's at once: a hung one would hold requests every later block
+        waits on, and a live one takes a core from the engines still measured)."""
+        for side, server in self.servers.pop(engine, {}).items():
+            close_server(server)
+            self.urls.pop(side_name(engine, side), None)
+
+    def close_all(self) -> None:
+        for engine in list(self.servers):
+            self.close(engine)
 
 
 def engine_args(plan: ABPlan, engine: str, side: str) -> list[str]:
@@ -143,7 +176,8 @@ def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple
             return proc, found.group(1), log_path
         time.sleep(0.3)
     stop(proc)
-    raise ServerFailed(f"{side_name(engine, side)} not healthy after {SERVE_TIMEOUT_S} s: {tail(log_path)}")
+    raise Crashed(side_name(engine, side), side,
+                  f"{side_name(engine, side)} not healthy after {SERVE_TIMEOUT_S} s: {tail(log_path)}")
 
 
 def holding(url: str) -> bool:
@@ -189,84 +223,133 @@ def pair(engine: str, k: int, servers: dict[str, BlockServer], rate: float, urls
     key, rows = f"ab{k}", {}
     for side in side_order(k):
         quiesce(urls, say)
-        rows[side] = run_block(servers[side], k, key, rate, OPERATING_JUDGED, BLOCK_LIMIT_S)
+        rows[side] = answered(servers[side], run_block(servers[side], k, key, rate, OPERATING_JUDGED, BLOCK_LIMIT_S))
     return Pair(engine, k, rate, key, side_order(k), rows["base"], rows["new"])
 
 
-def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None]) -> Measured:
+def answered(server: BlockServer, rows: pd.DataFrame) -> pd.DataFrame:
+    """A block's rows, or Crashed where its live server completed none of its judged requests: a hung engine
+    (its HTTP loop still up) or one that fails every request is its build's failure, not a slow block (at a rate
+    BASE met, 30 requests end in seconds)."""
+    if len(rows) and not (rows.status == "ok").any():
+        raise Crashed(server.name, server.side, f"{server.name} completed none of its {len(rows)} judged requests "
+                                                f"(hung, or failing every request): {tail(server.log)}")
+    return rows
+
+
+def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None], m: Measured | None = None) -> Measured:
     """Serve both builds of every engine, check each engine's rate, then pairs engine by engine, round after
-    round, until every engine is settled or the time is spent; then the knee turn, where time was given."""
-    slo, m = SLO(), Measured()
-    streams = Streams(load_spec(WORKLOAD), plan.seed0)
-    t0 = time.time()
-    traffic = LoadArgs(workload=WORKLOAD, duration_s=plan.time_s + 3600.0, seed=plan.seed0, grace_s=10.0,
-                       target="", out=plan.out, t0=t0)
-    servers: dict[str, dict[str, BlockServer]] = {}
-    urls: dict[str, str] = {}
+    round, until every engine is settled or the time is spent; then the knee turn, where time was given. Into `m`
+    (the caller's, so that what was measured survives an error it did not foresee): a failure of NEW's build FAILs
+    its engine and the others go on; one of BASE's stops the run with `m.error` set."""
+    m = m if m is not None else Measured()
+    live = Serving()
     m.speed.append(reading("start"))
-    if plan.instructions:  # before any server starts: the two builds' probes take the machine's two cores
-        for engine in plan.engines:
-            if entry(engine).kind == Kind.SCHEDULED:
-                m.instructions[engine] = counted(engine, base, new, plan, say)
-    pairs_log = plan.gate_dir / "pairs.jsonl"
     plan.gate_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for engine in plan.engines:
-            servers[engine] = {}
-            for side, tree in zip(SIDES, (base, new), strict=True):
-                name = side_name(engine, side)
-                proc, urls[name], log = start(tree, engine, side, plan, plan.gate_dir / "servers")
-                servers[engine][side] = open_server(name, side, urls[name], proc, log, plan.gate_dir / "blocks" / name,
-                                                    traffic, streams, slo)
-        for engine in plan.engines:
-            rate = check_rate(engine, servers[engine]["base"], plan, slo, urls, say)
-            if rate is None:
-                m.notes.append(f"{engine}: BASE missed the SLO at every rate checked: no pairs")
-                continue
-            m.rates[engine] = rate
-            gate = m.gates[engine] = EngineGate(engine, plan.threshold, plan.min_pairs)
-            found = m.instructions.get(engine)
-            gate.crashed, gate.instructions = (found, None) if isinstance(found, str) else (None, found)
-        k, began = 0, time.monotonic()  # --time is the pairs': the servers' starts and the rate checks come first
-        while (open_ := [e for e, g in m.gates.items() if not g.settled()]) and \
-                time.monotonic() - began < plan.time_s:
-            for engine in open_:
-                gate = m.gates[engine]
-                try:
-                    p = pair(engine, k, servers[engine], m.rates[engine], urls, say)
-                except Crashed as crash:
-                    if crash.side == "base":
-                        raise ServerFailed(f"BASE's {crash}") from None
-                    gate.crashed = str(crash)
-                    say(f"ab: {engine}: FAIL: {crash}")
-                    continue
-                gate.add(p)
-                with open(pairs_log, "a") as f:
-                    f.write(json.dumps(p.json()) + "\n")
-                d = gate.decisions()["tpot_p50_s"]
-                ratio = f"TPOT x{d.ratio:.3f} [{d.ci[0]:.3f}, {d.ci[1]:.3f}]" if d.ci else "TPOT: no interval yet"
-                say(f"ab: {engine} pair {k + 1} ({''.join('A' if s == 'base' else 'B' for s in p.order)}): "
-                    f"{ratio}; {gate.verdict()} ({d.why})")
-            k += 1
-        left = plan.knee_time_s
-        if left > 0 and m.gates:
-            knee_turn(urls, plan, [e for e in plan.engines if e in m.gates], left, m, say)
-    except Crashed as crash:  # a server that died outside a pair: its start
-        if crash.side == "base":
-            raise ServerFailed(f"BASE's {crash}") from None
-        engine = crash.name.rsplit(".", 1)[0]
-        m.gates.setdefault(engine, EngineGate(engine, plan.threshold, plan.min_pairs)).crashed = str(crash)
-        say(f"ab: {engine}: FAIL: {crash}")
+        if plan.instructions:  # before any server starts: the two builds' probes take the machine's two cores
+            for engine in plan.engines:
+                if entry(engine).kind == Kind.SCHEDULED:
+                    m.instructions[engine] = counted(engine, base, new, plan, say)
+        serve_all(base, new, plan, live, m, say)
+        check_rates(plan, live, m, say)
+        pairs(plan, live, m, say)
+        alive = [e for e in plan.engines if e in live.servers and e in m.gates]
+        if plan.knee_time_s > 0 and alive:
+            knee_turn(live.urls, plan, alive, plan.knee_time_s, m, say)
+            after_knee(live, plan, m, say)
+        elif plan.knee_time_s > 0:
+            m.notes.append("the knee turn skipped: no engine left to search")
+    except BaseFailed as e:
+        m.error = str(e)
+        say(f"ab: could not run: {e}")
     finally:
-        for per in servers.values():
-            for server in per.values():
-                close_server(server)
+        live.close_all()
         m.speed.append(reading("end"))
-    for engine in m.gates:
+    for engine, gate in m.gates.items():
         logs = {side: step_log(plan, engine, side) for side in SIDES}
-        if all(p is not None and p.is_file() for p in logs.values()):
+        if not gate.crashed and all(p is not None and p.is_file() for p in logs.values()):
             m.steps[engine] = step_figure(engine, logs)
     return m
+
+
+def serve_all(base: Tree, new: Tree, plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
+    """Both builds' servers of every engine, each under its load generator; an engine whose NEW does not start
+    FAILs (its BASE stopped), and BASE's not starting stops the run."""
+    streams = Streams(load_spec(WORKLOAD), plan.seed0)
+    traffic = LoadArgs(workload=WORKLOAD, duration_s=plan.time_s + 3600.0, seed=plan.seed0, grace_s=10.0,
+                       target="", out=plan.out, t0=time.time())
+    for engine in plan.engines:
+        live.servers[engine] = {}
+        try:
+            for side, tree in zip(SIDES, (base, new), strict=True):
+                name = side_name(engine, side)
+                proc, live.urls[name], log = start(tree, engine, side, plan, plan.gate_dir / "servers")
+                live.servers[engine][side] = open_server(name, side, live.urls[name], proc, log,
+                                                         plan.gate_dir / "blocks" / name, traffic, streams, SLO())
+        except Crashed as crash:
+            live.close(engine)
+            m.fail(engine, crash, plan, say)
+
+
+def check_rates(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
+    """Each served engine's pair rate, checked on BASE; an engine's gate opens with it (and with its instruction
+    count, or NEW's crash there)."""
+    for engine in [e for e in plan.engines if e in live.servers]:
+        try:
+            rate = check_rate(engine, live.servers[engine]["base"], plan, SLO(), live.urls, say)
+        except Crashed as crash:  # BASE's server, the only one a check sends to: the run stops
+            raise BaseFailed(f"BASE's {crash}") from None
+        if rate is None:
+            m.notes.append(f"{engine}: BASE missed the SLO at every rate checked: no pairs")
+            live.close(engine)
+            continue
+        m.rates[engine] = rate
+        gate = m.gates.setdefault(engine, EngineGate(engine, plan.threshold, plan.min_pairs))
+        found = m.instructions.get(engine)
+        gate.crashed, gate.instructions = (found, None) if isinstance(found, str) else (gate.crashed, found)
+        if gate.crashed:
+            live.close(engine)
+
+
+def pairs(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
+    """Pairs, engine by engine, round after round, while an engine is unsettled and the pairs' time (--time,
+    counted from the first pair: the servers' starts and the rate checks come first) remains."""
+    pairs_log = plan.gate_dir / "pairs.jsonl"
+    k, began = 0, time.monotonic()
+    while (open_ := [e for e, g in m.gates.items() if not g.settled() and e in live.servers]) and \
+            time.monotonic() - began < plan.time_s:
+        for engine in open_:
+            gate = m.gates[engine]
+            try:
+                p = pair(engine, k, live.servers[engine], m.rates[engine], live.urls, say)
+            except Crashed as crash:
+                m.fail(engine, crash, plan, say)
+                live.close(engine)
+                continue
+            gate.add(p)
+            with open(pairs_log, "a") as f:
+                f.write(json.dumps(p.json()) + "\n")
+            d = gate.decisions()["tpot_p50_s"]
+            ratio = f"TPOT x{d.ratio:.3f} [{d.ci[0]:.3f}, {d.ci[1]:.3f}]" if d.ci else "TPOT: no interval yet"
+            say(f"ab: {engine} pair {k + 1} ({''.join('A' if s == 'base' else 'B' for s in p.order)}): "
+                f"{ratio}; {gate.verdict()} ({d.why})")
+        k += 1
+
+
+def after_knee(live: Serving, plan: ABPlan, m: Measured, say: Callable[[str], None]) -> None:
+    """The servers once the knee turn is done: NEW's that died under its search FAILs its engine (a crash is
+    NEW's whatever load met it); BASE's is a note, the gate already decided without it."""
+    for engine, per in list(live.servers.items()):
+        for side, server in per.items():
+            if server.alive():
+                continue
+            crash = Crashed(server.name, side, f"{server.name}'s server exited ({server.proc.returncode}) in the "
+                                               f"knee turn: {tail(server.log)}")
+            if side == "base":
+                m.notes.append(f"BASE's {crash} (the gate was decided before it)")
+            else:
+                m.fail(engine, crash, plan, say)
 
 
 def step_figure(engine: str, logs: dict[str, Path]) -> ABFigure:
@@ -308,7 +391,7 @@ def counted(engine: str, base: Tree, new: Tree, plan: ABPlan, say: Callable[[str
                 if e.crashed and side == "new":
                     return f"NEW's {engine} crashed at the instruction count: {e}"
                 if e.crashed:
-                    raise ServerFailed(f"BASE's {engine} crashed at the instruction count: {e}") from None
+                    raise BaseFailed(f"BASE's {engine} crashed at the instruction count: {e}") from None
                 why = f"{side}: {e}"
     if len(readings) < len(SIDES):
         return instructions_figure(engine, None, None, plan.threshold, f"not counted ({why})")
@@ -337,18 +420,30 @@ def bench_run(targets: dict[str, str], out: Path, plan: ABPlan, turn: int, what:
 
 def knee_turn(urls: dict[str, str], plan: ABPlan, engines: list[str], time_s: float, m: Measured,
               say: Callable[[str], None]) -> None:
-    """Every engine's knee search, one build's run then the other's, each in that build's results folder (`history`
-    reads OUT/new night after night)."""
+    """Every live engine's knee search, one build's run then the other's, each in that build's results folder
+    (`history` reads OUT/new night after night). Reported, never gated: a search that fails is a note."""
     say(f"ab: the knee turn, {time_s:.0f} s (reported, not gated)")
     what = ["--sweep", "--time", f"{time_s / len(SIDES):.0f}", "--calibrate-duration", "8"]
     points: dict[str, list[Judged]] = {}
     for side in SIDES:
         quiesce(urls, say)
-        run_dir = bench_run({e: urls[side_name(e, side)] for e in engines}, plan.out / side, plan, 0, what,
-                            3 * time_s + 600)
-        meta = RunRecord.read(run_dir)
-        own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
+        try:
+            run_dir = bench_run({e: urls[side_name(e, side)] for e in engines}, plan.out / side, plan, 0, what,
+                                3 * time_s + 600)
+            meta = RunRecord.read(run_dir)
+            own = blocks_of(load_frames(run_dir), meta).get(meta.config.kv_budget, {})
+        except Exception as e:  # the search's own failure, whatever it is, must not cost the gate its verdict
+            m.notes.append(f"the knee turn's {side} search failed: {last_line(e)}")
+            say(f"ab: {m.notes[-1]}")
+            continue
         m.dirs.append(run_dir)
         points.update({side_name(e, side): judged for e, (_, judged) in own.items()})
         m.target = meta.config.slo.attainment
-    m.knee_points.append(points)
+    if points:
+        m.knee_points.append(points)
+
+
+def last_line(e: BaseException) -> str:
+    """An exception in one line: its type and its message's last line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1]}" if lines else type(e).__name__

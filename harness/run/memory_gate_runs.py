@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import ValidationError
 
-from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN, MemoryGate, MemorySide, gate
+from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN, MemoryGate, MemorySide, PolicyCrash, gate
 from harness.run.trees import ROOT, Tree, TreeError, run_child
 
 SIM_FILE = ROOT / "harness" / "sim" / "memory_gate_sim.py"
@@ -35,12 +35,18 @@ def measure_side(tree: Tree, engine_args: list[str]) -> MemorySide:
 def memory_gate(base: Tree, new: Tree, new_engine_args: list[str],
                 margin: float = DEFAULT_SHARE_MARGIN) -> MemoryGate:
     """Both sides at once (two children; each is one core's work), then BASE's figures against NEW's. A crash in
-    NEW's code is in the gate (a FAIL that names it); one in BASE's is a TreeError: BASE could not run, which is no
+    NEW's code is in the gate (a FAIL that names it), its whole measurement failing (an import) too; one in BASE's
+    is a TreeError: BASE could not run, which is no
     verdict on NEW."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         base_side = pool.submit(measure_side, base, [])
         new_side = pool.submit(measure_side, new, new_engine_args)
-        base_figures, new_figures = base_side.result(), new_side.result()
+        base_figures = base_side.result()
+        try:
+            new_figures = new_side.result()
+        except TreeError as e:  # NEW's code would not run (an import that fails): every policy crashed in NEW
+            new_figures = MemorySide(trace=base_figures.trace, engine_args=new_engine_args, policies={},
+                                     crashed=[PolicyCrash(policy=p, error=str(e)) for p in base_figures.policies])
     if base_figures.crashed:
         crash = base_figures.crashed[0]
         raise TreeError(f"BASE ({base.label}) could not run the memory gate: its {crash.policy} crashed: {crash.error}")

@@ -88,6 +88,18 @@ def tree_of(name: str | None) -> Tree:
     return Tree(name, path, sha, python_for(path))
 
 
+def identity(tree: Tree) -> dict:
+    """What ab.json says a build was: its label, its commit (the working tree's HEAD where it is a checkout) and
+    whether its tree differed from that commit (changes or files git does not ignore): a dirty tree is not the
+    commit, and is never recorded as a revision that passed."""
+    try:
+        sha = tree.sha or git("rev-parse", "HEAD", cwd=tree.path)
+        dirty = bool(git("status", "--porcelain", cwd=tree.path))
+    except TreeError:  # a directory without a commit yet: no revision to name
+        sha, dirty = None, True
+    return {"label": tree.label, "path": str(tree.path), "sha": sha, "dirty": dirty}
+
+
 def checkout(sha: str) -> Path:
     """A work tree of the commit at .ab/trees/SHA (made once, reused while it still holds that commit)."""
     trees = trees_dir()

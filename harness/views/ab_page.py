@@ -41,7 +41,7 @@ def figure_line(f: ABFigure) -> str:
     return f"  {f.engine:<14}{f.figure:<21}{fmt(f.ratio):>9} {ci:<17}{f.pairs:>6}  {f.verdict}{tail}"
 
 
-def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate,
+def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate | None,
                 threshold: float, measured) -> str:
     lines = [f"ab: {verdict}"]
     lines += [f"  {e}: {v} at {measured.rates.get(e, 0):g} req/s" for e, v in engines.items()]
@@ -49,12 +49,12 @@ def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], 
     lines += [f"rule: {rule(threshold)}",
               f"  {'engine':<14}{'figure':<21}{'ratio':>9} {'90 %':<17}{'pairs':>6}  verdict"]
     lines += [figure_line(f) for f in figures]
-    lines += [memory_text(memory), speed_line(measured.speed),
+    lines += [memory_text(memory) if memory else "memory gate: not run", speed_line(measured.speed),
               "knee turn: " + (", ".join(str(d) for d in measured.dirs) or "none")]
     return "\n".join(lines)
 
 
-def write_page(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate,
+def write_page(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate | None,
                labels: tuple[str, str], measured, threshold: float, out: Path) -> Path:
     verdicts = "".join(f"<li><b>{escape(e)}</b>: {v} at {measured.rates.get(e, 0):g} req/s</li>"
                        for e, v in engines.items()) + "".join(f"<li>{escape(n)}</li>" for n in measured.notes)
@@ -75,6 +75,7 @@ def write_page(verdict: str, engines: dict[str, str], figures: list[ABFigure], m
         "<h2>Figures, NEW / BASE</h2><table><tr><th>engine</th><th>figure</th><th>role</th><th>NEW / BASE</th>"
         f"<th>90 %</th><th>pairs</th><th>verdict</th><th>why</th></tr>{rows}</table>"
         f"<p>The rule: {escape(rule(threshold))} (docs/method.md, Nightly).</p>"
-        f"<p>The knee turn (each a bench run with its own report):</p><ul>{turns}</ul>{memory_html(memory)}"
+        f"<p>The knee turn (each a bench run with its own report):</p><ul>{turns}</ul>"
+        f"{memory_html(memory) if memory else '<p>Memory gate: not run</p>'}"
         "</body></html>")
     return out

@@ -4,6 +4,15 @@ true ratio, how wide it is, and how often it decides, at known true ratios (issu
 
 Run by hand:  .venv/bin/python benchmarks/knee_study.py [--runs 200] [--json] [--seed S] [--jobs 2]
 
+The truth is the field's sustained rate (kneefit.DEFINITION, docs/method.md "The sustained rate"): each engine's
+long-run rate, where the share of all its requests meeting the SLO, every stream pooled, is the target; its curve's
+knee (the median stream's crossing) is set from it (`engine_of`), and the true ratio is the long-run rates' ratio.
+The long-run check (`--long-run N`, issue 86): beside each run, on draws of its own, a long simulated run of N fresh
+streams (each a point's length, its shift and the machine's drift drawn afresh) at the true rate and at the
+reported one; its pooled attainment and Monte Carlo error (`long_run`). At the true rate it must be the target
+within that error (the truth and the fit read one definition); at the reported rate it is the target as often
+above as below, and the interval's ends straddle it as often as the interval covers.
+
 Each synthetic run has two engines, paged and static-oracle, with true knees k_paged = true_ratio x k_static.
 An engine's requests meet the SLO with probability
 
@@ -140,6 +149,7 @@ class Params:
     # not matter; the twin's streams: about 0.4, a longer window averages more of its arrivals' load)
     spread_exponent: float = 0.0
     spread_judged_ref: int = 50
+    long_run_streams: int = 0  # the long-run check's streams per long run (0: not run)
 
     def length_factor(self, judged: int) -> float:
         """How much a stream's shift (and its offered load's spread) a point of `judged` requests keeps, against
@@ -149,12 +159,46 @@ class Params:
 
 @dataclass(frozen=True)
 class Engine:
-    """An engine's truth: where its curve crosses the target and how steeply it falls there."""
+    """An engine's truth: where its curve crosses the target for the median stream (its knee), how steeply it falls
+    there, and its sustained rate (the long-run crossing, every stream pooled: `engine_of`)."""
 
     name: str
     knee_rps: float
     slope_b: float
     spread_s: float = 0.08
+    sustained_rps: float | None = None
+
+
+def shift_sd(prm: Params, spread: float) -> float:
+    """The sd of a point's whole shift in log load: the stream's (its load's part and what the load leaves, at the
+    points' length) and the machine's drift between visits, all normal."""
+    return math.hypot(spread * prm.length_factor(prm.judged), prm.drift_sd)
+
+
+LONG_RUN_NODES = np.linspace(-8.0, 8.0, 2001)  # the shift's nodes, in its sd (the curve is resolved at b 25, sd 0.5)
+LONG_RUN_WEIGHTS = np.exp(-LONG_RUN_NODES ** 2 / 2) / np.exp(-LONG_RUN_NODES ** 2 / 2).sum()
+
+
+def true_long_run(slope: float, sd: float, z: float) -> float:
+    """The true long-run attainment at log r - log knee = z: the curve averaged over the shift's normal."""
+    eta = math.log(TARGET / (1 - TARGET)) - slope * (z + sd * LONG_RUN_NODES)
+    return float((1 / (1 + np.exp(-eta))) @ LONG_RUN_WEIGHTS)
+
+
+def long_run_offset(slope: float, sd: float) -> float:
+    """z where the true long-run attainment is the target (log sustained rate - log knee), by bisection."""
+    lo, hi = -(8 * sd + 40 / slope), 8 * sd + 40 / slope
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if true_long_run(slope, sd, mid) >= TARGET else (lo, mid)
+    return (lo + hi) / 2
+
+
+def engine_of(name: str, sustained_rps: float, slope: float, spread: float, prm: Params) -> Engine:
+    """An engine whose sustained rate (the long-run crossing) is `sustained_rps`: its knee set above it by the
+    long-run offset of its slope and shift."""
+    knee = sustained_rps * math.exp(-long_run_offset(slope, shift_sd(prm, spread)))
+    return Engine(name, knee, slope, spread, sustained_rps)
 
 
 @dataclass(frozen=True)
@@ -219,6 +263,20 @@ def bursty_verdicts(rng: np.random.Generator, p: float, n: int, burst_mean: floa
     lengths = rng.geometric(1.0 / burst_mean, size=n)
     outcomes = (rng.random(n) < p).astype(float)
     return np.repeat(outcomes, lengths)[:n]
+
+
+def long_run(prm: Params, rng: np.random.Generator, engine: Engine, rate_rps: float, streams: int
+             ) -> tuple[float, float]:
+    """A long simulated run at one rate: `streams` fresh streams of a point's length, each its own shift and drift
+    (normal, `shift_sd`), its requests in bursts sharing a fate; (the pooled attainment, its Monte Carlo standard
+    error: the per-stream shares' sd over sqrt(streams), the streams being of one length)."""
+    n, shift = prm.judged, shift_sd(prm, engine.spread_s) * rng.standard_normal(streams)
+    z = math.log(rate_rps) + shift - math.log(engine.knee_rps)
+    p = 1 / (1 + np.exp(-(math.log(TARGET / (1 - TARGET)) - engine.slope_b * z)))
+    ends = np.cumsum(rng.geometric(1.0 / prm.burst_mean, size=(streams, n)), axis=1)
+    lengths = np.diff(np.minimum(ends, n), axis=1, prepend=0)  # each burst's requests within the stream's n
+    share = (lengths * (rng.random((streams, n)) < p[:, None])).sum(axis=1) / n
+    return float(share.mean()), float(share.std(ddof=1) / math.sqrt(streams))
 
 
 def clear_miss_at(met: np.ndarray, early: int, d: float) -> int | None:
@@ -377,8 +435,9 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     """One synthetic run at a true ratio, from its own seed (the same whatever else runs beside it)."""
     ratio_key = round(true_ratio * 1000)
     run = Run(prm, np.random.default_rng([seed, ratio_key, index]), {PAGED: [], STATIC: []})
-    engines = {PAGED: Engine(PAGED, true_ratio * prm.k_static_rps, prm.slope_b, prm.spread_s),
-               STATIC: Engine(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio, prm.spread_s * prm.spread_ratio)}
+    engines = {PAGED: engine_of(PAGED, true_ratio * prm.k_static_rps, prm.slope_b, prm.spread_s, prm),
+               STATIC: engine_of(STATIC, prm.k_static_rps, prm.slope_b * prm.slope_ratio,
+                                 prm.spread_s * prm.spread_ratio, prm)}
     searches = {e: search(run, engines[e]) for e in (PAGED, STATIC)}
     search_points = {e: len(run.points[e]) for e in (PAGED, STATIC)}
     after_search = list(run.points[STATIC])
@@ -392,8 +451,23 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
             "decided": decided, "precise": precise, "stop": stop, "decision_used_s": used_s,
             "points": {e: kf.estimates[e].points for e in (PAGED, STATIC)}, "search_points": search_points,
             "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
-            "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].knee_rps <= kf.estimates[e].ci[1]
-                             for e in (PAGED, STATIC)}, "rival_is_best": rival == best}
+            "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].sustained_rps <= kf.estimates[e].ci[1]
+                             for e in (PAGED, STATIC)}, "rival_is_best": rival == best,
+            "long_run": long_run_checks(prm, np.random.default_rng([seed, ratio_key, index, 86]), engines, kf)}
+
+
+def long_run_checks(prm: Params, rng: np.random.Generator, engines: dict[str, Engine], kf: KneeFit) -> dict:
+    """Per headline engine, long simulated runs (`long_run`) at its true sustained rate and at the reported rate and
+    its interval's ends: {engine: {"true" | "rps" | "lo" | "hi": [pooled attainment, Monte Carlo error]}}; {}
+    where the check is off."""
+    if not prm.long_run_streams:
+        return {}
+    out = {}
+    for e in (PAGED, STATIC):
+        est = kf.estimates[e]
+        rates = {"true": engines[e].sustained_rps, "rps": est.rps, "lo": est.ci[0], "hi": est.ci[1]}
+        out[e] = {k: long_run(prm, rng, engines[e], r, prm.long_run_streams) for k, r in rates.items()}
+    return out
 
 
 # what tells one cell's rows from another's
@@ -432,7 +506,31 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
             "median_spread_s_fit": round(float(np.median([r["spread_s_fit"] for r in runs])), 4),
             "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1),
             # issue 79: the share of runs whose headline rival is the contiguous engine with the highest true knee
-            "rival_best_share": round(sum(r["rival_is_best"] for r in runs) / n, 4)}
+            "rival_best_share": round(sum(r["rival_is_best"] for r in runs) / n, 4), **long_run_row(runs)}
+
+
+def long_run_row(runs: list[dict]) -> dict:
+    """The long-run check's columns (issue 86): at the true sustained rate, the pooled attainment of every run's
+    long runs (both engines) and its Monte Carlo error, and how many errors it lies from the target; per engine,
+    the median over runs of the long run's attainment at the reported rate, the share of runs where it met the
+    target, and the share whose interval's ends straddle the target (attainment at lo >= target >= at hi, each
+    within two of its errors)."""
+    checks = [r["long_run"] for r in runs if r.get("long_run")]
+    if not checks:
+        return {}
+    true = [c[e]["true"] for c in checks for e in (PAGED, STATIC)]
+    mean = float(np.mean([a for a, _ in true]))
+    se = math.sqrt(sum(err ** 2 for _, err in true)) / len(true)
+    out = {"long_run_true": round(mean, 4), "long_run_true_se": round(se, 4),
+           "long_run_true_z": round((mean - TARGET) / se, 2) if se > 0 else 0.0}
+    for e, tag in ((PAGED, "paged"), (STATIC, "static")):
+        at = [c[e]["rps"][0] for c in checks]
+        out[f"long_run_at_rps_{tag}"] = round(float(np.median(at)), 4)
+        out[f"long_run_met_{tag}"] = round(sum(a >= TARGET for a in at) / len(at), 4)
+        out[f"long_run_straddle_{tag}"] = round(sum(
+            c[e]["lo"][0] + 2 * c[e]["lo"][1] >= TARGET >= c[e]["hi"][0] - 2 * c[e]["hi"][1] for c in checks)
+            / len(checks), 4)
+    return out
 
 
 def study(prm: Params | list[Params], ratios: tuple[float, ...] = RATIOS, runs: int = 200, seed: int = 0,
@@ -496,18 +594,29 @@ COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope
            ("median_points_static", "pts static", "{:.1f}"), ("median_ratio", "med ratio", "{:.3f}"),
            ("miss_below", "miss<", "{:.3f}"), ("miss_above", "miss>", "{:.3f}"),
            ("median_spread_s_fit", "s fit", "{:.3f}"), ("rival_best_share", "rival ok", "{:.3f}")]
+LONG_RUN_COLUMNS = [("long_run_true", "lr@true", "{:.4f}"), ("long_run_true_se", "+-se", "{:.4f}"),
+                    ("long_run_true_z", "z", "{:.2f}"), ("long_run_at_rps_paged", "lr@rps pg", "{:.3f}"),
+                    ("long_run_met_paged", "met pg", "{:.2f}"), ("long_run_straddle_paged", "strad pg", "{:.2f}"),
+                    ("long_run_at_rps_static", "lr@rps st", "{:.3f}"), ("long_run_met_static", "met st", "{:.2f}"),
+                    ("long_run_straddle_static", "strad st", "{:.2f}")]
 
 
 def table(result: dict, prm: Params) -> str:
     """The readable form: the settings (the first cell's: spread and pairing are columns), then one line per cell."""
-    head = "  ".join(f"{h:>10}" for _, h, _ in COLUMNS)
+    columns = COLUMNS + (LONG_RUN_COLUMNS if prm.long_run_streams else [])
+    head = "  ".join(f"{h:>10}" for _, h, _ in columns)
     settings = ", ".join(f"{k}={v}" for k, v in asdict(prm).items())
     lines = [f"knee study ({100 * CONFIDENCE:.0f} % intervals): {settings}", head]
     for row in result["rows"]:
-        lines.append("  ".join(f"{fmt.format(row[k]):>10}" for k, _, fmt in COLUMNS))
+        lines.append("  ".join(f"{fmt.format(row[k]):>10}" for k, _, fmt in columns))
     lines.append("miss< : share of runs whose interval lies under the true ratio; miss> : over it; "
                  "s fit: the fit's median stream spread; rival ok: share of runs whose headline rival is the "
                  "contiguous engine with the highest true knee (a third one screened: --screened-knee)")
+    if prm.long_run_streams:
+        lines.append(f"lr@true: pooled attainment of long runs ({prm.long_run_streams} streams each) at the true "
+                     "sustained rates, +-se its Monte Carlo error, z its distance from the target in errors; lr@rps: "
+                     "the median over runs of a long run's attainment at the reported rate; met: the share of runs "
+                     "where it met the target; strad: the share whose interval's ends straddle the target")
     return "\n".join(lines)
 
 
@@ -569,6 +678,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the central interval whose excluding 1.0 counts as decided (the bench: the 90 %% one)")
     ap.add_argument("--screened-knee", type=float, default=d.screened_knee,
                     help="the screened third engine's true knee over static-oracle's (the rival check)")
+    ap.add_argument("--long-run", type=int, default=d.long_run_streams,
+                    help="the long-run check: streams in each long simulated run at the true and the reported rates "
+                         "(0: not run)")
     ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
     ap.add_argument("--stop", choices=("rule", "time", "decided"), default="rule",
                     help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
@@ -598,7 +710,7 @@ def one_params(a: argparse.Namespace) -> Params:
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee, drift_sd=a.drift_sd,
                   prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),
-                  decide_confidence=a.decide_confidence)
+                  decide_confidence=a.decide_confidence, long_run_streams=a.long_run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,3 +116,24 @@ def test_drift_is_one_draw_per_visit_of_an_engine(knee_study):
     assert run.drift("paged") != first
     still = knee_study.Run(knee_study.Params(), np.random.default_rng(2), {"paged": []})
     assert still.drift("paged") == 0.0
+
+
+def test_the_truth_is_the_long_run_rate_and_a_long_run_there_meets_the_target(knee_study, capsys):
+    """Issue 86: an engine's true sustained rate is where a long run, every stream pooled, meets the target: a
+    long simulated run there meets it within three Monte Carlo errors (a steep curve and a flat one, a spread and
+    a drift), where one at the median stream's knee (the old figure) misses by far more on the steep curve. The
+    study's --long-run rows carry the check."""
+    prm = knee_study.Params(spread_s=0.2, drift_sd=0.05)
+    rng = np.random.default_rng(7)
+    for slope in (25.0, 1.8):
+        engine = knee_study.engine_of("paged", 3.0, slope, 0.2, prm)
+        share, se = knee_study.long_run(prm, rng, engine, 3.0, 6000)
+        assert abs(share - 0.9) <= 3 * se and se < 0.005, (slope, share, se)
+        assert engine.knee_rps > 3.0
+    steep = knee_study.engine_of("paged", 3.0, 25.0, 0.2, prm)
+    assert knee_study.long_run(prm, rng, steep, steep.knee_rps, 6000)[0] < 0.75
+    assert knee_study.main(["--runs", "1", "--ratios", "1.5", "--json", "--decision-s", "90", "--search-s", "60",
+                            "--long-run", "1000", "--seed", "6"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert abs(row["long_run_true"] - 0.9) <= 3 * row["long_run_true_se"]
+    assert 0.0 <= row["long_run_straddle_paged"] <= 1.0 and 0.0 < row["long_run_at_rps_paged"] <= 1.0

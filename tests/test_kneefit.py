@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.analysis.headline import headline, resolvable, roles, time_to_resolve
-from harness.analysis.knee import Judged
+from harness.analysis.knee import Judged, central
 from harness.analysis.kneefit import fit
 from harness.analysis.placement import GRID_STEP, MIN_POINTS, done, next_rate
 from workloads.streams import key_of, snap
@@ -31,9 +31,11 @@ def engine_points(rng, knee: float, factors=(0.8, 0.93, 1.0, 1.07, 1.2), **kw) -
 
 def test_the_fit_finds_a_known_knee_and_its_interval_holds_its_estimate():
     """20 synthetic runs: each estimate inside its interval, and the 90 % intervals cover the true knees and
-    ratio in at least 15 of 20 (a binomial 90 % would fall under that about 4 % of the time)."""
+    ratio in at least 15 of 20 (a binomial 90 % would fall under that about 4 % of the time). No stream spread:
+    the sustained rate is the knee; five points cannot show that, and the spread they leave possible widens the
+    long-run figure's interval downward, so 1.5 is told from 1.0 in three runs of four, not all."""
     rng = np.random.default_rng(3)
-    covered = {"paged": 0, "static-oracle": 0, "ratio": 0}
+    covered, told = {"paged": 0, "static-oracle": 0, "ratio": 0}, 0
     for _ in range(20):
         f = fit({"paged": engine_points(rng, 3.0), "static-oracle": engine_points(rng, 2.0)}, 0.9)
         for engine, truth in (("paged", 3.0), ("static-oracle", 2.0)):
@@ -42,9 +44,10 @@ def test_the_fit_finds_a_known_knee_and_its_interval_holds_its_estimate():
             assert est.bracketed and est.points == 5 and est.streams == 5 and est.judged == 300
             covered[engine] += est.ci[0] <= truth <= est.ci[1]
         ratio, (lo, hi) = f.ratio("paged", "static-oracle")
-        assert lo <= ratio <= hi and lo > 1.0
+        assert lo <= ratio <= hi and ratio > 1.0
         covered["ratio"] += lo <= 1.5 <= hi
-    assert min(covered.values()) >= 15, covered
+        told += lo > 1.0
+    assert min(covered.values()) >= 15 and told >= 14, (covered, told)  # 15 of 20 at this seed
 
 
 def test_more_points_narrow_the_knee_and_a_far_point_tells_little():
@@ -206,8 +209,8 @@ def test_a_streams_load_taken_out_of_its_effect_narrows_the_knee_and_shows_what_
     gain, (lo, hi) = with_x.gain("paged")
     assert lo <= 1.0 <= hi and with_x.explained_share("paged") > 0.5
     assert without.explained_share("paged") == 0.0  # no load told: nothing explained
-    est = with_x.estimates["paged"]
-    assert est.ci[0] <= 3.0 <= est.ci[1]
+    est, (lo, hi) = with_x.estimates["paged"], central(np.exp(with_x.curve_knees["paged"]), 0.9)
+    assert lo <= 3.0 <= hi and est.rps < est.curve_rps  # the median stream's knee; the long run's rate under it
 
 
 def test_two_engines_on_the_same_streams_share_their_load_and_the_fit_says_so():
@@ -346,3 +349,108 @@ def test_the_summary_fits_under_the_prior_run_json_records_and_its_headline_name
     whole, within = fits_of(blocks, meta)
     assert set(whole.priors) == {"paged"} and set(within.priors) == {"paged"}
     assert set(np.unique(within.spreads["paged"])) == {0.0}  # the within-runs fit still holds s at 0
+
+
+# -- the sustained rate: the long-run crossing, every stream pooled (issue 86; docs/method.md "The sustained rate")
+def brute_long_run(z: float, b: float, s: float, g: float = 0.0, loads=(0.0,), weights=(1.0,)) -> float:
+    """The long-run attainment by direct integration over u (a t4 of scale s, cut where the fit cuts it)."""
+    from scipy import integrate
+    from scipy.special import expit
+    from scipy.stats import t as student_t
+
+    from harness.analysis import kneefit
+
+    total = 0.0
+    for x, w in zip(loads, weights, strict=True):
+        c = math.log(9) - b * (z + g * x)
+        if s == 0:
+            total += w * expit(c)
+            continue
+        reach = kneefit.REACH * s
+        mass = student_t.cdf(kneefit.REACH, kneefit.TAIL_DF) - student_t.cdf(-kneefit.REACH, kneefit.TAIL_DF)
+        total += w * integrate.quad(lambda u, c=c: student_t.pdf(u / s, kneefit.TAIL_DF) / s * expit(c - b * u),
+                                    -reach, reach, limit=500, points=[c / b] if abs(c / b) < reach else None)[0] / mass
+    return total
+
+
+@pytest.mark.parametrize("b,s,g", [(2.0, 0.3, 0.0), (8.0, 0.1, 1.0), (25.0, 0.2, 0.5), (25.0, 0.0, 1.0),
+                                   (200.0, 0.05, 0.0), (200.0, 0.6, 1.5)])
+def test_the_long_run_crossing_is_where_a_direct_integral_meets_the_target(b, s, g):
+    """At the offset the fit solves, the curve averaged over u and x by a direct integral is the target (within
+    0.002: the two cut u's tails alike; the fit's nodes are exact elsewhere)."""
+    from harness.analysis.kneefit import long_run_offsets
+
+    loads, weights = np.array([-0.2, 0.0, 0.1, 0.3]), np.array([0.1, 0.4, 0.3, 0.2])
+    z = long_run_offsets(np.array([b]), np.array([s]), np.array([g]), loads, weights, 0.9)[0]
+    assert brute_long_run(z, b, s, g, loads, weights) == pytest.approx(0.9, abs=0.002)
+
+
+def test_with_no_spread_and_no_load_the_sustained_rate_is_the_knee_and_a_spread_moves_it_under():
+    """s = 0 and x = 0: every stream is the median one, and the long-run crossing is the knee itself. A spread
+    moves it under the knee, by the t4's 90 % point times s where the curve is a step (b large: P(u < -z) = 0.9):
+    the old conditional figure (the knee) is the long-run one only without a spread."""
+    from scipy.stats import t as student_t
+
+    from harness.analysis.kneefit import long_run_offsets
+
+    one, none = np.ones(1), np.zeros(1)
+    assert long_run_offsets(25 * one, none, none, none, one, 0.9)[0] == pytest.approx(0.0, abs=1e-9)
+    z = long_run_offsets(np.array([200.0, 25.0, 2.0]), np.full(3, 0.2), np.zeros(3), none, one, 0.9)
+    step = -0.2 * student_t.ppf(0.9, 4) + math.log(9) / 200  # the step's crossing, moved by the logistic's own
+    assert z[0] == pytest.approx(step, abs=0.01)
+    assert np.all(z < 0)  # the curve is concave where it meets 0.9: averaging over a spread lowers it
+
+
+def test_the_sustained_rate_is_the_long_run_crossing_not_the_median_streams():
+    """40 streams whose shift in log load is normal of sd 0.2 (b 25, knee 3 req/s): a long run at 3 req/s meets
+    only about two thirds. The reported rate's interval holds the true long-run rate and not the knee (the median
+    stream's crossing, which the old figure was); the knee's own draws still hold 3."""
+    rng = np.random.default_rng(86)
+    shifts = rng.normal(0, 0.2, 40)
+    pts = []
+    for i, u in enumerate(shifts):
+        rate = snap(3.0 * math.exp(rng.uniform(-0.45, 0.25)))
+        p = curve(rate * math.exp(u), 3.0)
+        pts.append(Judged(rate, f"p{i}", (rng.random(60) < p).astype(float), np.arange(60)))
+    nodes = np.linspace(-8, 8, 4001)
+    weight = np.exp(-nodes ** 2 / 2) / np.exp(-nodes ** 2 / 2).sum()
+
+    def pooled_share(rate: float) -> float:
+        return float(np.sum(weight / (1 + np.exp(-(math.log(9) - 25 * (math.log(rate / 3.0) + 0.2 * nodes))))))
+
+    lo, hi = 0.5, 3.0
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if pooled_share(mid) >= 0.9 else (lo, mid)
+    truth = lo
+    assert pooled_share(3.0) < 0.75 and truth < 2.6
+    f = fit({"paged": pts}, 0.9)
+    est = f.estimates["paged"]
+    assert est.ci[0] <= truth <= est.ci[1] < 3.0, (truth, est)
+    knee_lo, knee_hi = central(np.exp(f.curve_knees["paged"]), 0.9)
+    assert knee_lo <= 3.0 <= knee_hi and est.rps < est.curve_rps
+    assert est.to_json()["definition"] == "long-run"
+
+
+def test_an_engine_under_the_target_at_every_rate_is_a_bound_and_the_headline_says_what_it_compares():
+    """static-oracle met 84 % at best (its OOMs fail requests at every load): its sustained rate is a bound under
+    the lowest rate measured, with the highest attainment it reached, and the headline's ratio is a one-sided
+    bound (paged's interval's lower end over that rate)."""
+    from harness.analysis.headline import verdict_words
+    from harness.analysis.kneefit import DEFINITION
+
+    rng = np.random.default_rng(12)
+    flat = [Judged(r, key_of(r), (rng.random(60) < a).astype(float), np.arange(60))
+            for r, a in ((0.5, 0.84), (0.8, 0.8), (1.2, 0.75))]
+    pts = {"paged": engine_points(rng, 3.0), "static-oracle": flat}
+    f = fit(pts, 0.9)
+    h = headline(f, None, 1.5, pts, 0.9)
+    assert h.definition == DEFINITION and not h.decided and h.bracketed["static-oracle"] is False
+    bound = h.bounds["static-oracle"]
+    assert bound["where"] == "below" and bound["rps"] == 0.5
+    assert bound["highest_attainment"] == pytest.approx(max(float(p.met.mean()) for p in flat), abs=1e-4)
+    assert h.ratio_bound["side"] == "at least"
+    assert h.ratio_bound["value"] == pytest.approx(f.estimates["paged"].ci[0] / 0.5, rel=1e-3)
+    words = verdict_words(h)
+    assert "under the target at every rate measured" in words and "under 0.50 req/s" in words
+    assert "paged / static-oracle is at least" in words

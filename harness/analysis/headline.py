@@ -9,6 +9,11 @@ fit (harness/analysis/kneefit.py), whether it is decided and precise, what it re
 - Roles: the paged engine is the `headline`'s, the contiguous engine it is measured against the `rival`, every
   other engine `screened` (measured within a bounded time, its knee a figure or a bound at this SLO). An engine
   ruled out (analysis/ruled_out.py: a clear miss at or under the leading contiguous knee) is never the rival.
+- What is compared: each engine's sustained rate as the field defines it (kneefit.DEFINITION: the long-run share of
+  all requests, every stream pooled, not the median stream's; docs/method.md "The sustained rate"). An engine whose
+  knee is not bracketed has a bound (`bound_of`: under the lowest rate measured where its pooled attainment stayed
+  under the target at every rate, with the highest it reached; over the highest where every rate met), and the
+  headline then says what it compares: the one-sided bound on the ratio those give (`ratio_bound`).
 - `resolution`: how long a run would need: more points like the ones measured (each a fresh stream of the same
   judged size) shrink the interval's log-width as 1 / sqrt(their number), whether each stream's binomial draw or
   the spread between streams governs it, so reaching the precision asked takes (width / log precision)^2 times
@@ -21,15 +26,17 @@ import math
 
 from engines.registry import in_blocks
 from harness.analysis.capacity import SLO
-from harness.analysis.knee import Judged, bracket_of, knee_points, pooled
-from harness.analysis.kneefit import KneeFit
+from harness.analysis.knee import Judged, bound_of, bracket_of, knee_points, pooled
+from harness.analysis.kneefit import DEFINITION, KneeFit
 from harness.analysis.placement import MIN_POINTS, done
 from harness.analysis.ruled_out import Evidence, Ruling, evidence_of, rulings
 from harness.analysis.summary_records import HeadlineBlock
 
 PAGED = in_blocks()  # engines that keep KV in blocks (engines/registry.py); every other one reserves contiguously
 
-METHOD = ("90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
+METHOD = ("each engine's long-run sustained rate (every stream pooled: the fitted curve averaged over its streams' "
+          "effects and offered token loads, solved for the target per draw); "
+          "90 % central interval of the posterior of a dose-response fit of every point (kneefit.py): SLO "
           "attainment against log offered rate, a logistic curve per engine (its own knee and slope), "
           "each point a stream whose offered token load (its requests' tokens per second of its window) shifts "
           "its load by a fitted gain, with a heavy-tailed random "
@@ -113,6 +120,20 @@ def paired(points: dict[str, list[Judged]], a: str, b: str) -> int:
     return len({p.key for p in knee_points(points.get(a, []))} & {p.key for p in knee_points(points.get(b, []))})
 
 
+def ratio_bound(fit: KneeFit, ref: str, rival: str, bounds: dict[str, dict]) -> dict | None:
+    """The one-sided bound on ref / rival that the engines' bounds give (the other engine's interval end on the
+    conservative side); None where they give none (both bounds on one side of their rates cancel)."""
+    sides = {ref: {"beyond": "at least", "below": "at most"}, rival: {"beyond": "at most", "below": "at least"}}
+    said = {sides[e][b["where"]] for e, b in bounds.items()}
+    if len(said) != 1:
+        return None
+    side = said.pop()
+    low = side == "at least"  # the ratio's lowest: ref's least over rival's most
+    num = bounds[ref]["rps"] if ref in bounds else fit.estimates[ref].ci[0 if low else 1]
+    den = bounds[rival]["rps"] if rival in bounds else fit.estimates[rival].ci[1 if low else 0]
+    return {"side": side, "value": round(num / den, 4)} if den > 0 else None
+
+
 def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
              points: dict[str, list[Judged]] | None = None, target: float | None = None) -> HeadlineBlock | None:
     """The paged engine against the best contiguous one, or None when either is missing: summary.json's headline
@@ -131,8 +152,10 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
     counts = {e: est[e].points for e in pair}
     decided = not ci[0] <= 1.0 <= ci[1] and all(bracketed.values())
     precise = ci[1] <= ci[0] * precision
+    bounds = {e: bound_of(points[e], target) for e in pair if not bracketed[e] and points and target is not None
+              and points.get(e)}
     return HeadlineBlock(
-        engine=ref, against=rival, ratio=round(ratio, 4), ratio_ci=list(ci),
+        engine=ref, against=rival, ratio=round(ratio, 4), ratio_ci=list(ci), definition=DEFINITION,
         method=METHOD.format(draws=f"{len(fit.log_knees[ref]):,}"), decided=decided, precise=precise,
         precision=precision, stop="precise" if done(precise, counts) else "time spent", min_points=MIN_POINTS,
         points=counts, judged={e: est[e].judged for e in pair},
@@ -141,7 +164,8 @@ def headline(fit: KneeFit | None, within: KneeFit | None, precision: float,
         stream_spread={e: round(fit.spread_s[e], 3) for e in pair}, paired_streams=paired(points or {}, ref, rival),
         paired_correlation=round(fit.paired_correlation(*pair), 3),
         load_explained_share={e: round(fit.explained_share(e), 3) for e in pair},
-        load_gain={e: [round(g, 3), *ci_] for e in pair for g, ci_ in [fit.gain(e)]})
+        load_gain={e: [round(g, 3), *ci_] for e in pair for g, ci_ in [fit.gain(e)]},
+        bounds=bounds or None, ratio_bound=ratio_bound(fit, ref, rival, bounds) if bounds else None)
 
 
 def verdict_words(h: HeadlineBlock) -> str:
@@ -156,7 +180,21 @@ def verdict_words(h: HeadlineBlock) -> str:
     if lo <= 1.0 <= hi:
         return "undecided (the interval holds 1.0)"
     open_ = [e for e, closed in (h.bracketed or {}).items() if not closed]
-    return f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
+    if not h.bounds:
+        return f"undecided ({' and '.join(open_)} not bracketed: a knee past the rates measured is a bound)"
+    said = "; ".join(bound_words(e, b) for e, b in h.bounds.items())
+    r = h.ratio_bound
+    return f"undecided ({' and '.join(open_)} not bracketed: {said}" + (
+        f"; so {h.engine} / {h.against} is {r['side']} {r['value']:.2f})" if r else ")")
+
+
+def bound_words(engine: str, b: dict) -> str:
+    """An unbracketed engine's bound (`bound_of`) in words."""
+    if b["where"] == "beyond":
+        return f"{engine} met the target at every rate measured: its sustained rate is at least {b['rps']:.2f} req/s"
+    return (f"{engine}'s attainment stayed under the target at every rate measured (at most "
+            f"{100 * b['highest_attainment']:.0f} % at {b['highest_at_rps']:.2f} req/s): its sustained rate is under "
+            f"{b['rps']:.2f} req/s")
 
 
 def time_to_resolve(h: HeadlineBlock, points: dict[str, list[Judged]], precision: float) -> float | None:

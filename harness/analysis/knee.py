@@ -233,6 +233,21 @@ def sustained(points: list[dict], slo: SLO, estimate) -> tuple[float, str]:
     return estimate.rps, where_of(points, slo, estimate.bracketed)
 
 
+def bound_of(points: list[Judged], target: float) -> dict:
+    """An unbracketed engine's sustained rate as the bound it is (the rates measured, their replications pooled):
+    `below` the lowest rate where no rate's attainment reached the target, with the highest attainment reached and
+    where; else `beyond` the highest rate that met it."""
+    rows = pooled(knee_points(points))
+    met = [p for p in rows if len(p.met) and p.attainment >= target]
+    if met:
+        top = max(met, key=lambda p: p.offered_rps)
+        return {"where": "beyond", "rps": top.offered_rps, "attainment": round(top.attainment, 4)}
+    best = max(rows, key=lambda p: (p.attainment if len(p.met) else 0.0, -p.offered_rps))
+    return {"where": "below", "rps": min(p.offered_rps for p in rows),
+            "highest_attainment": round(best.attainment if len(best.met) else 0.0, 4),
+            "highest_at_rps": best.offered_rps}
+
+
 # `block`: the capacity block's figures summarize computed (its points and what they rest on)
 def knee_block(block: dict, slo: SLO, estimate) -> dict:
     """A capacity block: its sustained rate (`sustained`, set once here), the points' figures, its knee (a

@@ -47,6 +47,14 @@ decision: harness/sim/spread_prior.py), a Student-t in log s around the twin's s
 of its own, and a normal on g around the twin's gain. Draws of (g, s) come from their joint marginal, then the knee
 from its conditional given them (b summed out); a ratio of two engines' knees is read from their draws side by side.
 An estimate is the posterior median, its interval the central 90 %: an interval always holds its estimate.
+
+The sustained rate reported (docs/method.md, "The sustained rate"). `knee` above is a conditional figure: where
+the median stream (u = 0, x = 0) meets the target. The figure reported is the long-run one, the field's (the vLLM
+paper's sustained rate, DistServe's goodput attainment): the highest rate at which the share of all requests
+meeting the SLO, every stream at that rate pooled, reaches t. Per draw, the fitted curve is averaged over u's
+t (scale s) and over x as the engine's points offered it (each point's x weighted by its judged requests), and
+solved for the rate where that average is t (`long_run_offsets`): the draws of the sustained rate are the knee's
+moved by it, so the interval carries every parameter's uncertainty through.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.ndimage import convolve1d
-from scipy.special import logsumexp
+from scipy.special import expit, logsumexp, stdtr
 
 from harness.analysis.knee import (
     CONFIDENCE,
@@ -85,6 +93,17 @@ FINE_STEP = 0.0025
 CELLS_PER_SPREAD = 10  # the convolution's cells: a tenth of s wide (the kernel is smooth at that scale)
 KNEE_CELLS = 161  # the log-knee grid, per engine
 DRAWS = 4000
+# the long-run average over u (`long_run_attainment`): over u's own nodes (kernel, a LONG_RUN_STEP-th of s apart)
+# where the curve is wider than u's density (s b <= SHARP: u's sd under the logistic's, pi / sqrt(3) / b), else over
+# the logistic's nodes (LOGISTIC_STEP apart out to LOGISTIC_REACH) with u's distribution function exact
+LONG_RUN_STEP = 0.2
+SHARP = math.pi / math.sqrt(3) / math.sqrt(TAIL_DF / (TAIL_DF - 2))
+LOGISTIC_STEP = 0.25
+LOGISTIC_REACH = 20.0  # the logistic's mass beyond: 2e-9
+SOLVE_STEPS = 40  # bisections of the long-run crossing (its bracket a few units of log rate: under 1e-10 left)
+DEFINITION = ("the sustained rate: the highest offered rate at which the long-run share of all requests meeting "
+              "the SLO (every stream at that rate pooled) reaches the target, as the vLLM paper's sustained rate and "
+              "DistServe's goodput attainment define it")
 EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
 SEED = 20261204
 
@@ -101,11 +120,16 @@ class KneeEstimate:
     judged: int  # judged requests at the points the fit rests on
     bracketed: bool  # a rate that met the SLO below one that missed it: a knee measured, not a bound
     method: str = METHOD
+    curve_rps: float | None = None  # where the fitted curve crosses the target for the median stream (u = 0, x = 0)
 
     def to_json(self) -> dict:
-        return {"method": self.method, "points": self.points, "streams": self.streams, "judged": self.judged,
-                "rps": round(self.rps, 4), "ci": [round(self.ci[0], 4), round(self.ci[1], 4)],
-                "bracketed": self.bracketed}
+        out = {"method": self.method, "points": self.points, "streams": self.streams, "judged": self.judged,
+               "rps": round(self.rps, 4), "ci": [round(self.ci[0], 4), round(self.ci[1], 4)],
+               "bracketed": self.bracketed}
+        if self.curve_rps is not None:
+            out["definition"] = "long-run"  # rps: every stream pooled (DEFINITION), not the median stream's
+            out["median_stream_rps"] = round(self.curve_rps, 4)
+        return out
 
 
 @dataclass(frozen=True)
@@ -113,7 +137,7 @@ class KneeFit:
     """Every engine's knee, and the draws that their ratios and stream figures are read from."""
 
     estimates: dict[str, KneeEstimate]
-    log_knees: dict[str, np.ndarray]  # per engine, DRAWS posterior draws of log knee
+    log_knees: dict[str, np.ndarray]  # per engine, DRAWS posterior draws of the log sustained rate (long-run)
     gains: dict[str, np.ndarray]  # per engine, the draws of g (the offered token load's gain), beside its knee's
     spreads: dict[str, np.ndarray]  # per engine, the draws of s
     load_var: dict[str, float]  # per engine, the variance of its points' x (log offered token load)
@@ -123,6 +147,8 @@ class KneeFit:
     # per engine pair (a, b) fitted jointly (kneejoint.py), each draw pair's normalized importance weight and the
     # correlation it rests on: a ratio of a and b is read from the weighted draws
     joint: dict[tuple[str, str], JointWeights] = field(default_factory=dict)
+    # per engine, the draws of log knee (the median stream's crossing), beside the sustained rate's
+    curve_knees: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def spread_s(self) -> dict[str, float]:
@@ -329,6 +355,56 @@ def engine_draws(points: list[Judged], target: float, spreads: np.ndarray, rng: 
     return _Draws(knees, gains[g_i], spreads[s_i], SLOPES[np.minimum(b_i, len(SLOPES) - 1)], cells)
 
 
+def student_cdf(t: np.ndarray) -> np.ndarray:
+    """u's distribution function in its unit scale (a Student-t of TAIL_DF degrees of freedom; closed at 4)."""
+    return 0.5 + t * (t * t + 6) / (2 * (t * t + 4) ** 1.5) if TAIL_DF == 4 else stdtr(TAIL_DF, t)
+
+
+def long_run_attainment(z: np.ndarray, slope: np.ndarray, spread: np.ndarray, gain: np.ndarray,
+                        loads: np.ndarray, weights: np.ndarray, target: float) -> np.ndarray:
+    """The long-run share of requests meeting the SLO at log r - log knee = z, per (z, b, s, g) given side by side
+    (arrays of one length): the curve averaged over u (a t of scale s) and over x (`loads`, `weights` summing to
+    1). p = P(u + e / b < c) for e logistic: the narrower of u and e / b is summed on nodes, the other is exact."""
+    c = math.log(target / (1 - target)) / slope[:, None] - z[:, None] - gain[:, None] * loads[None, :]
+    wide = spread * slope <= SHARP
+    p = np.empty_like(c)
+    if wide.any():  # the curve is wider than u: u on its nodes, the logistic exact
+        unit = kernel(1.0, LONG_RUN_STEP, TAIL_DF)
+        u = spread[wide, None, None] * ((np.arange(len(unit)) - len(unit) // 2) * LONG_RUN_STEP)
+        p[wide] = expit(slope[wide, None, None] * (c[wide][..., None] - u)) @ unit
+    if not wide.all():  # u is wider: the logistic on its nodes, u's distribution function exact
+        e = np.arange(-LOGISTIC_REACH, LOGISTIC_REACH + 1e-9, LOGISTIC_STEP)
+        w = expit(e) * expit(-e)
+        t = (c[~wide][..., None] - e / slope[~wide, None, None]) / spread[~wide, None, None]
+        p[~wide] = student_cdf(t) @ (w / w.sum())
+    return p @ weights
+
+
+def long_run_offsets(slopes: np.ndarray, spreads: np.ndarray, gains: np.ndarray, loads: np.ndarray,
+                     weights: np.ndarray, target: float) -> np.ndarray:
+    """Per draw (b, s, g side by side), z = log sustained rate - log knee: where the long-run attainment is the
+    target, by bisection, once per distinct (b, s, g). At most 0 for a target over a half: averaging a curve that
+    is concave there over a spread lowers it."""
+    combos, back = np.unique(np.stack([slopes, spreads, gains], axis=1), axis=0, return_inverse=True)
+    b, s, g = combos.T
+    half = (abs(math.log(target / (1 - target))) + 40) / b + 2 * REACH * s + g * float(np.max(np.abs(loads)))
+    lo, hi = -half, half
+    for _ in range(SOLVE_STEPS):
+        mid = (lo + hi) / 2
+        met = long_run_attainment(mid, b, s, g, loads, weights, target) >= target
+        lo, hi = np.where(met, mid, lo), np.where(met, hi, mid)
+    return ((lo + hi) / 2)[back.ravel()]
+
+
+def sustained_draws(points: list[Judged], draws: _Draws, target: float) -> np.ndarray:
+    """The draws of the log sustained rate (the long-run crossing: module docstring), x as the points offered it,
+    each point weighted by its judged requests."""
+    judged = np.array([len(p.met) for p in points], dtype=float)
+    weights = judged / judged.sum() if judged.sum() > 0 else np.full(len(points), 1 / len(points))
+    loads = np.array([p.log_load for p in points])
+    return draws.log_knees + long_run_offsets(draws.slopes, draws.spreads, draws.gains, loads, weights, target)
+
+
 def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SPREADS,
         seed: int = SEED, priors: Mapping[str, SpreadPrior] | None = None) -> KneeFit | None:
     """Every engine's knee from its own fit on the points a knee rests on; None when no engine has any. `priors`:
@@ -340,11 +416,13 @@ def fit(points: dict[str, list[Judged]], target: float, spreads: np.ndarray = SP
         return None
     priors = {e: p for e, p in (priors or {}).items() if e in pts}
     draws = {e: engine_draws(p, target, spreads, named_rng(seed, e), priors.get(e)) for e, p in pts.items()}
-    estimates = {e: estimate(e, pts[e], draws[e].log_knees, target) for e in pts}
-    return KneeFit(estimates, {e: d.log_knees for e, d in draws.items()},
+    sustained = {e: sustained_draws(pts[e], draws[e], target) for e in pts}
+    estimates = {e: estimate(e, pts[e], sustained[e], target, draws[e].log_knees) for e in pts}
+    return KneeFit(estimates, sustained,
                    {e: d.gains for e, d in draws.items()}, {e: d.spreads for e, d in draws.items()},
                    {e: float(np.var([p.log_load for p in pts[e]])) for e in pts}, priors,
-                   {e: d.slopes for e, d in draws.items()}, {e: d.cells for e, d in draws.items()})
+                   {e: d.slopes for e, d in draws.items()}, {e: d.cells for e, d in draws.items()},
+                   curve_knees={e: d.log_knees for e, d in draws.items()})
 
 
 def softmax(log_w: np.ndarray) -> np.ndarray:
@@ -374,7 +452,11 @@ def informs(point: Judged) -> bool:
     return point.key != operating_key(point.offered_rps)
 
 
-def estimate(engine: str, points: list[Judged], log_knees: np.ndarray, target: float) -> KneeEstimate:
-    lo, hi = central(np.exp(log_knees), CONFIDENCE)
-    return KneeEstimate(engine, float(np.exp(np.median(log_knees))), (lo, hi), sum(map(informs, points)),
-                        len({p.key for p in points}), int(sum(len(p.met) for p in points)), bracketed(points, target))
+def estimate(engine: str, points: list[Judged], log_rates: np.ndarray, target: float,
+             curve_knees: np.ndarray | None = None) -> KneeEstimate:
+    """An engine's sustained rate from its draws (`log_rates`), and the median stream's knee beside it."""
+    lo, hi = central(np.exp(log_rates), CONFIDENCE)
+    curve = None if curve_knees is None else float(np.exp(np.median(curve_knees)))
+    return KneeEstimate(engine, float(np.exp(np.median(log_rates))), (lo, hi), sum(map(informs, points)),
+                        len({p.key for p in points}), int(sum(len(p.met) for p in points)), bracketed(points, target),
+                        curve_rps=curve)

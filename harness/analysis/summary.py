@@ -27,7 +27,14 @@ from harness.analysis.headline import (
     time_to_resolve,
 )
 from harness.analysis.integrity import IdleFigures, integrity
-from harness.analysis.knee import Judged, design_effect, knee_block, load_independent_misses, rests_on_unsteady
+from harness.analysis.knee import (
+    Judged,
+    bound_of,
+    design_effect,
+    knee_block,
+    load_independent_misses,
+    rests_on_unsteady,
+)
 from harness.analysis.kneefit import KneeFit
 from harness.analysis.operating import point_intervals
 from harness.analysis.records import RunRecord, SearchSettings, SweepPoint
@@ -286,6 +293,8 @@ def intervals(blocks: dict[str, tuple[dict, list[Judged]]], meta: RunRecord,
         est = knees.estimates.get(e) if knees is not None else None
         out[e] = knee_block(b, slo, est)
         out[e]["role"] = role.get(e, "screened")
+        if est is not None and not est.bracketed:  # a bound, not a knee: which side, and what the points reached
+            out[e]["sustained_bound"] = bound_of(j, slo.attainment)
         if est is not None and within is not None and e in within.estimates:
             out[e]["sustained_rps_ci_within_runs"] = list(within.estimates[e].ci)
             out[e]["run_to_run_share"] = round(run_to_run_share(est.ci, within.estimates[e].ci), 3)

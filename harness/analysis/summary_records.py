@@ -230,6 +230,7 @@ class CapacityBlock(SummaryBlock):
     bound_evidence: str | None = None
     knee_point: KneePoint | None = None
     knee: Knee | None = None
+    sustained_bound: dict[str, Any] | None = None  # a knee not bracketed: the bound it is (analysis/knee.bound_of)
     role: str | None = None
     operating_point: OperatingPoint | None = None
     ruling: RulingBlock | None = None  # contiguous engines where the run has a paged one (analysis/ruled_out.py)
@@ -249,6 +250,7 @@ class HeadlineBlock(SummaryBlock):
     against: str
     ratio: Num
     ratio_ci: list[Num]
+    definition: str | None = None  # what the ratio is a ratio of (kneefit.DEFINITION: the long-run sustained rate)
     method: str = ""
     decided: bool = False
     precise: bool = False
@@ -278,6 +280,10 @@ class HeadlineBlock(SummaryBlock):
     # the informative priors on the engines' stream spread and load gain the fit used: their source ("twin"), its
     # settings and per engine its values (harness/sim/spread_prior.prior_block); None: the half-t on every spread
     spread_prior: dict[str, Any] | None = None
+    # per engine whose knee is not bracketed, the bound its sustained rate is (knee.bound_of), and the one-sided
+    # bound on the ratio they give (headline.ratio_bound: {"side": "at least" or "at most", "value"}); None: none
+    bounds: dict[str, dict[str, Any]] | None = None
+    ratio_bound: dict[str, Any] | None = None
 
 
 class PhaseTimes(SummaryBlock):

@@ -101,7 +101,8 @@ def evidence_sentence(summary: Summary) -> str | None:
     rests = "; ".join(f"{e} on {knee_words(cap.get(e), 'points')} points "
                       f"({knee_words(cap.get(e), 'streams')} independent streams, "
                       f"{h.judged[e]} judged requests)" for e in (h.engine, h.against))
-    line = (f"Each knee is fitted from every point it may rest on (a dose-response curve of SLO attainment against "
+    line = (f"Each rate compared is {h.definition}. " if h.definition else "") + (
+            f"Each knee is fitted from every point it may rest on (a dose-response curve of SLO attainment against "
             f"log rate, the 90 % interval from the fit's joint posterior): {rests}. The decision stopped: "
             + (f"the interval was as narrow as asked ({h.precision:g}x) on at least "
                f"{h.min_points if h.has('min_points') else '?'} points per engine" if h.stop == "precise"

@@ -71,8 +71,9 @@ def engine_table(summary: Summary) -> str:
     console = Console(width=WIDTH, record=True, no_color=True, force_terminal=False, file=_Null())
     console.print(table)
     slo = next(iter(summary.capacity.values())).slo if summary.capacity else None
-    note = (f"sustained: the highest offered rate with {100 * slo.attainment:.0f} % of requests within TTFT <= "
-            f"{slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; " if slo else
+    note = (f"sustained: the highest offered rate at which the long-run share of all requests (every stream at that "
+            f"rate pooled) within TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s reaches "
+            f"{100 * slo.attainment:.0f} % (the vLLM paper's sustained rate, DistServe's goodput); " if slo else
             "sustained: n/a (one offered rate, no knee search: bench --sweep measures it); ")
     note += ("latency, served and tokens over every point's judged requests; " if slo else
              "latency, served and tokens over the churn window; ")

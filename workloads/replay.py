@@ -69,6 +69,36 @@ def request_body(plan: ReplayPlan, req: TraceRequest) -> dict:
     return body
 
 
+class NotAnAnswer(ValueError):
+    """A 200 whose body is not the API's answer (not JSON, no choices, an error object, no token where tokens were
+    asked): the request failed, this its reason. Counted as answered, garbage would pass for a fast server."""
+
+
+def answer_of(data: bytes, whole: bool) -> dict:  # the parse edge: a body, or one streamed event's data
+    """The API's answer (or stream chunk) as json.loads gives it, or NotAnAnswer saying why it is not one. A whole
+    answer has at least one choice; a chunk may have none (vLLM's closing usage chunk)."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        raise NotAnAnswer(f"200 but not the API's answer: not JSON: {data[:80]!r}") from None
+    if not isinstance(payload, dict):
+        raise NotAnAnswer(f"200 but not the API's answer: not a JSON object: {data[:80]!r}")
+    if "error" in payload:  # the server failed this request, after its 200 (mid-stream) or in it
+        raise NotAnAnswer(str(payload["error"]))
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices) or (whole and not choices):
+        raise NotAnAnswer(f"200 but not the API's answer: no choices in {data[:80]!r}")
+    return payload
+
+
+def tokens_asked(req: TraceRequest, out: Outcome, text: bool = False) -> None:
+    """A request that asked for tokens and got none, nor an OOM (an answer the run measures), nor text (a server
+    that counts none), was not answered."""
+    if req.max_tokens > 0 and not out.output_tokens and out.finish_reason != "oom" and not text:
+        raise NotAnAnswer(f"200 but no token in the {'stream' if req.stream else 'answer'} "
+                          f"({req.max_tokens} asked)")
+
+
 def chunk_tokens(choice: dict) -> int:  # the parse edge: a streamed chunk's choice, as json.loads gave it
     """Tokens one streamed chunk carries: its token ids (fragbench, vLLM), else one if it carries text."""
     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
@@ -145,10 +175,13 @@ class ReplayUser(User):
             elif req.stream:
                 self._read_stream(plan, req, resp, out)
             else:
-                self._read_whole(resp, out)
+                self._read_whole(req, resp, out)
         except gevent.GreenletExit:
             out.status, out.error = "error", UNFINISHED
             raise
+        except NotAnAnswer as e:  # a failed request, its reason in its row (and a failure in Locust's statistics)
+            out.status, out.error = "error", str(e)[:200]
+            error = e
         except Exception as e:  # a dead server: connection refused or reset; a body that is not JSON
             out.status, out.error = "error", f"{type(e).__name__}: {e}"[:200]
             error = e
@@ -170,11 +203,7 @@ class ReplayUser(User):
                     pass
                 break
             t = stamp - plan.t0  # when the bytes arrived, whatever parsing came before
-            payload = json.loads(data)  # not JSON: the request's error, recorded below
-            if "error" in payload:  # the server failed this request mid-stream
-                out.status, out.error = "error", str(payload["error"])[:200]
-                return
-            choice = payload["choices"]
+            choice = answer_of(data, whole=False)["choices"]  # not the API's: NotAnAnswer, recorded by send
             if not choice:
                 continue
             tokens = chunk_tokens(choice[0])
@@ -195,12 +224,14 @@ class ReplayUser(User):
                 out.status = "cancelled"
                 resp.release()  # the client goes away, closing the connection: the server must free the KV now
                 return
+        tokens_asked(req, out)
         out.status = "oom" if out.finish_reason == "oom" else "ok"
 
-    def _read_whole(self, resp, out: Outcome) -> None:
-        data = json.loads(resp.read())
-        choices = data.get("choices", [])
-        out.output_tokens = sum(len(c.get("token_ids") or []) for c in choices) or data.get("usage", {}).get(
-            "completion_tokens", 0)
-        out.finish_reason = choices[0].get("finish_reason") if choices else None
+    def _read_whole(self, req: TraceRequest, resp, out: Outcome) -> None:
+        data = answer_of(resp.read(), whole=True)
+        choices = data["choices"]
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        out.output_tokens = sum(len(c.get("token_ids") or []) for c in choices) or usage.get("completion_tokens") or 0
+        out.finish_reason = choices[0].get("finish_reason")
+        tokens_asked(req, out, text=any(c.get("text") or (c.get("message") or {}).get("content") for c in choices))
         out.status = "oom" if out.finish_reason == "oom" else "ok"

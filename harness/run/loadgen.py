@@ -29,7 +29,7 @@ from locust.env import Environment  # noqa: E402
 
 from engines.percentile import percentile  # noqa: E402
 from engines.procs import exit_on_sigterm, spawn, stop  # noqa: E402
-from harness.results import Journal, measured_nothing, read_journals, request_row, to_parquet  # noqa: E402
+from harness.results import Journal, measured_nothing, read_journals, request_row, to_parquet, write_whole  # noqa: E402
 from workloads.generate import at_rate, trace  # noqa: E402
 from workloads.replay import ReplayPlan, ReplayUser  # noqa: E402
 from workloads.schedule import ScheduleReader  # noqa: E402
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     df = to_parquet(out, "requests")
     print(summarize(df), flush=True)
-    (out / "load.json").write_text(json.dumps({"target": args.target, "workload": args.workload,
+    write_whole(out / "load.json", json.dumps({"target": args.target, "workload": args.workload,  # a rerun: whole
                                                "seed": args.seed, "duration_s": args.duration,
                                                "workers": args.expect_workers if args.master else args.workers,
                                                "t0": args.t0, "network_rtt_s": args.network_rtt_s}) + "\n")

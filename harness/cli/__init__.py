@@ -3,6 +3,7 @@ modules that hold the logic. Bad input exits 2 with one line on stderr, never a 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from engines.procs import exit_on_sigterm
@@ -50,11 +51,22 @@ def build_parser() -> Parser:
     return p
 
 
+def closed_pipe() -> int:
+    """The reader went away (`fragbench model list | head -1`): it has what it wanted. Quiet, exit 141 as a shell
+    tool killed by SIGPIPE; stdout pointed at /dev/null so that the interpreter's last flush says nothing either."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()  # every verb unwinds on SIGTERM, stopping the processes it started
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is caught below, not a shutdown warning
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
     except UsageError as e:
         print(f"fragbench: error: {e}", file=sys.stderr)
         return 2

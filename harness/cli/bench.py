@@ -24,6 +24,7 @@ from harness.cli.args import (
 from harness.cli.engine_flags import alloc_conf_arg, refuse_cuda_memory_settings
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.run_folder import add_place_flags, claimed, run_place
+from harness.cli.seeds import seed_arg
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 from harness.cli.user_paths import user_path, user_workload
 from harness.units import KvBudget
@@ -46,7 +47,7 @@ def register(sub) -> None:
                        help="seconds of churn left out of the memory shares (default: a tenth of --duration)")
     bench.add_argument("--max-seq-len", type=positive_int, default=2048, help="tokens a sequence may hold")
     bench.add_argument("--threads", type=positive_int, default=2, help="torch threads, the same for every engine")
-    bench.add_argument("--seed", type=int, default=0, help="the workload's seed (the same requests for every engine)")
+    bench.add_argument("--seed", type=seed_arg, default=0, help="the workload's seed (the same for every engine)")
     add_place_flags(bench)
     bench.add_argument("--device", default="auto", help="auto (the GPU where CUDA is available), cpu or cuda[:N]")
     bench.add_argument("--memory", choices=["arena", "cuda", "caching"], default="arena",
@@ -170,13 +171,12 @@ def config(args: argparse.Namespace):
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
                        duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed,
                        max_seq_len=args.max_seq_len, threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
-                       kill_after_s=args.kill_after, engine_args=extra_args,
+                       kill_after_s=args.kill_after, engine_args=extra_args, precision=args.precision,
                        warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
                        point_requests=args.point_requests, search_s=args.search_time,
-                       knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device,
-                       time_s=args.time, precision=args.precision,
+                       knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device, time_s=args.time,
                        memory=args.memory, alloc_conf=args.alloc_conf, compare_alloc_confs=args.compare_alloc_conf,
                        api=args.api, api_key=args.api_key, targets={name: t.describe() for name, t in targets.items()})
 

@@ -8,6 +8,7 @@ import json
 from engines import ENGINES
 from harness.cli.args import UsageError, fraction_arg, nonneg_float, positive_int
 from harness.cli.engine_flags import add_engine_flags, engine_from_flags
+from harness.cli.seeds import seed_arg
 
 
 def prompt_ids_arg(text: str) -> list[int]:
@@ -31,7 +32,7 @@ def register(sub) -> None:
     gen.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
     gen.add_argument("--temperature", type=nonneg_float, default=0.0, help="sampling temperature; 0 is greedy")
     gen.add_argument("--top-p", type=fraction_arg, default=1.0, help="nucleus sampling's probability mass (0-1]")
-    gen.add_argument("--seed", type=int, help="the sampler's seed (default: none, a fresh draw)")
+    gen.add_argument("--seed", type=seed_arg, help="the sampler's seed (default: none, a fresh draw)")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     gen.add_argument("--json", action="store_true", help="print each sample as a JSON line instead of its text")
     gen.set_defaults(func=run)

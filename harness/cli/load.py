@@ -12,6 +12,7 @@ from harness.cli.args import (
     positive_int,
     workload_checked,
 )
+from harness.cli.seeds import seed_arg
 from harness.cli.user_paths import user_path, user_workload
 from harness.fetch import SERVER_PATHS, bearer, round_trip_s
 
@@ -25,7 +26,7 @@ def register(sub) -> None:
     load.add_argument("--workers", type=positive_int, default=1,
                       help="load-generator processes on this machine, sharing the trace")
     load.add_argument("--out", default="results/load", help="directory requests.jsonl and requests.parquet go to")
-    load.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    load.add_argument("--seed", type=seed_arg, default=0, help="the workload's seed")
     load.add_argument("--max-seq-len", type=positive_int, default=2048,
                       help="tokens per request (prompt + output) the trace is cut to")
     load.add_argument("--vocab-size", type=positive_int, default=4096,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engines.shapes import BUILD_DTYPES, load_shape, preset_names
 from harness.cli.args import Parser, UsageError, usage_errors
+from harness.cli.seeds import seed_arg
 
 
 def register(sub) -> None:
@@ -22,7 +23,8 @@ def register(sub) -> None:
                        help="the model directory written (config, weights, tokenizer): a new or empty folder, or one "
                             "an earlier build wrote (replaced whole, never mixed)")
     build.add_argument("--dtype", default="float32", choices=list(BUILD_DTYPES), help="the weights' dtype")
-    build.add_argument("--seed", type=int, default=0, help="the random weights' seed (the same seed, the same model)")
+    build.add_argument("--seed", type=seed_arg, default=0,
+                       help="the random weights' seed (the same seed, the same model)")
     build.set_defaults(func=run_build)
 
 

@@ -20,6 +20,7 @@ from harness.cli.args import (
 )
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.gpu_flags import add_gpu_flags, gpu_of
+from harness.cli.seeds import seed_arg
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
 
 
@@ -51,7 +52,7 @@ def register(sub) -> None:
     sim.add_argument("--gpu-util", type=fraction_arg, default=0.9,
                      help="share (0-1] of GPU memory the server may take; the KV gets what weights leave of it")
     sim.add_argument("--dtype", default="float16", choices=list(DTYPE_BYTES), help="the weights' and KV's dtype")
-    sim.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    sim.add_argument("--seed", type=seed_arg, default=0, help="the workload's seed")
     sim.add_argument("--no-preflight", action="store_true",
                      help="static policies admit without checking free bytes (a naive server) and reject on OOM")
     sim.add_argument("--step-model", metavar="RUN_DIR|FILE",

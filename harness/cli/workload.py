@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.args import Parser, UsageError, positive_int, spec_of, trace_of
+from harness.cli.seeds import seed_arg
 
 
 def register(sub) -> None:
@@ -16,7 +17,7 @@ def register(sub) -> None:
     for verb in ("show", "trace"):
         w = wl.add_parser(verb, help="class mix, lengths and rate" if verb == "show" else "write the JSONL")
         w.add_argument("name", help="preset, spec file (.yaml) or trace file (.csv, .jsonl)")
-        w.add_argument("--seed", type=int, default=0, required=verb == "trace", help="the workload's seed")
+        w.add_argument("--seed", type=seed_arg, default=0, required=verb == "trace", help="the workload's seed")
         w.add_argument("--max-seq-len", type=positive_int, default=2048, help="the model's context")
         w.add_argument("--vocab-size", type=positive_int, default=4096,
                        help="token ids of synthetic prompts are drawn below this")

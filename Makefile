@@ -29,7 +29,7 @@ WHEELS ?=
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
 
-.PHONY: setup wheels test lint model vllm bench bench-quick nightly stress clean gpu-check
+.PHONY: setup wheels test lint model vllm bench bench-quick nightly stress clean gpu-check gpu-dryrun
 
 setup: $(STAMP)
 
@@ -166,26 +166,44 @@ bench-quick:
 gpu-check: setup model
 	$(BIN)/python scripts/gpu_check.py --model $(MODEL_DIR) --json gpu-check.json $(if $(KEEP_FIXTURE),--keep-fixture)
 
-# Nightly: `fragbench ab` of this checkout against the last revision that passed the nightly (results/nightly-passed)
-# or a ref given as BASE=REV (none passed yet: HEAD against itself, an A/A, and it says so): the deterministic memory
-# gate, the step's instruction counts, then both builds served side by side and, per engine, pairs of short blocks at
-# one fixed rate (AB, BA, ...), decided as the field's gates decide (docs/method.md, Nightly); then one knee search of
-# each build (reported, not gated) into results/ab/base and results/ab/new, and the history of NEW's runs, night after
-# night (a trend, not the gate). It exits as ab does (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), and
-# records HEAD as the last that passed on a PASS: the next night compares against it.
+# The GPU dry run, on this machine's CPU: every in-house engine built on fake CUDA tensors (torch's FakeTensorMode, a
+# device guard of three lines of C++ built once, torch.cuda answered from a tally of live bytes) in bf16 and fp16,
+# on the tiny model and at Llama-3-8B's and Llama-3-70B's shapes at the capacity plan's budget: no device or dtype
+# mismatch, host reads only of sampled tokens, each forward's peak within the headroom the plan and the factory
+# left (tests/test_gpu_dryrun.py; docs/architecture.md says what it cannot show). make test runs it too.
+gpu-dryrun: setup
+	$(BIN)/python -m pytest -q -m gpu_dryrun tests/test_gpu_dryrun.py
+
+# Nightly: `fragbench ab` of this checkout (its working tree: NEW) against BASE, found from git alone: HEAD's first
+# parent (HEAD~1, the branch as it stood before its newest commit) or a ref given as BASE=REV. Nothing a night writes
+# is read by the next: results/ is not in a fresh clone (a BASE kept there made every CI night HEAD against itself),
+# and a BASE that moved on each PASS ratcheted (6 % slower a night passes every night, 1.34x in five). The night:
+# the deterministic memory gate, then both builds served side by side and, per engine, pairs of short blocks at one
+# fixed rate (AB, BA, ...), decided as the field's gates decide (docs/method.md, Nightly); then one knee search of
+# each build (reported, not gated) into results/ab/base and results/ab/new. Then the memory gate against ANCHOR, a
+# fixed commit named here: deterministic (seconds, no noise), it FAILs what grew since the anchor however many nights
+# each passed on their own; move ANCHOR, by a commit, when such a change is meant. Then the history of NEW's runs,
+# night after night, whose change points flag a slow drift of latency (a trend, not the gate). The night's code is
+# ab's (0 PASS, 1 FAIL, 3 INCONCLUSIVE, 2 when it could not run), the anchor's gate's FAIL worse than all but a FAIL
+# and its 2 worse than a PASS, printed as the last line, `nightly: exit N`: make itself exits 0 or, on any code but
+# 0, 2 (GNU make's rule), so a CI that tells FAIL from INCONCLUSIVE reads that line or ab.json's verdict.
+# ab.json (results/ab/gate-*/) names both SHAs, whether NEW's tree was dirty, and `passed`: NEW's SHA on a PASS of
+# a clean tree, else null. The step's instruction counts (`fragbench ab --instructions`) are not run: about 9 CPU
+# minutes a build and engine here.
 # AB_TIME, the pairs' time: within 40 minutes on 2 cores, installs included: 2,400 s less set-up (265 s, the slowest
-# fresh clone measured), the servers' starts, the memory gate and the instruction counts (about 300 s), the knee turn
-# (300 s) and the rate checks (about 120 s) leave about 1,400 s; 1,200 s keeps the rest for the last pair's overrun.
-BASE ?=
+# fresh clone measured), the servers' starts and both memory gates (under 300 s), the knee turn (300 s) and the rate
+# checks (about 120 s) leave about 1,400 s; 1,200 s keeps the rest for the last pair's overrun.
+BASE ?= HEAD~1
+ANCHOR ?= 63f0bfa26b5c52af5a5f580be5a6d5e2b571681d
 AB_TIME ?= 1200
-NIGHTLY_PASSED := results/nightly-passed
 nightly: setup model
-	@base="$(BASE)"; [ -n "$$base" ] || base=$$(cat $(NIGHTLY_PASSED) 2>/dev/null); \
-	if [ -z "$$base" ]; then base=HEAD; echo "nightly: no revision has passed yet: HEAD against itself"; fi; \
-	status=0; $(BIN)/fragbench ab $$base --time $(AB_TIME) --out results/ab --model $(MODEL_DIR) || status=$$?; \
+	@status=0; $(BIN)/fragbench ab $(BASE) --time $(AB_TIME) --out results/ab --model $(MODEL_DIR) || status=$$?; \
+	anchor=0; echo "nightly: the memory gate against the anchor $(ANCHOR)"; \
+	$(BIN)/fragbench memory-gate $(ANCHOR) || anchor=$$?; \
 	$(BIN)/fragbench history results/ab/new --out reports/history.html; \
-	if [ $$status -eq 0 ]; then git rev-parse HEAD > $(NIGHTLY_PASSED); echo "nightly: PASS ($$(cat $(NIGHTLY_PASSED)) recorded as the last that passed)"; \
-	else echo "nightly: exit $$status"; fi; exit $$status
+	case "$$status/$$anchor" in 0/[12]|3/1) status=$$anchor; \
+		echo "nightly: the memory gate against the anchor $(ANCHOR) exited $$anchor: the night's exit";; esac; \
+	echo "nightly: exit $$status"; exit $$status
 
 # The long forms of the reliability checks, with their figures (leaks, 5xx and lost rows must be 0).
 stress: setup model

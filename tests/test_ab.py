@@ -404,3 +404,72 @@ def test_new_s_memory_measurement_that_cannot_import_fails_the_memory_gate(tmp_p
     gate = memory_gate(Tree("HEAD", ROOT, None, sys.executable), Tree("broken", tmp_path, None, sys.executable), [])
     assert gate.verdict == "FAIL" and gate.crashed
     assert all("a module this change deleted" in c.error for c in gate.crashed)
+
+
+# -- a BASE found from git alone, and an anchor
+
+
+def git_repo(path: Path) -> Path:
+    """A repository with a harness/ (a fragbench work tree, as trees.repository() asks) and two commits."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+
+    (path / "harness").mkdir(parents=True)
+    git("init", "-q", "-b", "main")
+    for n in (1, 2):
+        (path / "harness" / "x.py").write_text(f"X = {n}\n")
+        git("add", ".")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"c{n}")
+    return path
+
+
+def make_value(name: str) -> str:
+    """What make reads the Makefile's variable as, here, with nothing given."""
+    import subprocess
+
+    from harness.run.trees import ROOT
+
+    done = subprocess.run(["make", "-s", "--no-print-directory", f"--eval=show-it: ; @echo $({name})", "show-it"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_the_nightly_s_base_is_found_from_git_in_a_fresh_clone(monkeypatch, tmp_path):
+    """Two fresh clones one commit apart: the second's BASE is the first's commit, no file carried between them;
+    a shallow clone says what to fetch; the anchor is a commit of this repository."""
+    import subprocess
+
+    from harness.run.trees import ROOT, TreeError, resolve
+
+    origin = git_repo(tmp_path / "origin")
+    first, second = (subprocess.run(["git", "-C", str(origin), "rev-parse", rev], capture_output=True, text=True,
+                                    check=True).stdout.strip() for rev in ("HEAD~1", "HEAD"))
+    base = make_value("BASE")
+    assert base == "HEAD~1"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
+    monkeypatch.chdir(clone)
+    assert resolve("HEAD") == second and resolve(base) == first
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{origin}", str(tmp_path / "shallow")], check=True)
+    monkeypatch.chdir(tmp_path / "shallow")
+    with pytest.raises(TreeError, match="shallow clone: fetch the history it needs"):
+        resolve(base)
+    monkeypatch.chdir(ROOT)
+    assert resolve(make_value("ANCHOR")) == make_value("ANCHOR")
+
+
+def test_a_dirty_tree_is_never_recorded_as_a_revision_that_passed(tmp_path):
+    import sys
+
+    from harness.cli.ab import passed
+    from harness.run.trees import Tree, identity
+
+    repo = git_repo(tmp_path / "repo")
+    clean = identity(Tree("working tree", repo, None, sys.executable))
+    assert clean["sha"] and not clean["dirty"] and passed("PASS", clean) == clean["sha"]
+    assert passed("FAIL", clean) is None and passed("INCONCLUSIVE", clean) is None
+    (repo / "harness" / "y.py").write_text("Y = 1\n")  # a file the commit does not hold
+    dirty = identity(Tree("working tree", repo, None, sys.executable))
+    assert dirty["sha"] == clean["sha"] and dirty["dirty"] and passed("PASS", dirty) is None

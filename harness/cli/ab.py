@@ -156,8 +156,7 @@ def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
     page = plan.out / "reports" / f"ab-{plan.run_id}.html"
     sides = {"base": identity(base), "new": identity(new)}
     record = {"verdict": verdict, "error": measured.error, **sides,
-              # a revision that passed: NEW's commit, and only where NEW's tree was that commit, unchanged
-              "passed": sides["new"]["sha"] if verdict == "PASS" and not sides["new"]["dirty"] else None,
+              "passed": passed(verdict, sides["new"]),
               "engines": engines, "rates_rps": measured.rates, "figures": [f.json() for f in figures],
               "memory": memory.json() if memory else None, "notes": measured.notes, "speed_probe": measured.speed,
               "turns": [str(d) for d in measured.dirs], "page": str(page),
@@ -170,3 +169,9 @@ def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
     else:
         print(render_text(verdict, engines, figures, memory, plan.threshold, measured) + f"\npage: {page}")
     return EXIT[verdict]
+
+
+def passed(verdict: str, new: dict) -> str | None:
+    """The revision that passed: NEW's commit on a PASS, and only where NEW's tree was that commit unchanged (a
+    dirty tree's PASS is of code no commit holds)."""
+    return new["sha"] if verdict == "PASS" and not new["dirty"] else None

@@ -65,7 +65,12 @@ def resolve(rev: str) -> str:
     try:
         return git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except TreeError:
-        raise TreeError(f"unknown revision {rev!r} (not a commit of {repository()})") from None
+        pass
+    # a CI's clone of depth 1 holds HEAD alone: the nightly's HEAD~1 is not there, which the user can fix
+    shallow = git("rev-parse", "--is-shallow-repository") == "true"
+    raise TreeError(f"unknown revision {rev!r} (not a commit of {repository()}" + (
+        "; a shallow clone: fetch the history it needs, `git fetch --deepen=1`, or clone without --depth)"
+        if shallow else ")"))
 
 
 def tree_of(name: str | None) -> Tree:

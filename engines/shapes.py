@@ -109,10 +109,11 @@ def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int
     """What one layer's attention allocates beside the activations, at its peak, on the path the runner
     (engines/scheduled/model.py) takes off the CPU kernel (`expanded`: SDPA over K/V expanded to every query head,
     which a GPU runs fused, memory-efficient with a mask, flash without; no score matrix is made): the decode
-    buckets' gathered K and V (every live decode token, `pool_tokens`, at most once, padded by up to BUCKET_RATIO),
-    their copies expanded to every head and their padding mask (bool, and SDPA's additive copy of it in the model's
-    dtype); a continuing prefill chunk's gathered and expanded context and its [chunk, context] mask; a whole
-    chunk's own K/V expanded. What a cuda memory's cap must leave beside the KV budget."""
+    bucket's gathered K and V (`pool_tokens` padded by up to BUCKET_RATIO: decode_gather_rows, where the runner
+    splits a bucket whose readers share blocks; buckets attend in turn), their copies expanded to every head and
+    their padding mask (bool, and SDPA's additive copy of it in the model's dtype); a continuing prefill chunk's
+    gathered and expanded context and its [chunk, context] mask; a whole chunk's own K/V expanded. What a cuda
+    memory's cap must leave beside the KV budget."""
     kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
     expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
     mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
@@ -120,6 +121,15 @@ def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int
     prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
     whole_chunk = batched_tokens * expanded_row
     return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
+
+
+def decode_gather_rows(pool_tokens: int, max_num_seqs: int, max_seq_len: int) -> int:
+    """The most context rows one decode bucket gathers (padded) at once: the pool's tokens, never more than
+    max_num_seqs max-length sequences, with BUCKET_RATIO's padding. Blocks shared by forks or the prefix cache are
+    gathered once per sequence that reads them, so a step's contexts can add up to more than the pool holds: the
+    runner splits a bucket at this many rows (engines/scheduled/model.py), and the headroom counts this many
+    (attention_temporaries_bytes), so no sharing takes a forward past what the cap left (docs/method.md)."""
+    return int(BUCKET_RATIO * min(pool_tokens, max_num_seqs * max_seq_len))
 
 
 def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.host_copy import to_device
 from engines.sequence import GREEDY_BELOW, SamplingParams, Sequence
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's default max_logprobs is 20 too
@@ -110,18 +111,18 @@ def processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
     if bias:
         rows, ids, values = zip(*bias, strict=True)
-        x.index_put_((torch.tensor(rows, device=dev), torch.tensor(ids, device=dev)),
-                     torch.tensor(values, device=dev, dtype=x.dtype), accumulate=True)
+        x.index_put_((to_device(list(rows), dev), to_device(list(ids), dev)), to_device(list(values), dev, x.dtype),
+                     accumulate=True)
     if any(p.presence_penalty or p.frequency_penalty for p in params):
         counts = token_counts([s.output_ids for s in seqs], V, dev)
-        freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
-        pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+        freq = to_device([p.frequency_penalty for p in params], dev, torch.float32)[:, None]
+        pres = to_device([p.presence_penalty for p in params], dev, torch.float32)[:, None]
         x = x - freq * counts - pres * (counts > 0)
     if any(p.repetition_penalty != 1.0 for p in params):
         seen = token_counts([s.token_ids for s in seqs], V, dev) > 0  # prompt and output, as vLLM
-        rp = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None].expand(R, V)
+        rp = to_device([p.repetition_penalty for p in params], dev, torch.float32)[:, None].expand(R, V)
         x = torch.where(seen, torch.where(x > 0, x / rp, x * rp), x)
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)[:, None]
+    temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], dev, torch.float32)[:, None]
     x = x / temperature
     sampled = [i for i, p in enumerate(params) if not p.greedy and (p.min_p > 0 or p.top_k > 0 or p.top_p < 1)]
     if sampled:
@@ -135,7 +136,7 @@ def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tens
     rows = [i for i, ids in enumerate(token_lists) for _ in ids]
     if rows:
         ids = [t for ids in token_lists for t in ids]
-        counts.index_put_((torch.tensor(rows, device=device), torch.tensor(ids, device=device)),
+        counts.index_put_((to_device(rows, device), to_device(ids, device)),
                           torch.ones(len(ids), device=device), accumulate=True)
     return counts
 
@@ -144,15 +145,15 @@ def truncated(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """min-p, then top-k, then top-p, per row, on tempered logits: what falls out is -inf."""
     dev = x.device
     probs = torch.softmax(x, dim=-1)
-    min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
+    min_p = to_device([p.min_p for p in params], dev, torch.float32)[:, None]
     x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     order = x.argsort(dim=-1, descending=True)
     ranked = x.gather(-1, order)
-    k = torch.tensor([p.top_k if p.top_k > 0 else x.shape[-1] for p in params], device=dev)[:, None]
+    k = to_device([p.top_k if p.top_k > 0 else x.shape[-1] for p in params], dev)[:, None]
     position = torch.arange(x.shape[-1], device=dev)[None, :]
     ranked = ranked.masked_fill(position >= k, float("-inf"))
     p_sorted = torch.softmax(ranked, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
+    top_p = to_device([p.top_p for p in params], dev, torch.float32)[:, None]
     ranked = ranked.masked_fill(p_sorted.cumsum(-1) - p_sorted >= top_p, float("-inf"))  # keeps the first
     return torch.full_like(x, float("-inf")).scatter(-1, order, ranked)
 
@@ -173,7 +174,7 @@ def prompt_logprobs(logits: torch.Tensor, ids: list[int], start: int, k: int) ->
     """Logprobs of tokens ids[start + 1 .. start + n] from the logits [n, V] at positions start .. start + n - 1,
     batched over the positions."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    target = torch.tensor(ids[start + 1: start + 1 + lp.shape[0]], device=lp.device)
+    target = to_device(ids[start + 1: start + 1 + lp.shape[0]], lp.device)
     lp = lp[: len(target)]
     chosen = lp.gather(-1, target[:, None])[:, 0]
     ranks = (lp > chosen[:, None]).sum(-1) + 1

@@ -33,7 +33,7 @@ ROOMS = {
 FOUNDATION = {
     "engines": {"engines", "engines.procs", "engines.percentile", "engines.shapes", "engines.sequence",
                 "engines.token_sampling", "engines.modelbuild", "engines.registry", "engines.kv_categories",
-                "engines.json_record", "engines.step_faults"},
+                "engines.json_record", "engines.step_faults", "engines.host_copy"},
     "harness": {"harness", "harness.units", "harness.gpus", "harness.results", "harness.fetch"},
 }
 INTERFACE = {"engines.engine", "engines.oom", "engines.offline"}

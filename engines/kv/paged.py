@@ -194,11 +194,14 @@ class PagedKV(KVPolicy):
         assert not self.counted, "a counted pool names no block: it has no rows"
         rec = self.seqs[seq.seq_id]
         if rec.rows is None:  # a block was added or replaced since the last look: once per block, not per step
+            # torch loads here, not with the module: the simulator runs this policy without it
             import torch
+
+            from engines.host_copy import to_device
 
             if self._block_rows is None:
                 self._block_rows = torch.arange(self.block_size, device=self.memory.device)
-            ids = torch.tensor([b.block_id for b in rec.table], device=self._block_rows.device)
+            ids = to_device([b.block_id for b in rec.table], self._block_rows.device)
             rec.rows = (ids[:, None] * self.block_size + self._block_rows[None, :]).flatten()
         return rec.rows[:n]
 

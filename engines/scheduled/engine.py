@@ -16,6 +16,7 @@ from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
+from engines.shapes import decode_gather_rows
 from engines.step_faults import StepFault
 from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
@@ -31,7 +32,8 @@ class ScheduledEngine(Engine):
         self.scheduler = Scheduler(kv, config)
         self.oom_events = self.scheduler.oom_events
         self.fragmentation_maps = self.scheduler.fragmentation_maps
-        self.runner = ModelRunner(hf_model, kv)
+        pool_tokens = kv.memory.capacity_bytes // kv.kv_bytes_per_token
+        self.runner = ModelRunner(hf_model, kv, decode_gather_rows(pool_tokens, config.max_num_seqs, max_seq_len))
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
         self.step_recorder: StepRecorder | None = None  # serve --step-log: every step's row

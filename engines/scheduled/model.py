@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from engines.host_copy import to_device
 from engines.kv.base import KVPolicy
 from engines.scheduled.kernels import decode_attention_kernel, usable
 from engines.sequence import Sequence
@@ -64,6 +65,7 @@ class StepInputs:
     positions: torch.Tensor  # [T]
     write_rows: torch.Tensor  # [T] where each token's K/V goes
     last_index: torch.Tensor  # [chunks] flat index of each chunk's last token
+    last: list[int]  # the same on the host, where the step reads them
     buckets: list[Bucket]
     prefills: list[Prefill]
 
@@ -151,7 +153,7 @@ def expanded(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 class ModelRunner:
-    def __init__(self, hf_model, kv: KVPolicy):
+    def __init__(self, hf_model, kv: KVPolicy, gather_rows: int | None = None):
         cfg = hf_model.config
         self.hf = hf_model
         self.kv = kv
@@ -176,6 +178,9 @@ class ModelRunner:
         self.group = self.num_heads // self.num_kv_heads  # query heads per K/V head
         self.attention_path = "compiled kernel (no gathered copy)" if self.kernel is not None else \
             "torch: gather, K/V expanded to every head, scaled_dot_product_attention (fused on a GPU)"
+        # the most context rows a decode bucket gathers at once (engines/shapes.decode_gather_rows: the headroom's
+        # count); None: no bound (a runner built alone, on the CPU)
+        self.gather_rows = gather_rows
         self.last_buckets = 0  # decode buckets of the last forward (a step's row records them)
         self.position_states: dict[int, torch.Tensor] = {}  # the last forward's, for the chunks that asked
 
@@ -183,7 +188,8 @@ class ModelRunner:
         dev, kv = self.device, self.kv
         ids: list[int] = []
         pos: list[int] = []
-        write: list[int] = []
+        write: list[torch.Tensor] = []  # the rows each token's K/V goes to, in pieces already on the device
+        decode_rows: list[int] = []  # the decodes' rows since the last piece: one copy down for all of them
         last: list[int] = []
         decodes, prefills = [], []
         flat = 0
@@ -192,11 +198,13 @@ class ModelRunner:
             ids.extend(c.seq.token_ids[c.start: c.end])
             pos.extend(range(c.start, c.end))
             if n == 1:
-                write.append(kv.row_of(c.seq, c.start))
+                decode_rows.append(kv.row_of(c.seq, c.start))
                 decodes.append((c.end, flat, c.seq))
             else:
-                rows = kv.rows(c.seq, c.end)
-                write.extend(rows[c.start:].tolist())
+                rows = kv.rows(c.seq, c.end)  # on the device already: never read back to the host
+                write += [to_device(decode_rows, dev)] if decode_rows else []
+                write.append(rows[c.start:])
+                decode_rows = []
                 if c.start:  # query i sits at position start + i and sees keys up to it
                     mask = torch.arange(c.end, device=dev)[None, :] <= torch.arange(c.start, c.end, device=dev)[:, None]
                     prefills.append(Prefill(flat, n, rows, mask))
@@ -204,23 +212,28 @@ class ModelRunner:
                     prefills.append(Prefill(flat, n, None, None))
             flat += n
             last.append(flat - 1)
+        write += [to_device(decode_rows, dev)] if decode_rows else []
         return StepInputs(
-            input_ids=torch.tensor(ids, device=dev),
-            positions=torch.tensor(pos, device=dev),
-            write_rows=torch.tensor(write, device=dev),
-            last_index=torch.tensor(last, device=dev),
+            input_ids=to_device(ids, dev),
+            positions=to_device(pos, dev),
+            write_rows=write[0] if len(write) == 1 else torch.cat(write),
+            last_index=to_device(last, dev),
+            last=last,
             buckets=self._buckets(decodes),
             prefills=prefills,
         )
 
     def _buckets(self, decodes: list[tuple[int, int, Sequence]]) -> list[Bucket]:
-        """(context length, flat index, seq) of each decode, grouped longest first: the kernel reads no
-        padding, so it takes every decode in one bucket."""
+        """(context length, flat index, seq) of each decode, grouped longest first, a group closed where its
+        padding would pass BUCKET_RATIO or its gathered rows `gather_rows` (shared context is gathered once per
+        reader: a bucket attends in turn, its copies freed before the next): the kernel reads no padding and
+        gathers nothing, so it takes every decode in one bucket."""
         if self.kernel is not None:
             return [self._bucket(decodes)] if decodes else []
         out, group = [], []
-        for item in sorted(decodes, key=lambda d: -d[0]):
-            if group and item[0] * BUCKET_RATIO < group[0][0]:
+        cap = self.gather_rows
+        for item in sorted(decodes, key=lambda d: -d[0]):  # a group's first is its longest: padded to it
+            if group and (item[0] * BUCKET_RATIO < group[0][0] or (cap and (len(group) + 1) * group[0][0] > cap)):
                 out.append(self._bucket(group))
                 group = []
             group.append(item)
@@ -229,9 +242,9 @@ class ModelRunner:
     def _bucket(self, group: list[tuple[int, int, Sequence]]) -> Bucket:
         dev = self.device
         rows = torch.nn.utils.rnn.pad_sequence([self.kv.rows(s, n) for n, _, s in group], batch_first=True)
-        lengths = torch.tensor([n for n, _, _ in group], device=dev)
+        lengths = to_device([n for n, _, _ in group], dev)
         mask = torch.arange(rows.shape[1], device=dev)[None, :] < lengths[:, None]
-        return Bucket(torch.tensor([i for _, i, _ in group], device=dev), rows, lengths, mask[:, None, None, :])
+        return Bucket(to_device([i for _, i, _ in group], dev), rows, lengths, mask[:, None, None, :])
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: set[int] = frozenset()) -> torch.Tensor:
@@ -254,8 +267,8 @@ class ModelRunner:
         # and as much again of log-softmax, beyond the cap's headroom
         self.position_states = {}
         for i in every_position:
-            first = int(inp.last_index[i]) - (chunks[i].end - chunks[i].start) + 1
-            self.position_states[i] = h[first: int(inp.last_index[i]) + 1]
+            first = inp.last[i] - (chunks[i].end - chunks[i].start) + 1
+            self.position_states[i] = h[first: inp.last[i] + 1]
         return (h[inp.last_index] @ self.lm_head).float()
 
     @torch.inference_mode()

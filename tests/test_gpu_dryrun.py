@@ -125,20 +125,20 @@ def test_a_forward_oom_on_fake_cuda_is_survived(tmp_path, device):
     spec, cfg = tiny_spec(tmp_path, "paged", "cuda", "bfloat16")
     tally = enter(8 << 30, cfg, torch.bfloat16)
     engine = make_engine(spec)
-    forward, cap = engine.runner.forward, tally.cap_bytes
+    forward, fraction = engine.runner.forward, torch.cuda.get_per_process_memory_fraction()
 
-    def tight(chunks, *rest):  # the first decode-only step of more than two chunks finds no room
+    def tight(chunks, *rest):  # the first decode-only step of more than two chunks finds no room under the cap
         decoding = len(chunks) > 2 and all(c.end - c.start == 1 for c in chunks)
-        tally.cap_bytes = tally.live_bytes if decoding and not engine.oom_events else cap
-        try:
-            return forward(chunks, *rest)
-        finally:
-            tally.cap_bytes = cap
+        torch.cuda.set_per_process_memory_fraction(
+            tally.live_bytes / (8 << 30) if decoding and not engine.oom_events else fraction)
+        return forward(chunks, *rest)  # the cap stays until the next step: the engine judges the OOM under it
 
     engine.runner.forward = tight
     # prompts of 12 to 15 tokens: each crosses into its second block of 16 a few steps after the OOM (defect 2)
     outs = generate(engine, [[5 + i] * (12 + i) for i in range(4)], SamplingParams(max_tokens=10))
-    assert len(engine.oom_events) == 1 and engine.oom_events[0][1].owner == "activations"
+    (_, event, _), = engine.oom_events
+    # no byte was free under the cap as it failed: capacity, not fragmentation
+    assert (event.owner, event.cause) == ("activations", "capacity")
     assert all(len(o[0].token_ids) == 10 for o in outs)
 
 

@@ -83,15 +83,18 @@ class ScheduledEngine(Engine):
         # prompt logprobs: the logits of every prompt position of a chunk that computes them for the first time
         scored = {i for i, c in enumerate(chunks) if c.seq.params.prompt_logprobs is not None
                   and c.seq.prompt_logprobs is None and c.end - c.start > 1}
-        refused = None
+        refused = event = None
         try:
             logits = self.runner.forward(chunks, scored)
         except torch.OutOfMemoryError as err:  # the cap's headroom ran out under this step's activations
-            # its traceback holds the forward's frames, and they its activations: let go of it (and, past this
-            # block, of the exception being handled), so that the cache _forward_oom empties holds them no more
+            # judged here, while the forward's tensors still live (its traceback holds their frames): once they
+            # are released their bytes read as free, and every forward OOM would be judged fragmentation
+            event = self.memory.device_oom(segment_asked(err), "activations")
+            # then let go of the traceback (and, past this block, of the exception being handled), so that the
+            # cache _forward_oom empties holds the activations no more
             refused = err.with_traceback(None)
         if refused is not None:
-            self._forward_oom(plan, refused)
+            self._forward_oom(plan, refused, event)
             return
         self.steps += 1
         seqs = [c.seq for c in chunks]
@@ -131,7 +134,7 @@ class ScheduledEngine(Engine):
             out += prompt_logprobs(logits, seq.prompt_ids, chunk.start + at, seq.params.prompt_logprobs)
         return out
 
-    def _forward_oom(self, plan, err: Exception) -> None:
+    def _forward_oom(self, plan, err: Exception, event) -> None:
         """An OOM event (the device's, under the activations, not the KV budget's) and smaller steps from now
         on: the scheduler's caps come down to one sequence fewer than this step held (and half its tokens,
         where it prefilled), the step's prefills (or else its newest sequence) are preempted and recomputed
@@ -139,7 +142,6 @@ class ScheduledEngine(Engine):
         it now runs."""
         self.scheduler.unstep()  # no sequence gained a token: the step is taken again, whatever is preempted below
         mem = self.memory.stats()
-        event = self.memory.device_oom(segment_asked(err), "activations")  # judged from the allocator's state
         live = self.scheduler.live()
         self.oom_events.append((time.monotonic(), event, oom_context(live, len(self.scheduler.waiting),
                                                                      mem.allocated_bytes, mem.capacity_bytes)))

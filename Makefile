@@ -172,7 +172,7 @@ gpu-check: setup model
 # mismatch, host reads only of sampled tokens, each forward's peak within the headroom the plan and the factory
 # left (tests/test_gpu_dryrun.py; docs/architecture.md says what it cannot show). make test runs it too.
 gpu-dryrun: setup
-	$(BIN)/python -m pytest -q -m gpu_dryrun tests/test_gpu_dryrun.py
+	$(BIN)/python -m pytest -q -s -m gpu_dryrun tests/test_gpu_dryrun.py
 
 # Nightly: `fragbench ab` of this checkout (its working tree: NEW) against BASE, found from git alone: HEAD's first
 # parent (HEAD~1, the branch as it stood before its newest commit) or a ref given as BASE=REV. Nothing a night writes

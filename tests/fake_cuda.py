@@ -248,7 +248,7 @@ def fake_model(config: dict, dtype: torch.dtype):
 
     cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version",
                                                                                 "torch_dtype", "dtype")})
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)  # fake cpu tensors: nothing materialised
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)  # fake cpu tensors: nothing materialised
     for module in model.modules():  # the factory's .to("cuda"), one tensor at a time (fake mode has no Module.to)
         for key, p in module._parameters.items():
             if p is not None:

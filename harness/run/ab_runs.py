@@ -3,7 +3,9 @@ short pairs of blocks (harness/run/ab_blocks.py) at one fixed rate well under bo
 order alternating pair by pair (AB, BA, ...), each pair a fresh stream both are sent; the pairs decided as they
 come (harness/analysis/ab.py) until every engine is PASS or a confirmed FAIL, or the time is spent. Then, where
 time was given for it, one knee search of each build (this checkout's bench over the build's servers, each build's
-run in its own results folder, as make bench writes them), reported beside the gate, never gating it."""
+run in its own results folder, as make bench writes them), reported beside the gate, never gating it. A failure of
+NEW's build (a server that exits, hangs or never starts) FAILs its engine and the rest go on; one of BASE's stops
+the run (Measured.error): the caller writes the verdict either way."""
 
 from __future__ import annotations
 

@@ -102,8 +102,8 @@ LOGISTIC_STEP = 0.25
 LOGISTIC_REACH = 20.0  # the logistic's mass beyond: 2e-9
 SOLVE_STEPS = 40  # bisections of the long-run crossing (its bracket a few units of log rate: under 1e-10 left)
 DEFINITION = ("the sustained rate: the highest offered rate at which the long-run share of all requests meeting "
-              "the SLO (every stream at that rate pooled) reaches the target, as the vLLM paper's sustained rate and "
-              "DistServe's goodput attainment define it")
+              "the SLO (every stream at that rate pooled) reaches the target, as the vLLM paper's sustained request "
+              "rate and DistServe's goodput define it")
 EDGE = 1.6  # a knee past every rate measured lies within this factor beyond it (the search's bracketing step)
 SEED = 20261204
 

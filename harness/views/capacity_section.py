@@ -17,6 +17,12 @@ MiB = 2**20
 
 
 def where_words(c: CapacityBlock) -> str:
+    """A bound in words: every rate met; or none did, and the highest share of requests met (knee.bound_of)."""
+    b = c.sustained_bound or {}
+    if c.sustained_where == "below" and "highest_attainment" in b:
+        return (f" (a bound: the attainment, streams pooled, stayed under the target at every rate swept, at most "
+                f"{100 * b['highest_attainment']:.0f} % at {b['highest_at_rps']:.2f} req/s; "
+                f"under {b['rps']:.2f} req/s)")
     return {"beyond": " or more (every rate met the SLO)", "below": " (under the lowest rate swept)"}.get(
         c.sustained_where, "")
 

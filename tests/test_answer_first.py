@@ -16,7 +16,7 @@ from tests.conftest import run_cli
 
 FAST = {"token_states": 0.9, "running": 15, "ttft_s": 0.2}
 SLOW = {"token_states": 0.2, "running": 3, "ttft_s": 4.0}
-UNITS = ("_s", "_rps", "_per_s", "_requests")  # every figure's column ends in its unit (or counts requests)
+UNITS = ("_s", "_rps", "_per_s", "_requests", "_share")  # every figure's column ends in its unit (or counts requests)
 
 
 def swept_summary() -> Summary:
@@ -59,7 +59,7 @@ def test_finalize_writes_engines_csv_beside_the_summary_with_units_in_its_header
     summary = finalize(run)
     table = pd.read_csv(run / "engines.csv")
     assert list(table.engine) == [r.engine for r in engine_rows(summary)]
-    figures = [c for c in table.columns if c not in ("engine", "sustained_where", "bound")]
+    figures = [c for c in table.columns if c not in ("run_status", "engine", "sustained_where", "bound")]
     assert all(c.endswith(UNITS) or c.startswith("oom_") for c in figures), figures
     assert {"sustained_rps", "ttft_p50_s", "ttft_p90_s", "tpot_p90_s", "output_tokens_per_s"} <= set(table.columns)
     static = table.set_index("engine").loc["static-max"]
@@ -77,11 +77,11 @@ def test_report_exports_the_per_request_and_per_engine_tables_as_csv_and_json(tm
     assert len(requests) == len(pd.read_parquet(run / "requests.parquet")) == 200
     assert {"sustained_rps", "served_rps", "ttft_p50_s", "tpot_p50_s", "failed_requests"} <= set(engines.columns)
     assert sorted(engines.engine) == ["paged", "static-max"]
-    r = run_cli("report", str(run), "--format", "json")  # default: the run's own folder
+    r = run_cli("report", str(run), "--format", "json", "--out", str(tmp_path / "json"))
     assert r.returncode == 0, r.stderr
-    rows = json.loads((run / "engines.json").read_text())
+    rows = json.loads((tmp_path / "json" / "engines.json").read_text())
     assert {row["engine"] for row in rows} == {"paged", "static-max"}
-    assert len(json.loads((run / "requests.json").read_text())) == 200
+    assert len(json.loads((tmp_path / "json" / "requests.json").read_text())) == 200
     r = run_cli("report", str(run), "--format", "text")
     assert r.returncode == 0, r.stderr
     assert "TTFT ms" in r.stdout and "static-max" in r.stdout

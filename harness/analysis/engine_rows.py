@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from engines.kv_categories import CATEGORIES
 from harness.analysis.summary_records import Summary
 from harness.results import whole_file
 
 ENGINES_CSV = "engines.csv"  # beside summary.json in every run's folder
-REQUESTS_CSV = "requests.csv"  # `report --format csv`: the per-request table (requests.parquet's rows)
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,13 @@ class EngineRow:
     tpot_p50_s: float | None
     tpot_p90_s: float | None
     output_tokens_per_s: float | None
+    # where its KV memory went over the run, shares of its budget (0 to 1; the vLLM paper's Figure 2,
+    # engines/kv_categories.py): None where its rows do not say (a target's metrics)
+    kv_token_states_share: float | None = None
+    kv_reservation_share: float | None = None
+    kv_internal_fragmentation_share: float | None = None
+    kv_external_fragmentation_share: float | None = None
+    kv_free_share: float | None = None
 
     @property
     def ooms(self) -> int | None:
@@ -80,13 +87,26 @@ def engine_rows(summary: Summary) -> list[EngineRow]:
             failed_requests=failed, unfinished_requests=int(s.requests_unfinished) if s else 0,
             ttft_p50_s=number(s.ttft_p50_s) if s else None, ttft_p90_s=number(s.ttft_p90_s) if s else None,
             tpot_p50_s=number(s.tpot_p50_s) if s else None, tpot_p90_s=number(s.tpot_p90_s) if s else None,
-            output_tokens_per_s=number(s.output_tokens_per_s) if s else None))
+            output_tokens_per_s=number(s.output_tokens_per_s) if s else None, **kv_shares(s)))
     return rows
 
 
+def kv_shares(figures) -> dict[str, float | None]:
+    """An engine's Figure-2 shares as EngineRow's fields (kv_token_states_share...), None where none was measured."""
+    return {f"kv_{c}_share": number(figures.figure(f"{c}_share")) if figures else None for c in CATEGORIES}
+
+
+DTYPES = {"float | None": "Float64", "int | None": "Int64", "int": "Int64", "str | None": "string", "str": "string"}
+# engines.csv's schema (pandas' nullable dtypes): the run's state first, then EngineRow's fields
+SCHEMA = {"run_status": "string", **{f.name: DTYPES[f.type] for f in fields(EngineRow)}}
+
+
 def engines_frame(summary: Summary) -> pd.DataFrame:
-    """The rows as a frame, one column per field (its unit in its name), in the order the fields are declared."""
-    return pd.DataFrame([asdict(r) for r in engine_rows(summary)], columns=list(COLUMNS))
+    """The rows as a frame, the run's status (complete, partial or failed) then one column per field (its unit in
+    its name), in the order the fields are declared, each of SCHEMA's dtype whatever the run held."""
+    frame = pd.DataFrame([asdict(r) for r in engine_rows(summary)], columns=list(COLUMNS))
+    frame.insert(0, "run_status", summary.status)
+    return frame.astype(SCHEMA)
 
 
 def write_engines_csv(folder: Path, summary: Summary) -> Path:
@@ -94,22 +114,3 @@ def write_engines_csv(folder: Path, summary: Summary) -> Path:
     with whole_file(path) as tmp:  # whole or not at all, as summary.json is
         engines_frame(summary).to_csv(tmp, index=False)
     return path
-
-
-FORMATS = ("csv", "json")
-
-
-def export_tables(run_dir: Path, summary: Summary, out: Path, kind: str) -> list[Path]:
-    """The per-request table (requests.parquet's rows, as finalize wrote them) and the per-engine table, as CSV
-    (requests.csv, engines.csv) or JSON (requests.json, engines.json: a list of records each), under `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    requests = pd.read_parquet(run_dir / "requests.parquet")
-    engines = engines_frame(summary)
-    paths = [out / f"requests.{kind}", out / f"engines.{kind}"]
-    for frame, path in zip((requests, engines), paths, strict=True):
-        with whole_file(path) as tmp:  # the run's own engines.csv may be the one rewritten
-            if kind == "csv":
-                frame.to_csv(tmp, index=False)
-            else:
-                frame.to_json(tmp, orient="records", indent=1)
-    return paths

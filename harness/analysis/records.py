@@ -141,7 +141,9 @@ class RunRecord(Record):
     """run.json: the run's configuration, state and where its load ran."""
 
     run_id: str | None = None
-    status: str | None = None
+    status: str | None = None  # partial (until the end, or where it stopped), complete or failed
+    failure: str | None = None  # a failed run's cause (measured nothing)
+    stopped: str | None = None  # why a partial run stopped, where it knew (Ctrl-C, SIGTERM, an error)
     started: str | None = None
     git_sha: str | None = None
     config: RunConfig = RunConfig()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
+import sys
+from pathlib import Path
 
 from engines import SERVED, UnknownName, pick
 from engines.registry import described, entry, listing, memory_refusal
@@ -181,6 +185,30 @@ def config(args: argparse.Namespace):
                        api=args.api, api_key=args.api_key, targets={name: t.describe() for name, t in targets.items()})
 
 
+def stop_cause(e: BaseException) -> str:
+    """Why a run stopped, in words: Ctrl-C, the signal (procs.exit_on_sigterm's SystemExit(128 + signum)), an error."""
+    if isinstance(e, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(e, SystemExit):
+        code = e.code if isinstance(e.code, int) else 0
+        return signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else f"exit {e.code}"
+    return f"{type(e).__name__}: {e}"
+
+
+def stopping_says_where(bench) -> Path:
+    """bench.run(); cut off (Ctrl-C, SIGTERM, an error), run.json says why, and one line where the partial run is
+    (`fragbench report` reads it, marked PARTIAL) before the exit (130 for Ctrl-C)."""
+    try:
+        return bench.run()
+    except (KeyboardInterrupt, SystemExit, Exception) as e:
+        why = stop_cause(e)
+        with contextlib.suppress(Exception):  # the run's record is best effort here: the cause is what matters
+            bench.record.stopped(why)
+        print(f"fragbench bench: stopped ({why}): the partial run is in {bench.dir} (`fragbench report "
+              f"{bench.dir}` reads what it kept)", file=sys.stderr, flush=True)
+        raise
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     # after every refusal: a bad command line exits at once, before the harness (torch, plotly) loads
@@ -191,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
 
     bench = claimed(lambda: Bench(cfg))  # its own folder, or one line before any measuring
     print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
-    run_dir = bench.run()
+    run_dir = stopping_says_where(bench)
     if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)
         raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
     print(engine_table(read_summary_record(run_dir)), flush=True)  # the answer under the decision line

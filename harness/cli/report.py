@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from harness.cli.args import UsageError, run_dir
+from harness.cli.run_folder import writable_folder
 
 FORMATS = ("html", "csv", "json", "text")
 
@@ -19,12 +20,13 @@ def register(sub) -> None:
                                            "JSON or text")
     report.add_argument("run_dir", help="a bench run's directory (results/RUN_ID)")
     report.add_argument("--format", choices=FORMATS, default="html",
-                        help="html: the report page (default); csv or json: requests.csv and engines.csv (or .json), "
-                             "the per-request and per-engine tables, units in the column names (ttft_s, "
-                             "sustained_rps); text: the per-engine table bench ends with, on stdout")
+                        help="html: the report page (default); csv or json: requests.csv, tokens.csv and engines.csv "
+                             "(or .json), the per-request, per-token and per-engine tables, units in the column names "
+                             "(ttft_s, sustained_rps), their dtypes in tables.json; text: the per-engine table bench "
+                             "ends with, on stdout")
     report.add_argument("--out", metavar="PATH",
-                        help="html: the page written (default: reports/RUN_ID.html); csv, json: the folder the two "
-                             "tables are written to (default: the run's folder)")
+                        help="html: the page written (default: reports/RUN_ID.html); csv, json: the folder the "
+                             "tables are written to (default: reports/RUN_ID/; never the run's own folder)")
     report.set_defaults(func=run)
 
 
@@ -44,15 +46,29 @@ def phase(t0: float, what: str) -> None:
     print(f"fragbench report: at {time.monotonic() - t0:.1f} s: {what}", file=sys.stderr, flush=True)
 
 
+def tables_out(run: Path, out: str | None) -> Path:
+    """Where csv or json tables go: --out, else reports/RUN_ID/; never the run's own folder (its files are its
+    record: engines.csv there is finalize's)."""
+    path = Path(out) if out else Path("reports") / run.name
+    if path.resolve() == run.resolve():
+        raise UsageError(f"--out {path}: the run's own folder (its files are the run's record): give another folder")
+    return writable_folder(path, "--out")
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     # imported when the verb runs: `fragbench --help` does not load pandas, scipy or plotly
-    from harness.analysis.engine_rows import export_tables
+    import pandas as pd
+
+    from harness.analysis.records import RunRecord
+    from harness.analysis.run_state import run_mark
     from harness.analysis.rundir import load_meta
     from harness.analysis.summary import finalize
+    from harness.analysis.tables import export_tables
     from harness.sim.twin import twin_of
 
     directory = run_dir(args.run_dir)
+    tables = tables_out(directory, args.out) if args.format in ("csv", "json") else None  # refused before any work
     before = directory / "summary.json"
     simulated = before.is_file() and "twin" in read_json(before)
     # a partial run gets its parquet files and summary from what it wrote; a complete one that bench finished
@@ -62,13 +78,16 @@ def run(args: argparse.Namespace) -> int:
     twin = complete and not simulated
     phase(t0, "summarizing the journals" + (" (a swept run's twin simulated too: seconds to minutes)" if twin else ""))
     summary = finalize(directory, twin_of(directory) if twin else None)
+    if args.format != "html" and (mark := run_mark(RunRecord.read(directory),
+                                                          pd.read_parquet(directory / "requests.parquet"))):
+        print(mark)  # a partial or failed run says so at the top of every format
     if args.format == "text":
         from harness.views.engine_table import engine_table  # rich's table alone: no plotly
 
         print(engine_table(summary))
         return 0
     if args.format in ("csv", "json"):
-        for path in export_tables(directory, summary, Path(args.out) if args.out else directory, args.format):
+        for path in export_tables(directory, summary, tables, args.format):
             print(path)
         return 0
     from harness.views.report import render  # plotly and its page: html alone

@@ -142,6 +142,12 @@ class RunWriter:
         self.meta["bench_s"] = round(time.time() - started, 1)
         self.write()
 
+    def stopped(self, why: str) -> None:
+        """A run cut off before its end (Ctrl-C, SIGTERM, an error): its status stays partial, why it stopped
+        beside it, written at once (the report's PARTIAL mark names it)."""
+        self.meta["stopped"] = why
+        self.write()
+
     # -- run.json, written with the next write
     def setup_s(self, engine: str, seconds: float) -> None:
         self.meta.setdefault("setup_s", {})[engine] = round(seconds, 1)

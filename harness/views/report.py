@@ -16,6 +16,7 @@ from engines.memory.snapshot import read_snapshot
 from engines.percentile import percentile
 from harness.analysis.integrity import sentence
 from harness.analysis.records import RunRecord
+from harness.analysis.run_state import run_mark
 from harness.analysis.rundir import load_frames
 from harness.analysis.summary import SHARE_COLUMNS, read_summary_record
 from harness.analysis.summary_records import Summary
@@ -36,6 +37,7 @@ from harness.views.html import (
     table,
 )
 from harness.views.regime import regime_words
+from harness.views.saturation_section import saturation_section
 from harness.views.twin_section import twin_section
 from harness.views.verdict import verdict
 from workloads.spec import SpecError, load_spec
@@ -390,12 +392,10 @@ def render(run_dir: Path, out: Path) -> Path:
     meta = RunRecord.read(run_dir)
     frames = load_frames(run_dir)
     summary = read_summary_record(run_dir)  # computed once, by finalize: the report only reads it
-    partial = meta.status != "complete"
-    banner = (f"<p class='partial' id='partial'>PARTIAL RUN: this run did not finish (engines done: "
-              f"{ESC(', '.join(meta.engines_done) or 'none')}). Every number below comes from the rows "
-              "it wrote before it stopped.</p>") if partial else ""
+    mark = run_mark(meta, frames["requests"])  # a failed run's cause, a partial one's stop and what it kept: on top
+    banner = f"<p class='partial' id='partial'>{ESC(mark)}</p>" if mark else ""
     body = "".join([
-        verdict(summary, meta, frames["events"]), targets_note(meta),
+        verdict(summary, meta, frames["events"]), saturation_section(summary), targets_note(meta),
         capacity_section(summary, regime_words(summary, meta, budget_bytes(meta)),
                          meta.sweep.design if meta.sweep else None),
         twin_section(summary, budget_bytes(meta)), integrity_section(summary),

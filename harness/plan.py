@@ -145,7 +145,8 @@ def render_plan(p: Plan) -> str:
         f"  weights                   {fb(p.weights_bytes)}",
         f"  activation headroom       {fb(p.activation_headroom_bytes)} "
         f"(one forward of max({MIN_BATCHED_TOKENS}, max_seq_len) tokens + fp32 logits of {p.max_num_seqs} "
-        "sequences + the attention's gathers of every live decode token: the in-house engine's rule)",
+        "sequences + one decode bucket's gathers, the live tokens at most, the runner splitting a bucket there: "
+        "the in-house engine's rule)",
         f"  KV budget                 {fb(p.kv_budget_bytes)}",
         f"  KV bytes per token        {p.kv_bytes_per_token:,} (2 x layers x kv_heads x head_dim x dtype bytes)",
         f"  max live tokens           {p.max_live_tokens:,}",

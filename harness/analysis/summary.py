@@ -50,6 +50,7 @@ from harness.analysis.rundir import (
     spans,
     time_spent,
 )
+from harness.analysis.saturation import add_saturation
 from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
 from harness.analysis.summary_records import (
@@ -403,6 +404,7 @@ def summarize(run_dir: Path, frames: dict[str, pd.DataFrame] | None = None) -> S
         summary.capacity, summary.capacity_ratios = intervals(by_budget[own], meta, fits)
         summary.headline = headline_with(by_budget[own], meta, fits)
         summary.time_spent = TimeSpent.model_validate(time_spent(meta))
+    add_saturation(summary, run_dir)  # beside the headline, never instead of it
     if len(cfg.budgets) > 1:
         budgets = {b.label: b for b in cfg.budgets}  # each label parsed once, in the run's config record
         summary.capacity_by_budget = {str(budgets[budget].bytes): intervals(blocks, meta)[0]

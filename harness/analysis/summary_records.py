@@ -384,6 +384,49 @@ class SizeRule(SummaryBlock):
     tolerance: Num
 
 
+class SaturationSet(SummaryBlock):
+    """One fixed request set served flat out by one engine (harness/run/saturation_runs.py)."""
+
+    engine: str
+    repetition: Num
+    position: Num  # 0: the pair's first set, 1: its second (the order alternates: ABBA)
+    requests: Num
+    completed: Num
+    output_tokens: Num
+    wall_s: Num | None = None
+    output_tokens_per_s: Num | None = None
+    requests_per_s: Num | None = None
+    oom_total: Num = 0
+    preemptions: Num = 0
+
+
+class SaturationEngine(SummaryBlock):
+    """An engine's saturation throughput: the mean of its sets' figures, its OOMs and preemptions summed."""
+
+    output_tokens_per_s: Num | None = None
+    requests_per_s: Num | None = None
+    sets: Num = 0
+    failed_requests: Num = 0
+    oom_total: Num = 0
+    preemptions: Num = 0
+
+
+class SaturationBlock(SummaryBlock):
+    """summary.json's `saturation_throughput` (harness/analysis/saturation.py): beside the headline, never it."""
+
+    definition: str = ""
+    engine: str = ""
+    against: str = ""
+    requests: Num = 0
+    repeats: Num = 0
+    ratio: Num | None = None
+    ratio_ci: list[Num] | None = None
+    level: Num = 0.9
+    pairs: Num = 0
+    engines: dict[str, SaturationEngine] = {}
+    sets: list[SaturationSet] = []
+
+
 class Summary(SummaryBlock):
     """summary.json (summary.summarize), or simulate's sweep (its `policies` beside its capacity blocks): what
     every page reads of a run."""
@@ -400,6 +443,7 @@ class Summary(SummaryBlock):
     alloc_settings: list[AllocSetting] | None = None
     size_classes_rule: SizeRule | None = None
     twin: dict[str, TwinBlock] | None = None
+    saturation_throughput: SaturationBlock | None = None  # beside the headline (analysis/saturation.py)
 
     @property
     def simulated(self) -> bool:
@@ -454,3 +498,4 @@ class SimulationOut(Summary):
     alloc_conf: str | None = None
     step_model: StepModelInfo
     policies: dict[str, PolicyFigures]
+

@@ -29,7 +29,7 @@ from harness.cli.engine_flags import alloc_conf_arg, refuse_cuda_memory_settings
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.run_folder import add_place_flags, claimed, run_place
 from harness.cli.seeds import seed_arg
-from harness.cli.sweep_flags import check_sweep_args, sweep_group
+from harness.cli.sweep_flags import check_sweep_args, saturation_flag, sweep_group
 from harness.cli.user_paths import user_path, user_workload
 from harness.units import KvBudget
 
@@ -77,7 +77,7 @@ def register(sub) -> None:
     bench.add_argument("--engine-args", action="append", default=[], metavar="ENGINE=ARGS",
                        help="extra serve flags for one engine, e.g. 'static=--no-preflight --reserve pow2' "
                             "(repeatable)")
-    sweep = sweep_group(bench, "engine", points=8)
+    sweep = saturation_flag(sweep_group(bench, "engine", points=8))
     sweep.add_argument("--time", type=positive_float, default=900.0, metavar="SECONDS",
                        help="the whole bench's time budget in seconds (default 900): every engine's set-up and knee "
                             "search, then the decision phase; the design's rules share it out (report: Capacity)")
@@ -173,13 +173,13 @@ def config(args: argparse.Namespace):
                          f"on a GPU), not {device}")
     from harness.run.bench import BenchConfig  # after the checks: a refusal need not load torch and the harness
     return BenchConfig(engines=engines, workload=args.workload, model=args.model, kv_budget=budgets[0],
-                       duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed,
+                       duration_s=args.duration, out_dir=user_path(args.out), seed=args.seed, search_s=args.search_time,
                        max_seq_len=args.max_seq_len, threads=args.threads, run_id=args.run_id or "", grace_s=args.grace,
                        kill_after_s=args.kill_after, engine_args=extra_args, precision=args.precision,
                        warmup_s=args.warmup, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                        slo_attainment=args.slo_attainment, sweep=args.sweep or bool(args.rates), rates=args.rates,
                        points=args.points, point_s=args.point_duration, calibrate_s=args.calibrate_duration,
-                       point_requests=args.point_requests, search_s=args.search_time,
+                       point_requests=args.point_requests, throughput_repeats=args.throughput_repeats,
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device, time_s=args.time,
                        memory=args.memory, alloc_conf=args.alloc_conf, compare_alloc_confs=args.compare_alloc_conf,
                        api=args.api, api_key=args.api_key, targets={name: t.describe() for name, t in targets.items()})

@@ -27,6 +27,14 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
     return group
 
 
+def saturation_flag(group):
+    """bench's saturation throughput beside the headline (harness/analysis/saturation.py); the group, given back."""
+    group.add_argument("--throughput-repeats", type=int, default=None, metavar="N",
+                       help="pairs of saturation-throughput sets (one fixed request set offered all at once to each "
+                            "headline engine, ABBA) after the decision; default by rule from --time, 0 disables")
+    return group
+
+
 def check_sweep_args(args: argparse.Namespace, spec) -> None:
     """Flags that cannot make a sweep: one line each, before anything starts."""
     # imported when a verb checks its sweep: `fragbench --help` does not load numpy or pandas

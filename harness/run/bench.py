@@ -16,6 +16,7 @@ from harness.analysis.design import Design
 from harness.analysis.headline import reference_of
 from harness.analysis.integrity import sentence
 from harness.analysis.rundir import request_rows
+from harness.analysis.saturation import repeats_by_rule, reserve_s, saturation_words
 from harness.analysis.steady import fewest_to_pass
 from harness.analysis.summary import finalize
 from harness.results import Journal, measured_nothing
@@ -27,6 +28,7 @@ from harness.run.console import Console, Show, Shower
 from harness.run.engine_run import EngineRun
 from harness.run.probes import Probes
 from harness.run.record import RunWriter, claim_run_dir
+from harness.run.saturation_runs import SaturationRuns
 from harness.run.search import KneeSearching, likely_rival
 from harness.run.servers import ServerFailed
 from harness.run.stats_poller import StatsPoller
@@ -74,6 +76,9 @@ class Bench:
         self.started: set[str] = set()  # engines whose server started (at any budget)
         self.unstarted: dict[str, str] = {}  # engine: why its server did not start (its first refusal)
         self.failure: str | None = None  # why the run measured nothing, once it is over
+        repeats = cfg.throughput_repeats if cfg.throughput_repeats is not None else repeats_by_rule(cfg.time_s)
+        self.saturation_repeats = repeats if searching else 0  # pairs of saturation sets after the decision
+        self.clock.reserved_s = reserve_s(self.saturation_repeats)  # held back from the search and the decision
         self.searching = KneeSearching(cfg, self.design, self.clock, self.record, self.console, self.visits,
                                        self.order(), self.budgets, self.targets)  # which points: search, decision
 
@@ -94,6 +99,7 @@ class Bench:
             if self.cfg.sweep and not self.cfg.rates:
                 self.spread_prior()
                 self.searching.decide(runs, shower)
+                self.saturation()
             self.record.speed_probe("end")
         run_settings(self.cfg, self.dir, lambda cfg: Bench(cfg, self.console.rich),  # --compare-alloc-conf
                      self.console.plain)
@@ -104,6 +110,8 @@ class Bench:
         summary = finalize(self.dir, twin_of(self.dir) if self.cfg.sweep and self.started else None)  # whole, once
         if self.failure is None and self.cfg.sweep and not self.cfg.rates:  # the last word: summary.json's headline
             self.console.say(decision_line(summary.headline, "as summary.json and the report say"))
+        if summary.saturation_throughput is not None:  # beside the headline, never instead of it
+            self.console.say(saturation_words(summary.saturation_throughput))
         return self.dir
 
     def measured_nothing(self) -> str | None:
@@ -112,6 +120,21 @@ class Bench:
             return "no engine started: " + "; ".join(self.unstarted.values()) if self.unstarted else "no engine ran"
         why = measured_nothing(request_rows(self.dir))
         return f"{', '.join(sorted(self.started))}: {why}" if why else None
+
+    def saturation(self) -> None:
+        """The saturation sets beside the headline (run/saturation_runs.py), on the time held back for them: the
+        headline's two engines as the decision left them, each set sized by their calibrated rates."""
+        self.clock.reserved_s = 0.0
+        h = self.searching.verdict().headline
+        if not self.saturation_repeats or h is None or {h.engine, h.against} & set(self.targets):
+            return
+        rates = {e: self.record.meta.get("calibration", {}).get(e, {}).get(str(self.cfg.kv_budget), 0.0)
+                 for e in (h.engine, h.against)}
+        try:
+            SaturationRuns(self.cfg, self.dir, self.servers, self.console).run(h.engine, h.against, rates,
+                                                                               self.saturation_repeats)
+        except ServerFailed:
+            pass  # said on the console; the pairs served so far are the record
 
     def spread_prior(self) -> None:
         """The headline engines' stream-spread priors from their twins (harness/sim/spread_prior.py), once, before

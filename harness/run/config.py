@@ -38,6 +38,7 @@ class BenchConfig(Traffic):
     time_s: float = 900.0  # the whole bench's time: set-up, every search and the decision
     precision: float = 1.5  # the headline ratio's interval asked: hi / lo at most this
     calibrate_s: float = 12.0  # seconds of one saturating calibration window
+    throughput_repeats: int | None = None  # saturation sets' pairs (None: analysis/saturation.repeats_by_rule)
     kv_budgets: list[KvBudget] = field(default_factory=list)  # every budget searched (kv_budget first), by bytes
     warmup_s: float | None = None  # churn seconds left out of the memory shares (default: a tenth)
     kill_after_s: float | None = None  # fault injection: SIGKILL each engine's server this far into its churn

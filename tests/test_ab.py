@@ -473,3 +473,131 @@ def test_a_dirty_tree_is_never_recorded_as_a_revision_that_passed(tmp_path):
     (repo / "harness" / "y.py").write_text("Y = 1\n")  # a file the commit does not hold
     dirty = identity(Tree("working tree", repo, None, sys.executable))
     assert dirty["sha"] == clean["sha"] and dirty["dirty"] and passed("PASS", dirty) is None
+
+
+# -- two builds that run alike
+
+
+def test_new_s_tree_is_built_as_base_s_from_its_commit_or_a_snapshot(monkeypatch, tmp_path):
+    """NEW, the working tree, is served from a tree of its own under .ab/trees, as BASE is: a clean one is its HEAD's
+    tree (an A/A run's two builds are one tree), a dirty one a snapshot of its files (changes and untracked files,
+    not ignored ones) that leaves the user's index and stash as they were, made once per content."""
+    import subprocess
+
+    from harness.cli.ab import passed
+    from harness.run import trees
+
+    repo = git_repo(tmp_path / "repo")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+    (repo / "pyproject.toml").write_bytes((trees.ROOT / "pyproject.toml").read_bytes())  # this venv serves it
+    (repo / ".gitignore").write_text(".ab/\n*.log\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c3")
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(trees, "TREES", tmp_path / "trees")
+    base, new = trees.tree_of("HEAD"), trees.tree_of(None)
+    assert new.path == base.path and new.path.parent == tmp_path / "trees" and new.sha == base.sha
+    assert not new.dirty and new.snapshot is None and new.env()["PYTHONPATH"] == str(new.path)
+    (repo / "harness" / "x.py").write_text("X = 'changed'\n")
+    (repo / "harness" / "y.py").write_text("Y = 'untracked'\n")
+    (repo / "server.log").write_text("ignored\n")
+    git("add", "harness/x.py")  # a staged change: the user's index must stay exactly as it is
+    staged = git("diff", "--cached", "--name-only")
+    new = trees.tree_of(None)
+    assert new.path.parent == tmp_path / "trees" and new.path != base.path and new.env()["PYTHONPATH"] == str(new.path)
+    assert (new.path / "harness" / "x.py").read_text() == "X = 'changed'\n"
+    assert (new.path / "harness" / "y.py").read_text() == "Y = 'untracked'\n" and not (new.path / "server.log").exists()
+    assert new.sha == base.sha and new.dirty and new.snapshot and new.python == base.python
+    assert git("diff", "--cached", "--name-only") == staged and not git("stash", "list")
+    assert git("status", "--porcelain", "--", "harness/y.py").startswith("??")
+    assert trees.tree_of(None).path == new.path  # the same content: the same snapshot, its tree reused
+    record = trees.identity(new)
+    assert record["sha"] == base.sha and record["dirty"] and record["snapshot"] == new.snapshot
+    assert passed("PASS", record) is None
+
+
+def stand_ins(monkeypatch, tmp_path, new_scale: float = 1.0) -> list[tuple]:
+    """ab_runs with its servers, load generators and blocks stood in for: each server start, stop and block sent
+    recorded, in order, as ("start" | "stop", engine.side) and ("block", engine.side, stream key)."""
+    from types import SimpleNamespace
+
+    import harness.run.ab_runs as ab_runs
+
+    events: list[tuple] = []
+    sent: dict[str, int] = {}
+
+    def start(tree, engine, side, plan, logs):
+        events.append(("start", f"{engine}.{side}"))
+        return SimpleNamespace(), f"http://{engine}.{side}", tmp_path / "log"
+
+    def run_block(server, number, key, rate, judged, limit_s):
+        events.append(("block", server.name, key))
+        sent[server.name] = sent.get(server.name, 0) + 1
+        return block(new_scale if server.side == "new" else 1.0, 1000 * (server.side == "new") + sent[server.name])
+
+    monkeypatch.setattr(ab_runs, "start", start)
+    monkeypatch.setattr(ab_runs, "open_server", lambda name, side, *a: SimpleNamespace(name=name, side=side))
+    monkeypatch.setattr(ab_runs, "close_server", lambda server: events.append(("stop", server.name)))
+    monkeypatch.setattr(ab_runs, "run_block", run_block)
+    monkeypatch.setattr(ab_runs, "quiesce", lambda urls, say: None)
+    monkeypatch.setattr(ab_runs, "reading", lambda at: {"at": at, "compute_s": [0.01]})
+    return events
+
+
+def test_both_builds_are_warmed_alike_and_restarted_every_few_pairs_the_first_to_start_alternating(monkeypatch,
+                                                                                                  tmp_path):
+    """Stand-in servers: the rate check's block goes to both builds; both servers restart every RESTART_PAIRS of
+    an engine's pairs, the build started first alternating, each fresh pair warmed alike before its next pair;
+    ab.json's servings (and pairs.jsonl) say which serving each pair ran on."""
+    import json
+
+    import harness.run.ab_runs as ab_runs
+    from harness.run.trees import ROOT, Tree
+
+    events = stand_ins(monkeypatch, tmp_path)
+    tree = Tree("HEAD", ROOT, "0" * 40, "python")
+    plan = ab_runs.ABPlan(["paged"], 3600, 0.10, tmp_path, "m", "1", {}, {}, min_pairs=14)
+    m = ab_runs.measure(tree, tree, plan, lambda text: None)
+    n = len(m.gates["paged"].pairs)
+    assert m.gates["paged"].verdict() == "PASS" and n >= 14
+    servings = 1 + (n - 1) // ab_runs.RESTART_PAIRS
+    assert m.servings == [{"engine": "paged", "serving": i, "from_pair": ab_runs.RESTART_PAIRS * i,
+                           "first": ("base", "new")[i % 2]} for i in range(servings)]
+    starts = [e[1] for e in events if e[0] == "start"]
+    assert starts == [name for i in range(servings) for name in (("paged.base", "paged.new"),
+                                                                 ("paged.new", "paged.base"))[i % 2]]
+    blocks = [e[1:] for e in events if e[0] == "block"]
+    assert blocks[:2] == [("paged.base", "abcheck0"), ("paged.new", "abcheck0")]  # the check warms both
+    for i in range(1, servings):  # a restart: both stopped, both started, both warmed before the next pair
+        at = next(j for j, e in enumerate(events) if e[0] == "block" and e[2] == f"abwarm{i}")
+        first, second = ("paged.base", "paged.new")[::1 if i % 2 == 0 else -1]
+        assert [e[0] for e in events[at - 4:at]] == ["stop", "stop", "start", "start"]
+        assert events[at:at + 2] == [("block", first, f"abwarm{i}"), ("block", second, f"abwarm{i}")]
+        assert events[at + 2][2] == f"ab{ab_runs.RESTART_PAIRS * i}"
+    lines = [json.loads(line) for line in (plan.gate_dir / "pairs.jsonl").read_text().splitlines()]
+    assert [p["serving"] for p in lines] == [k // ab_runs.RESTART_PAIRS for k in range(n)]
+
+
+def test_new_that_fails_its_restart_fails_its_engine(monkeypatch, tmp_path):
+    from harness.run import ab_runs
+    from harness.run.ab_blocks import Crashed
+    from harness.run.trees import ROOT, Tree
+
+    events = stand_ins(monkeypatch, tmp_path)
+    started = ab_runs.start
+
+    def start(tree, engine, side, plan, logs):
+        if side == "new" and sum(e[0] == "start" for e in events) >= 2:
+            raise Crashed(f"{engine}.new", side, f"{engine}.new did not start (exit 1): OSError: no port")
+        return started(tree, engine, side, plan, logs)
+
+    monkeypatch.setattr(ab_runs, "start", start)
+    tree = Tree("HEAD", ROOT, "0" * 40, "python")
+    plan = ab_runs.ABPlan(["paged"], 3600, 0.10, tmp_path, "m", "1", {}, {}, min_pairs=14)
+    m = ab_runs.measure(tree, tree, plan, lambda text: None)
+    gate = m.gates["paged"]
+    assert gate.verdict() == "FAIL" and "OSError: no port" in gate.crashed
+    assert len(gate.pairs) == ab_runs.RESTART_PAIRS and m.error is None

@@ -304,7 +304,8 @@ def test_revisions_come_from_the_repository_the_user_stands_in(tmp_path, monkeyp
     monkeypatch.chdir(other / "harness")  # a subfolder of the other clone
     assert trees.repository() == other.resolve()
     assert trees.resolve("HEAD") == head  # its HEAD, not the install's
-    assert trees.tree_of(None).path == other.resolve()
+    new = trees.tree_of(None)  # its working tree, served from a tree of its own beside it (as BASE's is)
+    assert new.sha == head and new.path == other.resolve() / ".ab" / "trees" / head[:12]
     assert trees.trees_dir() == other.resolve() / ".ab" / "trees"
     monkeypatch.chdir(tmp_path)  # no repository here: the install's checkout
     assert trees.repository() == trees.ROOT

@@ -126,7 +126,7 @@ def gated(args: argparse.Namespace) -> int:
         (lambda text: print(text, flush=True))
     with usage_errors(TreeError):  # an unknown revision: nothing ran, nothing to write
         base, new = tree_of(args.base), tree_of(args.new)
-    if base.sha is not None and base.sha == new.sha:
+    if base.sha is not None and base.sha == new.sha and not new.dirty:
         say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): an A/A run")
     measured, memory = Measured(), None
     try:
@@ -159,6 +159,7 @@ def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
               "passed": passed(verdict, sides["new"]),
               "engines": engines, "rates_rps": measured.rates, "figures": [f.json() for f in figures],
               "memory": memory.json() if memory else None, "notes": measured.notes, "speed_probe": measured.speed,
+              "restarts": sum(1 for s in measured.servings if s["serving"] > 0), "servings": measured.servings,
               "turns": [str(d) for d in measured.dirs], "page": str(page),
               "pairs": str(plan.gate_dir / "pairs.jsonl")}
     plan.gate_dir.mkdir(parents=True, exist_ok=True)

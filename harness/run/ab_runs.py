@@ -1,6 +1,7 @@
 """`fragbench ab`'s measurement: each engine of each build served from its own work tree, and, per engine, many
 short pairs of blocks (harness/run/ab_blocks.py) at one fixed rate well under both builds' knees, the builds'
-order alternating pair by pair (AB, BA, ...), each pair a fresh stream both are sent; the pairs decided as they
+order alternating pair by pair (AB, BA, ...), each pair a fresh stream both are sent; both builds' servers started
+afresh every RESTART_PAIRS pairs, the build started first alternating, and warmed alike; the pairs decided as they
 come (harness/analysis/ab.py) until every engine is PASS or a confirmed FAIL, or the time is spent. Then, where
 time was given for it, one knee search of each build (this checkout's bench over the build's servers, each build's
 run in its own results folder, as make bench writes them), reported beside the gate, never gating it. A failure of
@@ -58,6 +59,14 @@ BLOCK_LIMIT_S = 90  # a block's judging bound: 30 requests at the slowest rate t
 RATE_CHECKS = 3  # halvings of the rate the check may make before it gives up on an engine
 FALLBACK_RPS = 1.0  # an engine the operating table has no rate for starts its check here
 WORKLOAD = "mixed-churn"
+# Pairs an engine's two servers serve before both are started afresh. A server process carries an offset of its own
+# (its heap, its threads' cores, what the other build's start left in the caches) that the order term cannot take
+# out and that pairs on one process pair all share: every measured night leaned one way (A/A 0.980, 0.944; issue
+# 87). Fresh processes make pairs replicates of the code. 4: even, so each serving holds AB and BA alike; the
+# 10 pairs a PASS needs then span three servings; a restart (two starts and a warm-up block each, ~20 s) costs
+# about an eighth of four pairs (40-55 s each here), where every 2 pairs would cost a quarter.
+RESTART_PAIRS = 4
+WARM_JUDGED = 10  # a restarted server's warm-up block, judged by no one: its first requests meet cold code paths
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class Measured:
 
     steps: dict[str, ABFigure] = field(default_factory=dict)
     instructions: dict[str, ABFigure | str] = field(default_factory=dict)  # a figure, or NEW's crash in words
+    servings: list[dict] = field(default_factory=list)  # each start of an engine's two servers: when, which first
     error: str | None = None  # BASE's build failed: the run could not judge NEW (exit 2)
 
     def figures(self) -> list[ABFigure]:
@@ -124,10 +134,15 @@ class BaseFailed(RuntimeError):
 
 @dataclass
 class Serving:
-    """The builds' servers, by engine then side, and every live server's URL by its name (engine.side)."""
+    """The builds' servers, by engine then side, and every live server's URL by its name (engine.side); what a
+    (re)start needs (the trees, the traffic), and how many times each engine's servers were started."""
 
     servers: dict[str, dict[str, BlockServer]] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
+    trees: dict[str, Tree] = field(default_factory=dict)
+    traffic: LoadArgs | None = None
+    streams: Streams | None = None
+    started: dict[str, int] = field(default_factory=dict)
 
     def close(self, engine: str) -> None:
         """An engine's servers stopped (a failed NEW's at once: a hung one would hold requests every later block
@@ -201,22 +216,36 @@ def quiesce(urls: dict[str, str], say: Callable[[str], None]) -> None:
         say(f"ab: {', '.join(busy)} still held requests after {QUIET_S} s; measuring anyway")
 
 
-def check_rate(engine: str, base: BlockServer, plan: ABPlan, slo: SLO, urls: dict[str, str],
+def check_rate(engine: str, servers: dict[str, BlockServer], plan: ABPlan, slo: SLO, urls: dict[str, str],
                say: Callable[[str], None]) -> float | None:
-    """The engine's pair rate: the operating table's (FALLBACK_RPS where it has none), checked on BASE tonight
-    with one block and halved while BASE misses the SLO there (a table drawn on faster nights over-asks a slower
-    one); None where BASE misses at every rate tried."""
+    """The engine's pair rate: the operating table's (FALLBACK_RPS where it has none), checked tonight with one
+    block and halved while BASE misses the SLO there (a table drawn on faster nights over-asks a slower one); None
+    where BASE misses at every rate tried. Each check's block goes to both builds, the order alternating: BASE's
+    alone warmed BASE, and NEW's first requests fell in pair 0 (issue 87). NEW's met share is said, not used."""
     rate = operating_rate(WORKLOAD, int(plan.kv_budget), plan.model, engine) or FALLBACK_RPS
     for attempt in range(RATE_CHECKS + 1):
-        quiesce(urls, say)
-        rows = run_block(base, 10_000 + attempt, f"abcheck{attempt}", rate, OPERATING_JUDGED, BLOCK_LIMIT_S)
-        met = float(rows.met.mean()) if len(rows) else 0.0
-        say(f"ab: {engine}: BASE met {met:.0%} of {len(rows)} judged at {rate:g} req/s "
-            f"({'kept' if met >= slo.attainment else 'halved'})")
-        if met >= slo.attainment:
+        met = {}
+        for side in side_order(attempt):
+            quiesce(urls, say)
+            rows = run_block(servers[side], 10_000 + attempt, f"abcheck{attempt}", rate, OPERATING_JUDGED,
+                             BLOCK_LIMIT_S)
+            rows = answered(servers[side], rows) if side == "new" else rows  # a hung NEW fails here, not later
+            met[side] = float(rows.met.mean()) if len(rows) else 0.0
+        say(f"ab: {engine}: BASE met {met['base']:.0%} (NEW {met['new']:.0%}) at {rate:g} req/s "
+            f"({'kept' if met['base'] >= slo.attainment else 'halved'})")
+        if met["base"] >= slo.attainment:
             return rate
         rate = snap(rate / 2)
     return None
+
+
+def warm(engine: str, servers: dict[str, BlockServer], n: int, rate: float, urls: dict[str, str],
+         say: Callable[[str], None]) -> None:
+    """A restarted engine's two fresh servers warmed alike before its next pair: one short block of one stream
+    each (`abwarm<n>`), in the order they started, judged by no one."""
+    for side in side_order(n):
+        quiesce(urls, say)
+        answered(servers[side], run_block(servers[side], 20_000 + n, f"abwarm{n}", rate, WARM_JUDGED, BLOCK_LIMIT_S))
 
 
 def pair(engine: str, k: int, servers: dict[str, BlockServer], rate: float, urls: dict[str, str],
@@ -253,7 +282,8 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None], m: 
             for engine in plan.engines:
                 if entry(engine).kind == Kind.SCHEDULED:
                     m.instructions[engine] = counted(engine, base, new, plan, say)
-        serve_all(base, new, plan, live, m, say)
+        live.trees = {"base": base, "new": new}
+        serve_all(plan, live, m, say)
         check_rates(plan, live, m, say)
         pairs(plan, live, m, say)
         alive = [e for e in plan.engines if e in live.servers and e in m.gates]
@@ -275,33 +305,63 @@ def measure(base: Tree, new: Tree, plan: ABPlan, say: Callable[[str], None], m: 
     return m
 
 
-def serve_all(base: Tree, new: Tree, plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
-    """Both builds' servers of every engine, each under its load generator; an engine whose NEW does not start
-    FAILs (its BASE stopped), and BASE's not starting stops the run."""
-    streams = Streams(load_spec(WORKLOAD), plan.seed0)
-    traffic = LoadArgs(workload=WORKLOAD, duration_s=plan.time_s + 3600.0, seed=plan.seed0, grace_s=10.0,
-                       target="", out=plan.out, t0=time.time())
+def serve_all(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
+    """Both builds' servers of every engine (live.trees), each under its load generator; an engine whose NEW does
+    not start FAILs (its BASE stopped), and BASE's not starting stops the run."""
+    live.streams = Streams(load_spec(WORKLOAD), plan.seed0)
+    live.traffic = LoadArgs(workload=WORKLOAD, duration_s=plan.time_s + 3600.0, seed=plan.seed0, grace_s=10.0,
+                            target="", out=plan.out, t0=time.time())
     for engine in plan.engines:
-        live.servers[engine] = {}
         try:
-            for side, tree in zip(SIDES, (base, new), strict=True):
-                name = side_name(engine, side)
-                proc, live.urls[name], log = start(tree, engine, side, plan, plan.gate_dir / "servers")
-                live.servers[engine][side] = open_server(name, side, live.urls[name], proc, log,
-                                                         plan.gate_dir / "blocks" / name, traffic, streams, SLO())
+            serve(engine, plan, live, m, 0)
         except Crashed as crash:
             live.close(engine)
             m.fail(engine, crash, plan, say)
 
 
+def serve(engine: str, plan: ABPlan, live: Serving, m: Measured, from_pair: int) -> None:
+    """An engine's two servers started, its n-th serving (n from 0): BASE's first at even n, NEW's at odd (the
+    first to start loads its model on a machine the other does not yet share; a fixed order put one build first
+    every night), each under a load generator of its own writing to blocks/<engine.side>/<n>; Crashed where one
+    does not start."""
+    n = live.started.get(engine, 0)
+    live.started[engine] = n + 1
+    live.servers[engine] = {}
+    m.servings.append({"engine": engine, "serving": n, "from_pair": from_pair, "first": start_order(n)[0]})
+    for side in start_order(n):
+        name = side_name(engine, side)
+        proc, live.urls[name], log = start(live.trees[side], engine, side, plan, plan.gate_dir / "servers")
+        live.servers[engine][side] = open_server(name, side, live.urls[name], proc, log,
+                                                 plan.gate_dir / "blocks" / name / str(n), live.traffic,
+                                                 live.streams, SLO())
+
+
+def start_order(n: int) -> tuple[str, ...]:
+    """Which build's server starts first at an engine's n-th serving: BASE, NEW, BASE, ..."""
+    return side_order(n)
+
+
+def restarted(engine: str, plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
+    """An engine's servers stopped and both started afresh (RESTART_PAIRS), the other first this time, and warmed
+    alike at the engine's rate; Crashed where NEW's (or BASE's) does not start or fails its warm-up."""
+    done = len(m.gates[engine].pairs)
+    live.close(engine)
+    serve(engine, plan, live, m, done)
+    n = live.started[engine] - 1
+    say(f"ab: {engine}: both servers started afresh after {done} pairs ({start_order(n)[0].upper()} first)")
+    warm(engine, live.servers[engine], n, m.rates[engine], live.urls, say)
+
+
 def check_rates(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
-    """Each served engine's pair rate, checked on BASE; an engine's gate opens with it (and with its instruction
-    count, or NEW's crash there)."""
+    """Each served engine's pair rate, checked on BASE (its blocks sent to both builds); an engine's gate opens
+    with it (and with its instruction count, or NEW's crash there). NEW's failure in a check FAILs its engine."""
     for engine in [e for e in plan.engines if e in live.servers]:
         try:
-            rate = check_rate(engine, live.servers[engine]["base"], plan, SLO(), live.urls, say)
-        except Crashed as crash:  # BASE's server, the only one a check sends to: the run stops
-            raise BaseFailed(f"BASE's {crash}") from None
+            rate = check_rate(engine, live.servers[engine], plan, SLO(), live.urls, say)
+        except Crashed as crash:  # BASE's stops the run (BaseFailed)
+            m.fail(engine, crash, plan, say)
+            live.close(engine)
+            continue
         if rate is None:
             m.notes.append(f"{engine}: BASE missed the SLO at every rate checked: no pairs")
             live.close(engine)
@@ -316,7 +376,8 @@ def check_rates(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], N
 
 def pairs(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) -> None:
     """Pairs, engine by engine, round after round, while an engine is unsettled and the pairs' time (--time,
-    counted from the first pair: the servers' starts and the rate checks come first) remains."""
+    counted from the first pair: the servers' starts and the rate checks come first) remains; an engine's servers
+    started afresh every RESTART_PAIRS of its pairs (their restarts and warm-ups inside its time)."""
     pairs_log = plan.gate_dir / "pairs.jsonl"
     k, began = 0, time.monotonic()
     while (open_ := [e for e, g in m.gates.items() if not g.settled() and e in live.servers]) and \
@@ -324,6 +385,8 @@ def pairs(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) 
         for engine in open_:
             gate = m.gates[engine]
             try:
+                if gate.pairs and len(gate.pairs) % RESTART_PAIRS == 0:
+                    restarted(engine, plan, live, m, say)
                 p = pair(engine, k, live.servers[engine], m.rates[engine], live.urls, say)
             except Crashed as crash:
                 m.fail(engine, crash, plan, say)
@@ -331,7 +394,7 @@ def pairs(plan: ABPlan, live: Serving, m: Measured, say: Callable[[str], None]) 
                 continue
             gate.add(p)
             with open(pairs_log, "a") as f:
-                f.write(json.dumps(p.json()) + "\n")
+                f.write(json.dumps({**p.json(), "serving": live.started[engine] - 1}) + "\n")
             d = gate.decisions()["tpot_p50_s"]
             ratio = f"TPOT x{d.ratio:.3f} [{d.ci[0]:.3f}, {d.ci[1]:.3f}]" if d.ci else "TPOT: no interval yet"
             say(f"ab: {engine} pair {k + 1} ({''.join('A' if s == 'base' else 'B' for s in p.order)}): "

@@ -1,7 +1,9 @@
 """The two builds an A/B compares, each as a work tree and the Python that runs it: a revision of the repository the
 user stands in (the git repository of the working directory, else this install's checkout) becomes a git work tree
 beside that repository's (`.ab/trees/SHA`, ignored by git, kept for the next night), a directory that is a git work
-tree is taken as it is, and NEW defaults to that repository's working tree. A tree shares this venv where its
+tree is taken as it is, and NEW defaults to that repository's working tree, built as BASE is: its HEAD's tree where
+it is clean, else a snapshot of it (a commit of its files as they stand, untracked ones git does not ignore
+included), checked out the same way (docs/method.md, Nightly). A tree shares this venv where its
 pyproject.toml is the same bytes as the checkout's (its dependencies are then equal; the tree's own code comes first
 on the import path, PYTHONPATH, ahead of the venv's editable install of this checkout); otherwise `make setup` gives
 it its own venv."""
@@ -9,8 +11,10 @@ it its own venv."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +34,10 @@ class TreeError(Exception):
 class Tree:
     label: str  # what the user named: a revision or a path ("working tree" for the checkout)
     path: Path
-    sha: str | None  # the commit checked out; None for the checkout's working tree (it may hold changes)
+    sha: str | None  # the commit it is of; None for a directory taken as it stands (it may hold changes)
     python: str  # the interpreter that runs this tree's code
+    dirty: bool = False  # a working tree that differed from `sha`: `snapshot` holds what it held
+    snapshot: str | None = None  # the snapshot's commit, checked out at `path` (a dirty working tree's)
 
     def env(self) -> dict[str, str]:
         """The environment a child of this tree runs in: its own code first on the import path."""
@@ -53,8 +59,8 @@ def trees_dir() -> Path:
     return TREES if TREES is not None else repository() / ".ab" / "trees"
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd or repository(), capture_output=True, text=True)
+def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd or repository(), capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise TreeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"git {args[0]} failed")
     return out.stdout.strip()
@@ -74,11 +80,10 @@ def resolve(rev: str) -> str:
 
 
 def tree_of(name: str | None) -> Tree:
-    """NEW or BASE as the user named it: None is this checkout's working tree, an existing directory is a work
-    tree as it stands, anything else a revision checked out beside the checkout."""
+    """NEW or BASE as the user named it: None is this checkout's working tree, built as a revision is (working_tree),
+    an existing directory is a work tree as it stands, anything else a revision checked out beside the checkout."""
     if name is None:
-        here = repository()
-        return Tree("working tree", here, None, python_for(here))
+        return working_tree()
     path = Path(name)
     if path.is_dir():
         try:
@@ -93,16 +98,53 @@ def tree_of(name: str | None) -> Tree:
     return Tree(name, path, sha, python_for(path))
 
 
+def working_tree() -> Tree:
+    """The user's working tree as NEW, served as BASE is: from a tree of its own under .ab/trees, through PYTHONPATH
+    (a build run from the checkout itself ran beside its own bytecode and the editable install, BASE from a fresh
+    tree, and every A/A night leaned one way, issue 87). Clean: its HEAD's tree, BASE's own in an A/A run. Dirty: a
+    snapshot of it, made once per distinct content and reused."""
+    here = repository()
+    head = git("rev-parse", "HEAD", cwd=here)
+    dirty = bool(git("status", "--porcelain", cwd=here))
+    shot = snapshot(here, head) if dirty else None
+    path = checkout(shot or head)
+    return Tree("working tree", path, head, python_for(path), dirty, shot)
+
+
+# the snapshot's author and dates fixed: the same files on the same HEAD make the same commit, and so reuse its tree
+SNAPSHOT_ENV = {"GIT_AUTHOR_NAME": "fragbench ab", "GIT_AUTHOR_EMAIL": "ab@fragbench", "GIT_AUTHOR_DATE": "@0 +0000",
+                "GIT_COMMITTER_NAME": "fragbench ab", "GIT_COMMITTER_EMAIL": "ab@fragbench",
+                "GIT_COMMITTER_DATE": "@0 +0000"}
+
+
+def snapshot(top: Path, head: str) -> str:
+    """A commit of the work tree `top` as it stands on `head` (tracked files with their changes, untracked ones git
+    does not ignore), written through a copy of its index: the user's index, stash and branches are left as they
+    are. No ref names it; the tree checked out from it keeps it from git's gc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        index = Path(tmp) / "index"
+        own = Path(git("rev-parse", "--path-format=absolute", "--git-path", "index", cwd=top))
+        if own.is_file():  # its stat cache: only the changed files are hashed again
+            shutil.copyfile(own, index)
+        env = {**os.environ, **SNAPSHOT_ENV, "GIT_INDEX_FILE": str(index)}
+        git("add", "--all", cwd=top, env=env)
+        tree = git("write-tree", cwd=top, env=env)
+        return git("commit-tree", tree, "-p", head, "-m", "fragbench ab: the working tree as NEW", cwd=top, env=env)
+
+
 def identity(tree: Tree) -> dict:
     """What ab.json says a build was: its label, its commit (the working tree's HEAD where it is a checkout) and
     whether its tree differed from that commit (changes or files git does not ignore): a dirty tree is not the
-    commit, and is never recorded as a revision that passed."""
-    try:
-        sha = tree.sha or git("rev-parse", "HEAD", cwd=tree.path)
-        dirty = bool(git("status", "--porcelain", cwd=tree.path))
-    except TreeError:  # a directory without a commit yet: no revision to name
-        sha, dirty = None, True
-    return {"label": tree.label, "path": str(tree.path), "sha": sha, "dirty": dirty}
+    commit, and is never recorded as a revision that passed; its snapshot, where one was served, is named."""
+    if tree.sha is not None:
+        sha, dirty = tree.sha, tree.dirty
+    else:
+        try:
+            sha = git("rev-parse", "HEAD", cwd=tree.path)
+            dirty = bool(git("status", "--porcelain", cwd=tree.path))
+        except TreeError:  # a directory without a commit yet: no revision to name
+            sha, dirty = None, True
+    return {"label": tree.label, "path": str(tree.path), "sha": sha, "dirty": dirty, "snapshot": tree.snapshot}
 
 
 def checkout(sha: str) -> Path:
@@ -112,6 +154,7 @@ def checkout(sha: str) -> Path:
     if path.is_dir():
         try:
             if git("rev-parse", "HEAD", cwd=path) == sha:
+                path.touch()  # in use again: drop_old, which goes by age, keeps it (a night's BASE is NEW's old tree)
                 return path
         except TreeError:
             pass

@@ -14,14 +14,20 @@ import pytest
 from harness.analysis.ab import (
     ALPHA,
     CONFIRM_PAIRS,
+    MISS_MARGIN,
+    PASS_LOOK_EVERY,
+    PASS_LOOKS,
     EngineGate,
     Pair,
+    PairFigures,
     decide,
+    decide_misses,
     fit_pairs,
     instructions_figure,
-    overall,
+    pass_confidence,
     side_order,
 )
+from harness.analysis.gate_verdict import EXIT, GateVerdict, check_verdict, worst
 from harness.run.ab_blocks import judged_rows
 from tests.conftest import run_cli
 
@@ -36,8 +42,16 @@ def test_pairs_alternate_their_order():
 
 
 def test_the_overall_verdict_is_the_worst():
-    assert overall(["PASS", "PASS"]) == "PASS" and overall(["PASS", "INCONCLUSIVE"]) == "INCONCLUSIVE"
-    assert overall(["INCONCLUSIVE", "FAIL", "PASS"]) == "FAIL" and overall([]) == "INCONCLUSIVE"
+    """One rule (harness/analysis/gate_verdict.py) for ab, memory-gate, check and compare: FAIL, ERROR, INCONCLUSIVE,
+    PASS, worst first; nothing to combine is no PASS."""
+    assert worst(["PASS", "PASS"]) == GateVerdict.PASS and worst(["PASS", "INCONCLUSIVE"]) == GateVerdict.INCONCLUSIVE
+    assert worst(["INCONCLUSIVE", "FAIL", "PASS"]) == "FAIL" and worst([]) == GateVerdict.INCONCLUSIVE
+    assert worst([GateVerdict.ERROR, GateVerdict.INCONCLUSIVE]) == "ERROR" and worst(["ERROR", "FAIL"]) == "FAIL"
+    assert [EXIT[v] for v in GateVerdict] == [0, 1, 3, 2] and f"{GateVerdict.FAIL}" == "FAIL"
+    assert check_verdict(["PASS", "WARN"]) == "PASS" and check_verdict(["WARN", "UNKNOWN"]) == "INCONCLUSIVE"
+    assert check_verdict(["UNKNOWN", "FAIL"]) == "FAIL"
+    with pytest.raises(ValueError):
+        worst(["OK"])  # a bare string no gate speaks
 
 
 def test_the_order_term_takes_out_what_the_second_run_of_a_pair_meets():
@@ -65,9 +79,9 @@ def test_an_improvement_passes():
 
 
 def test_a_regression_is_sighted_then_confirmed_by_fresh_pairs():
-    y, order = series(np.random.default_rng(3), math.log(1.2), 0.05, 6 + CONFIRM_PAIRS)
+    y, order = series(np.random.default_rng(3), math.log(1.2), 0.02, 6 + CONFIRM_PAIRS)
     first = decide(y[:6], order[:6], 0.10, 10)
-    assert first.verdict == "INCONCLUSIVE" and first.sighted_at == 6 and first.fit.p_worse() < ALPHA
+    assert first.verdict == "INCONCLUSIVE" and first.sighted_at == 6 and first.fit.p_worse(math.log(1.1)) < ALPHA
     assert decide(y[:8], order[:8], 0.10, 10, first.sighted_at).verdict == "INCONCLUSIVE"  # confirming
     done = decide(y, order, 0.10, 10, first.sighted_at)
     assert done.verdict == "FAIL" and done.ratio == pytest.approx(1.2, rel=0.05) and done.ci[0] > 1.1
@@ -83,9 +97,40 @@ def test_fresh_pairs_that_do_not_confirm_leave_it_open():
 
 def test_a_significant_change_inside_the_floor_does_not_fail():
     """5 % slower, measured tightly: significant, but not past the 10 % floor."""
-    y, order = series(np.random.default_rng(5), math.log(1.05), 0.01, 12)
+    y, order = series(np.random.default_rng(5), math.log(1.05), 0.01, 10)
     d = decide(y, order, 0.10, 10)
     assert d.fit.p_worse() < ALPHA and d.verdict == "PASS"
+
+
+def test_the_floor_is_tested_not_read_off_the_estimate():
+    """Exactly 10 % slower, measured tightly: the estimate lies past the floor in about half the nights, but the
+    sighting tests the floor (one-sided p < ALPHA past it), so nothing is sighted; 12 % slower, tightly, is."""
+    rng = np.random.default_rng(6)
+    at_floor = [decide(*series(rng, math.log(1.1), 0.01, 10, 0.03), 0.10, 10) for _ in range(40)]
+    assert sum(d.ratio > 1.1 for d in at_floor) > 5 and not any(d.sighted_at for d in at_floor)
+    assert all(d.verdict == "INCONCLUSIVE" for d in at_floor)  # nor a PASS: its upper bound is past 1.1
+    assert decide(*series(rng, math.log(1.12), 0.003, 10), 0.10, 10).sighted_at == 10
+
+
+def test_the_fail_is_decided_on_fresh_pairs_past_the_floor():
+    """A sighting (all pairs past the floor at p < ALPHA) does not FAIL by itself: the CONFIRM_PAIRS fresh pairs,
+    alone, must lie past the floor too. Fresh pairs 5 % slower, however significant against no change, do not."""
+    y, order = series(np.random.default_rng(7), math.log(1.2), 0.01, 6)
+    assert decide(y, order, 0.10, 10).sighted_at == 6
+    slight = y + [math.log(1.05) + e for e in (0.001, -0.001, 0.002, 0.0)]
+    d = decide(slight, order + [1, -1, 1, -1], 0.10, 10, sighted_at=6)
+    assert d.verdict == "INCONCLUSIVE" and d.sighted_at is None and "did not confirm" in d.why
+    past = y + [math.log(1.2) + e for e in (0.001, -0.001, 0.002, 0.0)]
+    assert decide(past, order + [1, -1, 1, -1], 0.10, 10, sighted_at=6).verdict == "FAIL"
+
+
+def test_pass_is_looked_at_on_planned_looks_its_error_shared():
+    """PASS only at min_pairs and every PASS_LOOK_EVERY pairs after, PASS_LOOKS looks, each at 1 - 0.05 /
+    PASS_LOOKS: the night's chance of a false PASS at most 5 % whatever pair it ends at."""
+    assert pass_confidence() == pytest.approx(1 - 0.05 / PASS_LOOKS)
+    y, order = series(np.random.default_rng(8), 0.0, 0.01, 30)
+    looks = [k for k in range(6, 31) if decide(y[:k], order[:k], 0.10, 10).verdict == "PASS"]
+    assert looks == [10 + PASS_LOOK_EVERY * j for j in range(PASS_LOOKS)]
 
 
 def block(scale: float, seed: int, n: int = 30, missed: int = 0) -> pd.DataFrame:
@@ -119,6 +164,47 @@ def test_a_step_20_percent_slower_fails_and_an_a_a_passes_on_paired_requests():
     reported = {f.figure: f for f in same.figures()}
     assert reported["ttft_p50_s"].verdict == "reported" and not reported["ttft_p50_s"].gated
     assert reported["output_tokens_per_s"].ratio == pytest.approx(1.0, abs=1e-9)
+
+
+def misses_gate(rng, new_fail: float, base_miss: float, pairs: int, hiccup: float = 0.0) -> EngineGate:
+    """A gate fed miss shares alone (as benchmarks/ab_study.py feeds it): 30 requests a block, each side missing
+    `base_miss` of its requests, a hiccup (a block whose requests miss together) in `hiccup` of blocks, NEW failing
+    `new_fail` more; TPOT equal."""
+    gate = EngineGate("paged", 0.10, 10)
+    for k in range(pairs):
+        share = [rng.binomial(30, 0.5 if rng.random() < hiccup else base_miss) / 30 for _ in range(2)]
+        failed = rng.binomial(30, new_fail) / 30
+        gate.add_figures(PairFigures(1 if k % 2 == 0 else -1, 0.001 * rng.standard_normal(),
+                                     min(1.0, share[1] + failed) - share[0], failed))
+        if gate.settled():
+            break
+    return gate
+
+
+def test_misses_are_judged_by_block_a_failed_request_a_miss():
+    """The block is the miss figure's unit: NEW failing 3 % more of its requests FAILs in half the nights of 24
+    pairs and rarely PASSes; an A/A whose blocks hiccup together (a tenth of blocks miss half their requests)
+    FAILs in none and mostly PASSes, and a quiet A/A PASSes."""
+    rng = np.random.default_rng(9)
+    worse = [misses_gate(rng, 0.03, 0.005, 24).verdict() for _ in range(40)]
+    assert worse.count("FAIL") >= 20 and worse.count("PASS") <= 1  # the errors' PASS bounds their rise under 2 %
+    same = [misses_gate(rng, 0.0, 0.01, 24, hiccup=0.1).verdict() for _ in range(40)]
+    assert "FAIL" not in same and same.count("PASS") >= 30  # the misses' PASS bounds their median: robust
+    quiet = [misses_gate(rng, 0.0, 0.005, 24).verdict() for _ in range(40)]
+    assert quiet.count("PASS") >= 38
+
+
+def test_the_misses_confirmation_is_a_test_not_a_count():
+    """Fresh pairs in which NEW missed more by one request in one block out of four (a count would confirm) do
+    not confirm a sighting: their mean is not significant."""
+    y = [0.1, 0.1, 0.12, 0.1, 0.11, 0.1]
+    order = [1, -1, 1, -1, 1, -1]
+    assert decide_misses(y, order, 10, None).sighted_at == 6
+    d = decide_misses(y + [0.0, 1 / 30, 0.0, -0.0], order + [1, -1, 1, -1], 10, 6)
+    assert d.verdict == "INCONCLUSIVE" and d.sighted_at is None
+    assert decide_misses(y + [0.1, 0.12, 0.1, 0.11], order + [1, -1, 1, -1], 10, 6).verdict == "FAIL"
+    flat = decide_misses([0.0] * 10, [1, -1] * 5, 10, None)
+    assert flat.verdict == "PASS" and f"{100 * MISS_MARGIN:+.1f} pp" in flat.why
 
 
 def test_requests_new_misses_where_base_met_them_fail_and_are_never_dropped():

@@ -8,27 +8,32 @@ the order alternating (AB, BA, AB, ...). Each build judges about 30 requests of 
 
 - `tpot_p50_s`, the carrying figure: a pair's log ratio is the median, over the requests both builds completed, of
   log(NEW's TPOT / BASE's) for that request: a request's own size cancels, and a step 20 % slower is 1.2x.
-- `slo_misses`: the requests a build judged and missed (the SLO's rule; a failed or unfinished request misses),
-  paired: NEW missing a request BASE met is evidence of a regression (an exact one-sided binomial test on the
-  discordant requests, McNemar's), never a dropped pair.
+- `slo_misses`: each build's share of its block's judged requests missed (the SLO's rule; a failed or unfinished
+  request misses), a pair's figure NEW's share minus BASE's: the block is the unit (a hiccup of the machine makes a
+  block's requests miss together), never its requests one by one.
+- `errors`: the same, of the requests that failed (a hiccup slows requests, it does not fail them).
 - `instructions`: each engine's step at fixed batch shapes counted in instructions under callgrind
   (harness/run/ab_instructions.py): no load moves it, so it is compared as it is, without statistics.
 - `ttft_p50_s`, `output_tokens_per_s` (pairs, as TPOT) and `knee` (a short knee search of each build) are
   reported beside them, never gated: a capacity collapse shows as NEW missing the SLO at a rate BASE sustains, and
   `history` keeps the slow drifts.
 
-The rule on the pairs' log ratios y_k (`decide`): a least-squares fit y_k = mu + gamma o_k, o_k = +1 for AB and -1
-for BA (what the second run of a pair meets on this machine: a warm cache, the first's leftovers), equal weights,
-t with k - 2 degrees of freedom.
-- FAIL: one-sided p < ALPHA (0.01) against mu = 0, the estimate exp(mu) past 1 + threshold, and then CONFIRM_PAIRS
-  fresh pairs confirm it: all pairs together still meet both, and the fresh pairs alone are worse than no change
-  at one-sided p < 0.05 (a Firecracker-style retry: the first sighting is the hypothesis, the fresh pairs the
-  test).
-- PASS: the upper one-sided 95 % bound of exp(mu) under 1 + threshold, from at least `min_pairs` pairs
-  (non-inferiority: an improvement passes).
+The rule on a figure's pair values y_k (the TPOT log ratio; the miss shares' difference), `sequential`: a
+least-squares fit y_k = mu + gamma o_k, o_k = +1 for AB and -1 for BA (what the second run of a pair meets on this
+machine: a warm cache, the first's leftovers), equal weights, t with k - 2 degrees of freedom, looked at after every
+pair from MIN_LOOK_PAIRS.
+- FAIL, in two stages on disjoint pairs: sighted on all pairs so far where mu is past the floor at one-sided
+  p < ALPHA (0.01; the floor log(1 + threshold) for TPOT, 0 for the misses): a test against the floor, not the
+  estimate read against it; then decided on the CONFIRM_PAIRS fresh pairs after the sighting alone: their mean past
+  the floor and worse than no change at one-sided p < CONFIRM_ALPHA (0.05). Not confirmed, the sighting is dropped
+  and a later look may sight it again.
+- PASS: at one of PASS_LOOKS looks (min_pairs, then every PASS_LOOK_EVERY pairs), the upper one-sided bound of mu
+  under the margin (log(1 + threshold); ERROR_MARGIN for the errors; for the misses their median's bound, under
+  MISS_MARGIN), each look at 1 - 0.05 / PASS_LOOKS (Bonferroni: a night's false PASS at most 5 %).
+  Non-inferiority: an improvement passes.
 - INCONCLUSIVE otherwise: more pairs while time remains.
-An engine FAILs where any of its gated figures does, PASSes where all do; the gate FAILs where an engine or the
-memory gate does (a crash of NEW's build included), PASSes where every engine does, else is INCONCLUSIVE.
+An engine's verdict is the worst of its gated figures' (harness/analysis/gate_verdict.worst: FAIL, ERROR, INCONCLUSIVE,
+PASS), a crash of NEW's build a FAIL; the gate's is the worst of its engines' and the memory gate's.
 benchmarks/ab_study.py measures the rule's false FAIL rate and its power (docs/method.md, Nightly)."""
 
 from __future__ import annotations
@@ -40,18 +45,23 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from harness.analysis.gate_verdict import GateVerdict, passed_or_failed, worst
 from harness.analysis.knee import Judged
 from harness.analysis.kneefit import KneeFit, fit
 
 SIDES = ("base", "new")
-ALPHA = 0.01  # a FAIL's one-sided significance against no change
-PASS_CONFIDENCE = 0.95  # a PASS's one-sided bound
+ALPHA = 0.01  # a FAIL's sighting: one-sided significance past the floor
+PASS_CONFIDENCE = 0.95  # a night's PASS: one-sided, its error shared over PASS_LOOKS looks
 CONFIRM_PAIRS = 4  # fresh pairs a FAIL's first sighting must be confirmed by
 CONFIRM_ALPHA = 0.05  # their own one-sided significance
 MIN_LOOK_PAIRS = 6  # the first look: t with 4 degrees of freedom after the order term
 MIN_PAIR_REQUESTS = 10  # requests both builds completed that make a pair's latency ratio
-SLO_FLOOR = 0.05  # NEW's net share of a pair's requests missed where BASE met them, past which misses may FAIL
-GATED = ("tpot_p50_s", "slo_misses", "instructions")  # the figures that decide; every other is reported
+PASS_LOOKS = 4  # the looks a night may PASS at: min_pairs, then every PASS_LOOK_EVERY pairs (their error shared)
+PASS_LOOK_EVERY = 4
+MISS_MARGIN = 0.05  # a PASS bounds the median rise of a block's share missed under it (one request of 30: 0.033)
+ERROR_MARGIN = 0.02  # a PASS bounds the mean rise of a block's share failed under it
+SHARES = {"slo_misses": "misses", "errors": "errors"}  # the block-share figures, by the PairFigures field they read
+GATED = ("tpot_p50_s", *SHARES, "instructions")  # the figures that decide; every other is reported
 
 
 def side_name(engine: str, side: str) -> str:
@@ -62,12 +72,6 @@ def side_name(engine: str, side: str) -> str:
 def side_order(pair: int) -> tuple[str, ...]:
     """AB, BA, AB, ...: the builds' order alternates every pair."""
     return SIDES if pair % 2 == 0 else SIDES[::-1]
-
-
-def overall(verdicts: list[str]) -> str:
-    if "FAIL" in verdicts:
-        return "FAIL"
-    return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts or not verdicts else "PASS"
 
 
 # -- one pair
@@ -98,7 +102,9 @@ class Pair:
         return {"engine": self.engine, "pair": self.number, "rate_rps": self.rate_rps, "key": self.key,
                 "order": "".join("A" if s == "base" else "B" for s in self.order), "judged_base": len(self.base),
                 "judged_new": len(self.new), "tpot_log_ratio": log_ratio(self, "tpot_s"),
-                "ttft_log_ratio": log_ratio(self, "ttft_s"), "discordant": list(discordant(self))}
+                "ttft_log_ratio": log_ratio(self, "ttft_s"), "discordant": list(discordant(self)),
+                "missed_share": {s: miss_share(getattr(self, s)) for s in SIDES},
+                "failed_share": {s: error_share(getattr(self, s)) for s in SIDES}}
 
 
 def log_ratio(pair: Pair, column: str) -> float | None:
@@ -144,11 +150,11 @@ class Fit:
     se: float
     df: int
 
-    def p_worse(self) -> float:
-        """One-sided p against mu = 0 toward worse."""
+    def p_worse(self, than: float = 0.0) -> float:
+        """One-sided p against mu = `than` toward worse."""
         if self.se <= 0:
-            return 0.0 if self.mu > 0 else 1.0
-        return float(stats.t.sf(self.mu / self.se, self.df))
+            return 0.0 if self.mu > than else 1.0
+        return float(stats.t.sf((self.mu - than) / self.se, self.df))
 
     def upper(self, confidence: float = PASS_CONFIDENCE) -> float:
         return self.mu + float(stats.t.ppf(confidence, self.df)) * self.se
@@ -173,23 +179,35 @@ def fit_pairs(y: np.ndarray, order: np.ndarray) -> Fit | None:
     return Fit(float(coef[0]), math.sqrt(max(float(cov[0, 0]), 0.0)), df)
 
 
-def confirms(fresh: np.ndarray) -> bool:
+def confirms(fresh: np.ndarray, floor: float = 0.0) -> bool:
     """Fresh pairs replicate a sighted regression: by themselves worse than no change at one-sided p < CONFIRM_ALPHA
-    (t with n - 1 degrees of freedom; AB and BA alternate within them, so the order cancels in their mean)."""
+    (t with n - 1 degrees of freedom; AB and BA alternate within them, so the order cancels in their mean), and
+    their mean past `floor` (docs/method.md, Nightly: the floor judged on pairs that did not sight it)."""
+    fresh = np.asarray(fresh, dtype=float)
+    if not len(fresh) or fresh.mean() <= floor:
+        return False
     if len(fresh) < 2 or fresh.std(ddof=1) == 0:
-        return bool(len(fresh) and fresh.mean() > 0)
+        return True
     t = fresh.mean() / (fresh.std(ddof=1) / math.sqrt(len(fresh)))
     return float(stats.t.sf(t, len(fresh) - 1)) < CONFIRM_ALPHA
 
 
-def failing(f: Fit, threshold: float) -> bool:
-    """Significant against no change, and an estimate past the effect floor."""
-    return f.p_worse() < ALPHA and f.mu > math.log(1 + threshold)
+def sighted(f: Fit, floor: float) -> bool:
+    """A regression sighted: past the floor at one-sided p < ALPHA (the floor tested, not the estimate read; past
+    it means significant against no change too)."""
+    return f.p_worse(floor) < ALPHA
 
 
-def passing(f: Fit, threshold: float) -> bool:
-    """Non-inferior: the upper one-sided 95 % bound under 1 + threshold."""
-    return f.upper() < math.log(1 + threshold)
+def pass_look(k: int, min_pairs: int) -> bool:
+    """PASS is looked at PASS_LOOKS times a night, at min_pairs and then every PASS_LOOK_EVERY pairs."""
+    return k >= min_pairs and (k - min_pairs) % PASS_LOOK_EVERY == 0 and \
+        (k - min_pairs) // PASS_LOOK_EVERY < PASS_LOOKS
+
+
+def pass_confidence() -> float:
+    """A look's one-sided confidence: 1 - PASS_CONFIDENCE's error spent equally over the PASS_LOOKS looks
+    (Bonferroni: the night's chance of a false PASS at most 1 - PASS_CONFIDENCE, whatever the looks' correlation)."""
+    return 1 - (1 - PASS_CONFIDENCE) / PASS_LOOKS
 
 
 @dataclass(frozen=True)
@@ -206,76 +224,106 @@ class Decision:
 
     @property
     def ci(self) -> tuple[float, float] | None:
-        """The two-sided 90 % interval (its upper end is the PASS bound)."""
+        """The two-sided 90 % interval."""
         return (math.exp(self.fit.lower()), math.exp(self.fit.upper())) if self.fit else None
+
+
+def median_upper(y: list[float], confidence: float) -> float:
+    """The one-sided distribution-free upper bound of the pairs' median (the sign test's order statistic): one
+    block that hiccups moves it by one place, not by its size."""
+    y = sorted(y)
+    u = next((i for i in range(len(y)) if stats.binom.cdf(i, len(y), 0.5) >= confidence), None)
+    return math.inf if u is None else y[u]
+
+
+def sequential(y: list[float], order: list[int], floor: float, margin: float, min_pairs: int,
+               sighted_at: int | None, unit, median: bool = False) -> Decision:
+    """The rule (module docstring) on a figure's per-pair values y (worse positive): a FAIL sighted on all pairs
+    (past `floor` at one-sided p < ALPHA), decided on the CONFIRM_PAIRS fresh pairs after the sighting alone
+    (`confirms` past `floor`); a PASS at a PASS look (the mean's upper bound under `margin`; `median`: the
+    median's, median_upper)."""
+    k = len(y)
+    f = fit_pairs(np.array(y), np.array(order))
+    if f is None:
+        why = f"{k} pair(s): fewer than {MIN_LOOK_PAIRS} of both orders"
+        return Decision(GateVerdict.INCONCLUSIVE, k, None, None, why)
+    if sighted_at is not None:
+        fresh = np.array(y[sighted_at:])
+        if len(fresh) < CONFIRM_PAIRS:
+            return Decision(GateVerdict.INCONCLUSIVE, k, f, sighted_at,
+                            f"confirming: {len(fresh)} of {CONFIRM_PAIRS} fresh pairs")
+        if confirms(fresh, floor):
+            why = f"sighted at {sighted_at} pairs; {len(fresh)} fresh pairs confirmed it alone ({unit(fresh.mean())})"
+            return Decision(GateVerdict.FAIL, k, f, sighted_at, why)
+        sighted_at = None  # not confirmed: the sighting is dropped, and a later look may sight it again
+        why = f"a sighted regression the fresh pairs did not confirm ({unit(fresh.mean())})"
+        return Decision(GateVerdict.INCONCLUSIVE, k, f, None, why)
+    if sighted(f, floor):
+        why = (f"a regression sighted at {k} pairs (p = {f.p_worse(floor):.2g} past the floor): {CONFIRM_PAIRS} fresh "
+               "pairs to decide it")
+        return Decision(GateVerdict.INCONCLUSIVE, k, f, k, why)
+    upper = median_upper(y, pass_confidence()) if median else f.upper(pass_confidence())
+    if pass_look(k, min_pairs) and upper < margin:
+        bound = f"upper {pass_confidence():.2%} bound {unit(upper)} under {unit(margin)}"
+        return Decision(GateVerdict.PASS, k, f, None, bound)
+    return Decision(GateVerdict.INCONCLUSIVE, k, f, None, f"{k} pairs: neither a confirmed regression nor non-inferior"
+                                                      + ("" if pass_look(k, min_pairs) else " at a PASS look"))
 
 
 def decide(y: list[float], order: list[int], threshold: float, min_pairs: int,
            sighted_at: int | None = None) -> Decision:
-    """The rule (module docstring) on the pairs so far; `sighted_at` carries a first sighting of a FAIL from an
-    earlier look (the pairs after it are its confirmation)."""
-    k = len(y)
-    f = fit_pairs(np.array(y), np.array(order))
-    if f is None:
-        return Decision("INCONCLUSIVE", k, None, None, f"{k} pair(s): fewer than {MIN_LOOK_PAIRS} of both orders")
-    if failing(f, threshold):
-        if sighted_at is None:
-            return Decision("INCONCLUSIVE", k, f, k, f"a regression sighted at {k} pairs (p = {f.p_worse():.2g}): "
-                                                     f"{CONFIRM_PAIRS} fresh pairs to confirm it")
-        fresh = np.array(y[sighted_at:])
-        if len(fresh) < CONFIRM_PAIRS:
-            why = f"confirming: {len(fresh)} of {CONFIRM_PAIRS} fresh pairs"
-            return Decision("INCONCLUSIVE", k, f, sighted_at, why)
-        if confirms(fresh):
-            why = (f"p = {f.p_worse():.2g} over {k} pairs; {len(fresh)} fresh pairs confirmed it (their own ratio "
-                   f"{math.exp(fresh.mean()):.3f})")
-            return Decision("FAIL", k, f, sighted_at, why)
-        return Decision("INCONCLUSIVE", k, f, None, "a sighted regression the fresh pairs did not confirm")
-    if passing(f, threshold) and k >= min_pairs:
-        return Decision("PASS", k, f, None, f"upper 95 % bound {math.exp(f.upper()):.3f} < {1 + threshold:g}")
-    return Decision("INCONCLUSIVE", k, f, None, f"{k} pairs: neither a confirmed regression nor non-inferior")
+    """The latency rule on the pairs' log ratios: floor and margin both log(1 + threshold); `sighted_at` carries a
+    first sighting of a FAIL from an earlier look (the pairs after it are its confirmation)."""
+    floor = math.log(1 + threshold)
+    return sequential(y, order, floor, floor, min_pairs, sighted_at, lambda v: f"x{math.exp(v):.3f}")
 
 
-# the SLO misses: McNemar's exact test on the discordant requests, pooled over pairs
+def decide_misses(shares: list[float], order: list[int], min_pairs: int, sighted_at: int | None,
+                  errors: bool = False) -> Decision:
+    """The rule on the pairs' differences of block shares (NEW's minus BASE's): FAIL on any confirmed rise (floor 0);
+    PASS, for the SLO misses (a failed request a miss), where the median rise is bounded under MISS_MARGIN (a
+    block that hiccups, its requests missing together, moves a median by one place), for the errors (requests
+    that failed) where the mean rise is bounded under ERROR_MARGIN (no hiccup fails a request: a NEW that fails
+    3 % more of them cannot PASS but by chance)."""
+    margin, what = (ERROR_MARGIN, "failed") if errors else (MISS_MARGIN, "missed")
+    d = sequential(shares, order, 0.0, margin, min_pairs, sighted_at, lambda v: f"{100 * v:+.1f} pp", not errors)
+    return replace(d, fit=None, why=f"{d.why}; NEW's share {what} minus BASE's, mean "
+                   f"{100 * float(np.mean(shares)) if shares else 0.0:+.1f} pp over {len(shares)} pairs")
+
+
+def miss_share(block: pd.DataFrame) -> float | None:
+    """The share of a block's judged requests its build missed (the SLO's rule: a failed or unfinished request
+    misses); None for a block that judged none."""
+    return float(1 - block.met.astype(bool).mean()) if len(block) else None
+
+
+def error_share(block: pd.DataFrame) -> float | None:
+    """The share of a block's judged requests that failed; None for a block that judged none."""
+    return float((block.status != "ok").mean()) if len(block) else None
+
+
+def difference(pair: Pair, share) -> float | None:
+    """NEW's block share minus BASE's: a pair's miss or error figure (the block its unit, its requests clustered)."""
+    b, n = share(pair.base), share(pair.new)
+    return None if b is None or n is None else n - b
 
 
 @dataclass(frozen=True)
-class Misses:
-    new_only: int  # requests BASE met and NEW missed
-    base_only: int
-    judged: int  # requests both judged
+class PairFigures:
+    """What the rule reads of one pair (None: not measured on it): the study (benchmarks/ab_study.py) feeds these
+    to EngineGate directly, the gate computes them from each Pair's requests."""
 
-    @property
-    def net_share(self) -> float:
-        return (self.new_only - self.base_only) / self.judged if self.judged else 0.0
-
-    def p_worse(self) -> float:
-        n = self.new_only + self.base_only
-        return float(stats.binomtest(self.new_only, n, 0.5, alternative="greater").pvalue) if n else 1.0
-
-    def failing(self) -> bool:
-        return self.p_worse() < ALPHA and self.net_share > SLO_FLOOR
+    order_sign: int
+    tpot: float | None
+    misses: float | None
+    errors: float | None = None
+    ttft: float | None = None
+    tokens: float | None = None
 
 
-def misses_of(pairs: list[Pair]) -> Misses:
-    counts = np.array([discordant(p) for p in pairs] or [(0, 0, 0)])
-    return Misses(*(int(c) for c in counts.sum(axis=0)))
-
-
-def decide_misses(pairs: list[Pair], sighted_at: int | None) -> Decision:
-    """The same sighting and confirmation as `decide`, on the discordant requests."""
-    m, k = misses_of(pairs), len(pairs)
-    why = f"{m.new_only} requests missed by NEW alone, {m.base_only} by BASE alone, of {m.judged}"
-    if not m.failing() or k < MIN_LOOK_PAIRS:  # the same first look as the latency's
-        return Decision("PASS" if m.net_share <= SLO_FLOOR else "INCONCLUSIVE", k, None, None, why)
-    if sighted_at is None:
-        return Decision("INCONCLUSIVE", k, None, k, why + f" (p = {m.p_worse():.2g}): fresh pairs to confirm it")
-    fresh = misses_of(pairs[sighted_at:])
-    if k - sighted_at < CONFIRM_PAIRS:
-        return Decision("INCONCLUSIVE", k, None, sighted_at, why + "; confirming")
-    if fresh.new_only > fresh.base_only:
-        return Decision("FAIL", k, None, sighted_at, why + f" (p = {m.p_worse():.2g}), confirmed by fresh pairs")
-    return Decision("INCONCLUSIVE", k, None, None, why + "; the fresh pairs did not confirm it")
+def figures_of(pair: Pair) -> PairFigures:
+    return PairFigures(pair.order_sign, log_ratio(pair, "tpot_s"), difference(pair, miss_share),
+                       difference(pair, error_share), log_ratio(pair, "ttft_s"), tokens_log_ratio(pair))
 
 
 # -- an engine's figures
@@ -309,56 +357,65 @@ def decision_figure(engine: str, name: str, d: Decision, verdict: str | None = N
 
 @dataclass
 class EngineGate:
-    """One engine's pairs and where its decision stands; `sighted` carries a FAIL's first sighting per figure."""
+    """One engine's pairs and where its decision stands; `sighted` carries a FAIL's first sighting per figure. The
+    decisions are made once a pair, at `add` (or `add_figures`, the study's way in: the same code from the pair's
+    figures on)."""
 
     engine: str
     threshold: float
     min_pairs: int
     pairs: list[Pair] = field(default_factory=list)
-    sighted: dict[str, int | None] = field(default_factory=lambda: {"tpot_p50_s": None, "slo_misses": None})
+    measured: list[PairFigures] = field(default_factory=list)
+    sighted: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(("tpot_p50_s", *SHARES)))
     instructions: ABFigure | None = None
     crashed: str | None = None  # NEW's server died during a pair: what its log said
+    decided: dict[str, Decision] | None = None
 
     def add(self, pair: Pair) -> None:
         self.pairs.append(pair)
+        self.add_figures(figures_of(pair))
+
+    def add_figures(self, figures: PairFigures) -> None:
+        self.measured.append(figures)
+        self.decided = None
         for name, d in self.decisions().items():
             self.sighted[name] = d.sighted_at
 
-    def series(self, column: str) -> tuple[list[float], list[int]]:
-        kept = [(r, p.order_sign) for p in self.pairs if (r := log_ratio(p, column)) is not None]
-        return [r for r, _ in kept], [o for _, o in kept]
+    def series(self, name: str) -> tuple[list[float], list[int]]:
+        """A figure's values over the pairs that measured it, and their orders."""
+        kept = [(v, m.order_sign) for m in self.measured if (v := getattr(m, name)) is not None]
+        return [v for v, _ in kept], [o for _, o in kept]
 
     def decisions(self) -> dict[str, Decision]:
-        y, order = self.series("tpot_s")
-        return {"tpot_p50_s": decide(y, order, self.threshold, self.min_pairs, self.sighted["tpot_p50_s"]),
-                "slo_misses": decide_misses(self.pairs, self.sighted["slo_misses"])}
+        if self.decided is None:
+            y, order = self.series("tpot")
+            self.decided = {"tpot_p50_s": decide(y, order, self.threshold, self.min_pairs, self.sighted["tpot_p50_s"])}
+            for name, attr in SHARES.items():
+                self.decided[name] = decide_misses(*self.series(attr), self.min_pairs, self.sighted[name],
+                                                   errors=attr == "errors")
+        return self.decided
 
-    def verdict(self) -> str:
+    def verdict(self) -> GateVerdict:
+        """The worst of its gated figures' verdicts (harness/analysis/gate_verdict.worst); a crash of NEW FAILs."""
         if self.crashed:
-            return "FAIL"
-        d = self.decisions()
-        verdicts = [d["tpot_p50_s"].verdict, d["slo_misses"].verdict]
-        if self.instructions is not None:
-            verdicts.append(self.instructions.verdict)
-        return overall(verdicts)
+            return GateVerdict.FAIL
+        verdicts = [d.verdict for d in self.decisions().values()]
+        return worst(verdicts + ([self.instructions.verdict] if self.instructions is not None else []))
 
     def settled(self) -> bool:
         """No more pairs would change it: a confirmed FAIL, a crash, or a PASS of every figure measured so far."""
-        return self.crashed is not None or self.verdict() != "INCONCLUSIVE"
+        return self.crashed is not None or self.verdict() != GateVerdict.INCONCLUSIVE
 
     def figures(self) -> list[ABFigure]:
         d = self.decisions()
-        out = [decision_figure(self.engine, "tpot_p50_s", d["tpot_p50_s"]),
-               decision_figure(self.engine, "slo_misses", d["slo_misses"])]
+        out = [decision_figure(self.engine, name, d[name]) for name in ("tpot_p50_s", *SHARES)]
         if self.crashed:
-            out.append(ABFigure(self.engine, "crash", None, None, "FAIL", f"NEW's server died: {self.crashed}"))
+            died = f"NEW's server died: {self.crashed}"
+            out.append(ABFigure(self.engine, "crash", None, None, GateVerdict.FAIL, died))
         if self.instructions is not None:
             out.append(self.instructions)
-        y, order = self.series("ttft_s")
-        out.append(reported(self.engine, "ttft_p50_s", y, order, self.threshold))
-        tokens = [(r, p.order_sign) for p in self.pairs if (r := tokens_log_ratio(p)) is not None]
-        out.append(reported(self.engine, "output_tokens_per_s", [r for r, _ in tokens], [o for _, o in tokens],
-                            self.threshold))
+        for figure, name in (("ttft_p50_s", "ttft"), ("output_tokens_per_s", "tokens")):
+            out.append(reported(self.engine, figure, *self.series(name), self.threshold))
         return out
 
 
@@ -377,9 +434,9 @@ def instructions_figure(engine: str, base: float | None, new: float | None, thre
     mean, harness/analysis/ab_instr.instr_ratio; else the totals'): counted, not sampled, so compared as it is (an
     A/A read within 0.22 % at every shape): FAIL past 1 + threshold, else PASS."""
     if not base or not new:
-        return ABFigure(engine, "instructions", None, None, "INCONCLUSIVE", why or "not counted", base, new)
+        return ABFigure(engine, "instructions", None, None, GateVerdict.INCONCLUSIVE, why or "not counted", base, new)
     ratio = ratio if ratio is not None else new / base
-    return ABFigure(engine, "instructions", ratio, None, "FAIL" if ratio > 1 + threshold else "PASS",
+    return ABFigure(engine, "instructions", ratio, None, passed_or_failed(ratio > 1 + threshold),
                     why or "callgrind's count of the step at fixed batch shapes", base, new)
 
 

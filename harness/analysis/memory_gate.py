@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.json_record import Num, Record
+from harness.analysis.gate_verdict import GateVerdict, passed_or_failed, worst
 
 DEFAULT_SHARE_MARGIN = 0.01  # one percentage point of the KV budget's time-averaged bytes
 # counts that FAIL the gate when NEW's is higher, each with its unit for the printed difference
@@ -123,8 +124,8 @@ class PolicyGate:
     crash: GateCrash | None = None  # NEW's code raised on this policy: a FAIL
 
     @property
-    def verdict(self) -> str:
-        return "FAIL" if self.crash is not None or any(d.worse for d in self.differences) else "PASS"
+    def verdict(self) -> GateVerdict:
+        return passed_or_failed(self.crash is not None or any(d.worse for d in self.differences))
 
     def json(self) -> dict:
         return {"policy": self.policy, "verdict": self.verdict,
@@ -146,8 +147,9 @@ class MemoryGate:
         return [p.crash for p in self.policies if p.crash is not None]
 
     @property
-    def verdict(self) -> str:
-        return "FAIL" if any(p.verdict == "FAIL" for p in self.policies) else "PASS"
+    def verdict(self) -> GateVerdict:
+        """The worst of its policies' (harness/analysis/gate_verdict.worst)."""
+        return worst(p.verdict for p in self.policies)
 
     def json(self) -> dict:
         return {"verdict": self.verdict, "share_margin": self.margin, "trace": self.trace,

@@ -10,13 +10,12 @@ import traceback
 from pathlib import Path
 
 from engines.registry import IN_HOUSE, names
+from harness.analysis.gate_verdict import EXIT, GateVerdict, worst
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
 from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 from harness.cli.user_paths import user_path
-
-EXIT = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3, "ERROR": 2}  # ERROR: the run could not judge NEW
 
 
 def register(sub) -> None:
@@ -143,13 +142,12 @@ def gated(args: argparse.Namespace) -> int:
 
 def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
     """The verdict (ERROR where the run could not judge NEW), ab.json and the page, then the exit code."""
-    from harness.analysis.ab import overall
     from harness.run.trees import identity
     from harness.views.ab_page import render_text, write_page
 
     engines = {e: g.verdict() for e, g in measured.gates.items()}
-    missing = ["INCONCLUSIVE" for e in plan.engines if e not in engines]  # no rate BASE sustained: not measured
-    verdict = "ERROR" if measured.error else overall(list(engines.values()) + missing + [memory.verdict])
+    missing = [GateVerdict.INCONCLUSIVE for e in plan.engines if e not in engines]  # BASE sustained no rate
+    verdict = GateVerdict.ERROR if measured.error else worst(list(engines.values()) + missing + [memory.verdict])
     if measured.error:
         measured.notes.append(f"could not run: {measured.error}")
     figures = measured.figures()
@@ -175,4 +173,4 @@ def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
 def passed(verdict: str, new: dict) -> str | None:
     """The revision that passed: NEW's commit on a PASS, and only where NEW's tree was that commit unchanged (a
     dirty tree's PASS is of code no commit holds)."""
-    return new["sha"] if verdict == "PASS" and not new["dirty"] else None
+    return new["sha"] if verdict == GateVerdict.PASS and not new["dirty"] else None

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from engines.shapes import DTYPE_BYTES
+from harness.analysis.gate_verdict import GateVerdict, check_verdict
 from harness.cli.args import (
     UsageError,
     add_api_flag,
@@ -65,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         print(check_text(result))  # its verdict first
-    return 1 if any(q["status"] == "FAIL" for q in result["questions"]) else 0
+    return 1 if check_verdict(q["status"] for q in result["questions"]) == GateVerdict.FAIL else 0
 

@@ -26,8 +26,9 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when the verb runs: `fragbench --help` does not load numpy or pandas
+    from harness.analysis.gate_verdict import EXIT
     from harness.analysis.speed_probe import agreement
-    from harness.views.compare import compare, load_probe, load_summary, render_html, render_text
+    from harness.views.compare import compare, compare_verdict, load_probe, load_summary, render_html, render_text
 
     dirs = [run_dir(args.base), run_dir(args.new)]
     base, new = (load_summary(d) for d in dirs)
@@ -39,4 +40,4 @@ def run(args: argparse.Namespace) -> int:
     out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
                       Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), machine)
     print(f"report: {out}")
-    return 1 if any(r.regressed for r in rows) else 0
+    return EXIT[compare_verdict(rows)]  # 1 where a gated figure regressed, else 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from engines.registry import names
+from harness.analysis.gate_verdict import EXIT
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
 from harness.cli.args import UsageError, nonneg_float, usage_errors
 
@@ -85,4 +86,4 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         page = write_page(result, base.label, new.label, Path(args.report))
         print(f"report: {page}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
-    return 1 if result.verdict == "FAIL" else 0
+    return EXIT[result.verdict]  # 1 FAIL, 0 PASS (harness/analysis/gate_verdict.py)

@@ -8,7 +8,7 @@ import statistics
 from html import escape
 from pathlib import Path
 
-from harness.analysis.ab import ALPHA, CONFIRM_PAIRS, PASS_CONFIDENCE, ABFigure
+from harness.analysis.ab import ALPHA, CONFIRM_ALPHA, CONFIRM_PAIRS, PASS_LOOKS, ABFigure, pass_confidence
 from harness.analysis.memory_gate import MemoryGate
 from harness.views.memory_gate_section import render_html as memory_html
 from harness.views.memory_gate_section import render_text as memory_text
@@ -20,9 +20,10 @@ def fmt(x: float | None) -> str:
 
 def rule(threshold: float) -> str:
     return (f"per engine, pairs of blocks at one fixed rate (AB, BA, ...), one paired log ratio a pair; FAIL: "
-            f"one-sided p < {ALPHA:g} and NEW / BASE past {1 + threshold:g}, confirmed by {CONFIRM_PAIRS} fresh "
-            f"pairs; PASS: the upper one-sided {PASS_CONFIDENCE:.0%} bound under {1 + threshold:g}; reported "
-            "figures never gate")
+            f"sighted past {1 + threshold:g} at one-sided p < {ALPHA:g}, then {CONFIRM_PAIRS} fresh pairs alone past "
+            f"{1 + threshold:g} and worse than 1 at p < {CONFIRM_ALPHA:g}; PASS: at {PASS_LOOKS} planned looks, the "
+            f"upper one-sided {pass_confidence():.2%} bound under {1 + threshold:g}; SLO misses and errors by block, "
+            "the same rule; reported figures never gate")
 
 
 def speed_line(speed: list[dict]) -> str:

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.analysis.gate_verdict import check_verdict
 from harness.views.html import STYLE, section, table
 
 # `result`: check's --json object as check builds it (harness/check sits beside views/, on the same level, so views
 # cannot import a record of its; tests/test_architecture.py VIEW_DICTS names this one)
-STATUSES = ("FAIL", "WARN", "UNKNOWN", "PASS")  # worst first: the verdict is the worst status any question got
+STATUSES = ("FAIL", "WARN", "UNKNOWN", "PASS")  # a question's, worst first; the verdict: gate_verdict.check_verdict
 
 
 def verdict_line(result: dict) -> str:
-    """The overall verdict in one line: the worst status, and how many questions got each."""
+    """The overall verdict in one line (harness/analysis/gate_verdict.check_verdict: a WARN passes, an UNKNOWN leaves it
+    INCONCLUSIVE), and how many questions got each status."""
     counts = {st: sum(q["status"] == st for q in result["questions"]) for st in STATUSES}
-    worst = next((st for st in STATUSES if counts[st]), "PASS")
+    verdict = check_verdict(q["status"] for q in result["questions"])
     tally = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
-    return (f"check: {worst} ({tally}) for {result['target']}, metrics: {result['metrics_found']}"
+    return (f"check: {verdict} ({tally}) for {result['target']}, metrics: {result['metrics_found']}"
             + ("; exit 1: a question FAILed" if counts["FAIL"] else ""))
 
 

@@ -1,4 +1,6 @@
-"""Two runs side by side; the nightly gate fails only where a gated figure regressed beyond its noise.
+"""Two stored runs side by side (`fragbench compare`): a comparison of two runs measured apart, not the nightly gate
+(`fragbench ab`, both builds in one run pair by pair, harness/analysis/ab.py); it fails only where a gated figure
+regressed beyond its noise (`compare_verdict`).
 
 Gated: figures that mean the same thing in two runs of one commit, each with the interval its run computed:
 every engine's sustained rate at the SLO (`capacity.<engine>.sustained_rps`, `sustained_rps_ci`), the
@@ -30,6 +32,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.analysis.gate_verdict import GateVerdict, passed_or_failed, worst
 from harness.analysis.operating import OPERATING_FIGURES, shared_point
 from harness.analysis.records import RunRecord
 from harness.analysis.speed_probe import Agreement, SpeedProbe
@@ -227,8 +230,18 @@ def fmt_ci(ci: list[float] | None) -> str:
     return "" if not ci else f"[{ci[0]:.3g}, {ci[1]:.3g}]"
 
 
+NOT_THE_GATE = ("a comparison of two stored runs, measured apart: not the nightly gate (fragbench ab measures both "
+                "builds in one run, pair by pair)")
+
+
+def compare_verdict(rows: list[Row]) -> GateVerdict:
+    """FAIL where a gated figure regressed, else PASS (harness/analysis/gate_verdict.worst over the rows)."""
+    return worst(passed_or_failed(r.regressed) for r in rows) if rows else GateVerdict.INCONCLUSIVE
+
+
 def render_text(rows: list[Row], threshold_pct: float, machine: Agreement | None = None) -> str:
-    lines = [machine.sentence()] if machine is not None else []
+    lines = [f"compare: {compare_verdict(rows)}, {NOT_THE_GATE}",
+             *([machine.sentence()] if machine is not None else [])]
     lines += [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} "
               "%)",
              f"{'engine':<22}{'figure':<34}{'base [90 %]':>26}{'new [90 %]':>26}{'change':>9}  verdict"]
@@ -268,7 +281,8 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>compare</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
-        f"<h1>{esc(base_id)} vs {esc(new_id)}</h1>{said}<h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
+        f"<h1>{esc(base_id)} vs {esc(new_id)}: {compare_verdict(rows)}</h1>"
+        f"<p>This page is {esc(NOT_THE_GATE)}.</p>{said}<h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
         f"separate and the estimate is worse by more than {threshold_pct:g} %. A figure 'at R/s' is the engine's "
         "operating point: the highest-rate stream both runs measured below its knee and below both runs' "
         "sustained-rate intervals (the same requests at the same offered load, sustained in both).</p>"

@@ -103,7 +103,9 @@ def test_bench_prints_the_table_under_its_decision_line(tmp_path, monkeypatch, c
             finalize(run)
             return run
 
-    monkeypatch.setattr(cli, "config", lambda args: argparse.Namespace(run_id="r"))
+    monkeypatch.setattr(cli, "config", lambda args: argparse.Namespace(
+        run_id="r", engines=["paged", "static-max"], kv_budgets=[], targets={}, compare_alloc_confs=[], sweep=False,
+        rates=None, duration_s=20, grace_s=4))  # what bench's estimate of its duration reads
     monkeypatch.setattr(bench, "Bench", Recorded)
     assert cli.run(argparse.Namespace(reports=str(tmp_path / "reports"))) == 0
     out = capsys.readouterr().out

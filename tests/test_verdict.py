@@ -19,7 +19,7 @@ from harness.analysis.steady import halves, knee_use
 from harness.analysis.summary_records import HeadlineBlock, Summary
 from harness.results import request_row
 from harness.run.verdicts import decision_line, verdict_now
-from harness.views.verdict import lateness_sentence
+from harness.views.opening import lateness_sentence
 from tests.conftest import run_cli
 from workloads.generate import TraceRequest
 from workloads.outcome import Outcome

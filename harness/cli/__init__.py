@@ -27,6 +27,7 @@ from harness.cli import (
     workload,
 )
 from harness.cli.args import MeasuredNothing, Parser, UsageError
+from harness.cli.examples import with_examples
 
 VERBS = (model, plan, generate, serve, workload, load, bench, report, compare, history, simulate, check, rules,
          allocator, memory_gate, ab)
@@ -49,6 +50,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
     for verb in VERBS:
         verb.register(sub)
+    with_examples(p)  # every verb's --help ends with commands to copy; its flags' metavars carry units
     return p
 
 

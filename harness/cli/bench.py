@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from harness.cli.args import (
     usage_errors,
     workload_checked,
 )
-from harness.cli.engine_flags import alloc_conf_arg, refuse_cuda_memory_settings
+from harness.cli.engine_flags import alloc_conf_arg, engine_args, refuse_cuda_memory_settings, served_model
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.run_folder import add_place_flags, claimed, run_place
 from harness.cli.seeds import seed_arg
@@ -41,7 +40,8 @@ def register(sub) -> None:
                        help=f"engines to run, comma-separated, one after another on the same traffic ({listing()}); "
                             "\"\" runs --target alone")
     bench.add_argument("--workload", default="mixed-churn", help="a workload name (`workload list`) or a spec file")
-    bench.add_argument("--model", default="models/tiny-llama", help="model directory (fragbench model build)")
+    bench.add_argument("--model", type=served_model, default="models/tiny-llama",
+                       help="model directory, or a preset built as `fragbench model build` says (`model list`)")
     add_kv_budget(bench, "16MiB", "bytes of KV cache every engine gets")
     add_kv_budgets(bench, "run every engine's knee search at each of these KV budgets (the first is the run's own); "
                           "the report draws sustained rate against budget")
@@ -101,19 +101,6 @@ def register(sub) -> None:
     sweep.add_argument("--calibrate-duration", type=positive_float, default=12.0,
                        help="seconds per calibration window (default 12)")
     bench.set_defaults(func=run)
-
-
-def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for pair in pairs:
-        engine, sep, rest = pair.partition("=")
-        if not sep or engine not in engines:
-            raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
-        try:
-            out.setdefault(engine, []).extend(shlex.split(rest))
-        except ValueError as e:  # an unclosed quote: shlex's words, on the flag's line
-            raise UsageError(f"--engine-args {pair!r}: {e}") from None
-    return out
 
 
 def kv_budgets(args: argparse.Namespace, engines: list[str]) -> list[KvBudget]:
@@ -214,15 +201,18 @@ def run(args: argparse.Namespace) -> int:
     # after every refusal: a bad command line exits at once, before the harness (torch, plotly) loads
     from harness.analysis.summary import read_summary_record
     from harness.run.bench import Bench
+    from harness.run.duration_estimate import duration_estimate
     from harness.views.engine_table import engine_table
+    from harness.views.opening import console_opening
     from harness.views.report import render
 
     bench = claimed(lambda: Bench(cfg))  # its own folder, or one line before any measuring
-    print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}", flush=True)
+    print(f"fragbench bench: run {cfg.run_id} -> {bench.dir}\n{duration_estimate(cfg)}", flush=True)
     run_dir = stopping_says_where(bench)
     if bench.failure is not None:  # nonzero, and why in one line (the run's folder keeps the logs)
         raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
-    print(engine_table(read_summary_record(run_dir)), flush=True)  # the answer under the decision line
+    summary = read_summary_record(run_dir)  # the one record the report reads: the same verdict, warnings, figures
+    print(console_opening(run_dir, summary) + "\n" + engine_table(summary), flush=True)
     report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
     print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
     return 0

@@ -28,7 +28,15 @@ def run(args: argparse.Namespace) -> int:
     # imported when the verb runs: `fragbench --help` does not load numpy or pandas
     from harness.analysis.gate_verdict import EXIT
     from harness.analysis.speed_probe import agreement
-    from harness.views.compare import compare, compare_verdict, load_probe, load_summary, render_html, render_text
+    from harness.views.compare import (
+        compare,
+        compare_verdict,
+        load_probe,
+        load_summary,
+        render_html,
+        render_text,
+        run_differences,
+    )
 
     dirs = [run_dir(args.base), run_dir(args.new)]
     base, new = (load_summary(d) for d in dirs)
@@ -36,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     rows = compare(base, new, args.threshold, machine)
     if not rows:
         raise UsageError("the two runs share no engine")
-    print(render_text(rows, args.threshold, machine))
+    differ = run_differences(*dirs)  # said first, a line each: two runs of different settings still compare
+    print(render_text(rows, args.threshold, machine, differ))
     out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
-                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), machine)
+                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), machine, differ)
     print(f"report: {out}")
     return EXIT[compare_verdict(rows)]  # 1 where a gated figure regressed, else 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from harness.cli.args import UsageError, device_of, model_dir, positive_int, usage_errors
 from harness.cli.kv_budget import add_kv_budget
@@ -10,7 +12,8 @@ from harness.cli.kv_budget import add_kv_budget
 
 def add_engine_flags(p: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
     p.add_argument("--engine", required=True, choices=engines, help="the engine (README: The engines)")
-    p.add_argument("--model", required=True, help="model directory (fragbench model build)")
+    p.add_argument("--model", required=True, type=served_model,
+                   help="model directory, or a preset built as `fragbench model build` says (`model list`)")
     add_kv_budget(p, "128MiB", "bytes of KV cache")
     p.add_argument("--max-seq-len", type=positive_int,
                    help="tokens per sequence, prompt and output (default: the model's max_position_embeddings)")
@@ -114,3 +117,31 @@ def quiet_transformers() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def served_model(value: str) -> str:
+    """--model of a verb that loads weights: a model directory, or a preset's name where its weights were built to
+    models/PRESET; a preset never built is refused with the one command that builds it (a preset is a shape, and
+    random weights of a 7B are gigabytes: built when asked, not behind a user's back)."""
+    from engines.shapes import preset_names  # the presets' names: a listing of package files, no torch
+
+    if (Path(value) / "config.json").is_file() or value not in preset_names():
+        return value  # a directory, or what the verb's own check refuses with its words
+    built = Path("models") / value
+    if (built / "config.json").is_file():
+        return str(built)
+    raise UsageError(f"--model {value} is a preset with no weights here: build them with `fragbench model build "
+                     f"--preset {value} --out {built}`, then pass --model {built}")
+
+
+def engine_args(pairs: list[str], engines: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        engine, sep, rest = pair.partition("=")
+        if not sep or engine not in engines:
+            raise UsageError(f"--engine-args takes ENGINE=ARGS for one of {', '.join(engines)}, not {pair!r}")
+        try:
+            out.setdefault(engine, []).extend(shlex.split(rest))
+        except ValueError as e:  # an unclosed quote: shlex's words, on the flag's line
+            raise UsageError(f"--engine-args {pair!r}: {e}") from None
+    return out

@@ -90,6 +90,30 @@ def load_probe(run_dir: Path) -> SpeedProbe | None:
         return None
 
 
+SAME = (("workload", ("config", "workload")), ("model", ("config", "model")), ("KV budget", ("config", "kv_budget")),
+        ("KV budgets", ("config", "kv_budgets")), ("machine", ("hardware", "machine")), ("CPUs", ("hardware", "cpus")),
+        ("RAM bytes", ("hardware", "ram_bytes")), ("device", ("hardware", "device")),
+        ("device name", ("hardware", "device_name")))
+
+
+def run_differences(base_dir: Path, new_dir: Path) -> list[str]:
+    """A line for each way the two runs' run.json differ in what they measured on (workload, model, KV budget,
+    machine): the comparison still follows, but its changes may be the setting's, not the code's."""
+    def read(d: Path) -> dict:
+        try:
+            return json.loads((d / "run.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    runs, out = (read(base_dir), read(new_dir)), []
+    for name, (block, key) in SAME:
+        base, new = ((r.get(block) or {}).get(key) if isinstance(r.get(block), dict) else None for r in runs)
+        if base is not None and new is not None and base != new:
+            out.append(f"WARNING: the runs differ in {name}: {base} (base) vs {new} (new); compared anyway, a change "
+                       "below may be the setting's")
+    return out
+
+
 def figures(summary: Summary, engine: str, names: tuple[str, ...] | dict) -> dict[str, object]:
     """An engine's figures by name (those of `names` it has; the rest None), with its sustained rate when the run
     swept rates."""
@@ -239,8 +263,9 @@ def compare_verdict(rows: list[Row]) -> GateVerdict:
     return worst(passed_or_failed(r.regressed) for r in rows) if rows else GateVerdict.INCONCLUSIVE
 
 
-def render_text(rows: list[Row], threshold_pct: float, machine: Agreement | None = None) -> str:
-    lines = [f"compare: {compare_verdict(rows)}, {NOT_THE_GATE}",
+def render_text(rows: list[Row], threshold_pct: float, machine: Agreement | None = None,
+                differ: list[str] = ()) -> str:
+    lines = [f"compare: {compare_verdict(rows)}, {NOT_THE_GATE}", *differ,
              *([machine.sentence()] if machine is not None else [])]
     lines += [f"gated figures (a regression: the intervals separate and the estimate is worse by > {threshold_pct:g} "
               "%)",
@@ -261,9 +286,10 @@ def render_text(rows: list[Row], threshold_pct: float, machine: Agreement | None
 
 
 def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float, out: Path,
-                machine: Agreement | None = None) -> Path:
+                machine: Agreement | None = None, differ: list[str] = ()) -> Path:
     esc = html.escape
-    said = f"<p><b>{esc(machine.sentence())}</b></p>" if machine is not None else ""
+    said = "".join(f"<p class=bad><b>{esc(x)}</b></p>" for x in differ)
+    said += f"<p><b>{esc(machine.sentence())}</b></p>" if machine is not None else ""
 
     def num(x):
         return "n/a" if x is None else f"{x:.4g}"
@@ -282,7 +308,8 @@ def render_html(rows: list[Row], base_id: str, new_id: str, threshold_pct: float
         "body{font-family:system-ui,sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}.bad{background:#fde2e1}</style></head><body>"
         f"<h1>{esc(base_id)} vs {esc(new_id)}: {compare_verdict(rows)}</h1>"
-        f"<p>This page is {esc(NOT_THE_GATE)}.</p>{said}<h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
+        f"<p>This page is {esc(NOT_THE_GATE)}.</p>{said}"
+        "<h2>Gated</h2><p>A regression: the two runs' 90 % intervals "
         f"separate and the estimate is worse by more than {threshold_pct:g} %. A figure 'at R/s' is the engine's "
         "operating point: the highest-rate stream both runs measured below its knee and below both runs' "
         "sustained-rate intervals (the same requests at the same offered load, sustained in both).</p>"

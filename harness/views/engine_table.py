@@ -52,9 +52,13 @@ HEADER = ("engine", "sustained req/s\n[90 % interval]", "bound\nby", "served\nre
           "failed /\nunfinished req", "TTFT ms\np50 / p90", "TPOT ms\np50 / p90", "output\ntok/s")
 
 
-def cells(r: EngineRow) -> list[str]:
+ONE_RATE = ("engine", "goodput req/s\n(within SLO)", *HEADER[3:])  # no knee search: goodput, as the report opens
+
+
+def cells(r: EngineRow, swept: bool = True) -> list[str]:
     failed = f"{r.failed_requests} / {r.unfinished_requests}"
-    return [r.engine, rate_cell(r), r.bound or "n/a", num(r.served_rps), oom_cell(r), failed,
+    rate = [rate_cell(r), r.bound or "n/a"] if swept else [num(r.goodput_rps)]
+    return [r.engine, *rate, num(r.served_rps), oom_cell(r), failed,
             pair_ms(r.ttft_p50_s, r.ttft_p90_s), pair_ms(r.tpot_p50_s, r.tpot_p90_s), num(r.output_tokens_per_s, 1)]
 
 
@@ -63,18 +67,20 @@ def engine_table(summary: Summary) -> str:
     rows = engine_rows(summary)
     if not rows:
         return "no engine produced a result: no per-engine figures"
+    swept = bool(summary.capacity)  # a run at one rate has no sustained rate or bound: no column of n/a for them
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, h in enumerate(HEADER):
+    for i, h in enumerate(HEADER if swept else ONE_RATE):
         table.add_column(h, justify="left" if i < 1 else "right", no_wrap=True)
     for r in rows:
-        table.add_row(*cells(r))
+        table.add_row(*cells(r, swept))
     console = Console(width=WIDTH, record=True, no_color=True, force_terminal=False, file=_Null())
     console.print(table)
     slo = next(iter(summary.capacity.values())).slo if summary.capacity else None
     note = (f"sustained: the highest offered rate at which the long-run share of all requests (every stream at that "
             f"rate pooled) within TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s reaches "
             f"{100 * slo.attainment:.0f} % (the vLLM paper's sustained rate, DistServe's goodput); " if slo else
-            "sustained: n/a (one offered rate, no knee search: bench --sweep measures it); ")
+            "goodput: requests per second within the SLO at the workload's own rate (one offered rate, no knee "
+            "search: bench --sweep measures the sustained rate); ")
     note += ("latency, served and tokens over every point's judged requests; " if slo else
              "latency, served and tokens over the churn window; ")
     note += "failed: OOM'd, rejected, errors or crashed; unfinished: still in flight when the run's grace period ended."

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.analysis.headline import PAGED
 from harness.analysis.records import RunRecord
 from harness.analysis.summary import SHARE_COLUMNS
 from harness.analysis.summary_records import EngineFigures, Summary
-from harness.views.capacity_section import bound_lines, capacity_sentence, headline_sentence
+from harness.views.capacity_section import bound_lines
 from harness.views.glance import glance
 from harness.views.html import details, fmt, link, mib, section, table
+from harness.views.opening import lateness_parts, lead, warnings
 
 RUNBOOK = {
     "capacity": "capacity: the live tokens did not fit; reduce max_num_seqs or max_seq_len, quantize the KV cache, "
@@ -37,52 +37,6 @@ def diagnosis(s: EngineFigures, ooms: pd.DataFrame) -> str | None:
     return RUNBOOK["capacity"]
 
 
-def goodput_sentence(summary: Summary) -> str:
-    engines = summary.engines
-    ranked = sorted(engines, key=lambda e: -(engines[e].goodput_requests_per_s or 0))
-    best = ranked[0]
-    contiguous = [e for e in engines if e not in PAGED]
-    rates = ", ".join(f"{e} {engines[e].goodput_requests_per_s:.2f}" for e in ranked)
-    line = f"Goodput at the workload's own rate (requests per second within the SLO): {rates}; {best} served the most"
-    if best in PAGED and contiguous:
-        rival = max(contiguous, key=lambda e: engines[e].goodput_requests_per_s or 0)
-        theirs = engines[rival].goodput_requests_per_s or 0
-        line += (f", {engines[best].goodput_requests_per_s / theirs:.1f}x the best contiguous engine ({rival})"
-                 if theirs else ", and no contiguous engine served any request within the SLO")
-    return line + "."
-
-
-LATE_SHARE = 0.05  # the load generator's lateness worth a warning, as a share of the TTFT limit
-
-
-def lateness_sentence(summary: Summary, ttft_limit_s: float) -> str | None:
-    """Latency counts from each request's due time, so a late send is charged to the engine it waited for; the
-    load generator's own lateness still says whether the client kept the schedule it was given."""
-    late = {e: s.late_p99_s for e, s in summary.engines.items() if s.late_p99_s is not None}
-    if not late:
-        return None
-    worst = max(late, key=late.get)
-    words = ", ".join(f"{e} {1000 * v:.0f} ms" for e, v in late.items())
-    line = (f"Latency is timed from each request's due time (its arrival in the schedule), not from its send: the "
-            f"load generator's lateness p99 {words}")
-    if late[worst] > LATE_SHARE * ttft_limit_s:
-        return (f"WARNING: the load generator fell behind its schedule: lateness p99 {1000 * late[worst]:.0f} ms "
-                f"for {worst}, over {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit: the rate was not "
-                "offered on time (the wait still counts against the engine). " + line + ".")
-    return line + f", under {100 * LATE_SHARE:.0f} % of the {ttft_limit_s:g} s TTFT limit."
-
-
-def lateness_parts(summary: Summary, meta: RunRecord) -> tuple[str | None, str | None]:
-    """The lateness sentence cut in two: its warning (the verdict's, where the load generator fell behind) and
-    how latency is timed (the table's method)."""
-    cfg = meta.config
-    late = lateness_sentence(summary, float(cfg.slo_ttft_s if cfg.has("slo_ttft_s") else 2.0))
-    if late is None or not late.startswith("WARNING"):
-        return None, late
-    warning, how = late.split(" Latency is timed", 1)
-    return warning, "Latency is timed" + how
-
-
 def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -> list[str]:
     """The answer in short sentences, each linking to its evidence; how each figure was measured is folded under
     the figure it explains (the verdict table's, the capacity section's)."""
@@ -91,20 +45,12 @@ def verdict_sentences(summary: Summary, events: pd.DataFrame, meta: RunRecord) -
         return ["No engine produced a result in this run."]
     cfg = meta.config
     budget = cfg.kv_budget if cfg.has("kv_budget") else "the same budget"
-    out = []
-    if summary.capacity:
-        if summary.headline:
-            out.append(link("capacity", headline_sentence(summary)))
-        out.append(link("capacity", capacity_sentence(summary)))
-        if any(c.has("bound") for c in summary.capacity.values()):  # a short line each, under one lead
-            head, parts = bound_lines(summary)
-            out.append(link("capacity", head) + "<ul>" + "".join(f"<li>{link('capacity', x)}</li>" for x in parts)
-                       + "</ul>")
-    else:  # one offered rate: goodput at it is the measure of what memory bought
-        out.append(link("verdict-table", goodput_sentence(summary)))
-    warning, _ = lateness_parts(summary, meta)
-    if warning:  # a calm clock is how it was measured: under the table
-        out.append(link("latency", warning))
+    out = [link(anchor, text) for anchor, text in lead(summary)]
+    if summary.capacity and any(c.has("bound") for c in summary.capacity.values()):  # a short line each, one lead
+        head, parts = bound_lines(summary)
+        out.append(link("capacity", head) + "<ul>" + "".join(f"<li>{link('capacity', x)}</li>" for x in parts)
+                   + "</ul>")
+    out += [link(anchor, text) for anchor, text in warnings(summary, meta)]  # a calm clock: under the table
     held = ", ".join(f"{e} {fmt(engines[e].mean_running)} (max {fmt(engines[e].max_running)})"
                      for e in sorted(engines, key=lambda e: -(engines[e].mean_running or 0)))
     out.append(link("scheduler", f"Requests held at once in {budget} of KV, mean over the churn: {held}."))

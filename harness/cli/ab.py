@@ -142,6 +142,7 @@ def gated(args: argparse.Namespace) -> int:
 
 def written(args: argparse.Namespace, plan, base, new, memory, measured) -> int:
     """The verdict (ERROR where the run could not judge NEW), ab.json and the page, then the exit code."""
+    # imported when the verb runs, as run() imports its own: `fragbench --help` does not load the page's analysis
     from harness.run.trees import identity
     from harness.views.ab_page import render_text, write_page
 

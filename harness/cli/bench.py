@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-import sys
-from pathlib import Path
 
 from engines import SERVED, UnknownName, pick
 from engines.registry import described, entry, listing, memory_refusal
@@ -26,6 +22,7 @@ from harness.cli.args import (
 )
 from harness.cli.engine_flags import alloc_conf_arg, engine_args, refuse_cuda_memory_settings, served_model
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
+from harness.cli.partial_run import stopping_says_where
 from harness.cli.run_folder import add_place_flags, claimed, run_place
 from harness.cli.seeds import seed_arg
 from harness.cli.sweep_flags import check_sweep_args, saturation_flag, sweep_group
@@ -170,30 +167,6 @@ def config(args: argparse.Namespace):
                        knee_tolerance=args.knee_tolerance, kv_budgets=budgets, device=device, time_s=args.time,
                        memory=args.memory, alloc_conf=args.alloc_conf, compare_alloc_confs=args.compare_alloc_conf,
                        api=args.api, api_key=args.api_key, targets={name: t.describe() for name, t in targets.items()})
-
-
-def stop_cause(e: BaseException) -> str:
-    """Why a run stopped, in words: Ctrl-C, the signal (procs.exit_on_sigterm's SystemExit(128 + signum)), an error."""
-    if isinstance(e, KeyboardInterrupt):
-        return "Ctrl-C"
-    if isinstance(e, SystemExit):
-        code = e.code if isinstance(e.code, int) else 0
-        return signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else f"exit {e.code}"
-    return f"{type(e).__name__}: {e}"
-
-
-def stopping_says_where(bench) -> Path:
-    """bench.run(); cut off (Ctrl-C, SIGTERM, an error), run.json says why, and one line where the partial run is
-    (`fragbench report` reads it, marked PARTIAL) before the exit (130 for Ctrl-C)."""
-    try:
-        return bench.run()
-    except (KeyboardInterrupt, SystemExit, Exception) as e:
-        why = stop_cause(e)
-        with contextlib.suppress(Exception):  # the run's record is best effort here: the cause is what matters
-            bench.record.stopped(why)
-        print(f"fragbench bench: stopped ({why}): the partial run is in {bench.dir} (`fragbench report "
-              f"{bench.dir}` reads what it kept)", file=sys.stderr, flush=True)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:

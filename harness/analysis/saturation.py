@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.analysis.summary_records import SaturationBlock, SaturationEngine, SaturationSet, Summary
+from harness.analysis.saturation_summary import SaturationBlock, SaturationEngine, SaturationSet
+from harness.analysis.summary_records import Summary
 from harness.results import read_journals, read_rows
 
 JOURNAL = "saturation.jsonl"  # one row a set, written by harness/run/saturation_runs.py as each set ends

@@ -5,37 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import PrivateAttr, SerializerFunctionWrapHandler, model_serializer, model_validator
-
 from harness.analysis.capacity import SLO
 from harness.analysis.records import Num
-from harness.analysis.records import Record as JsonRecord
-
-
-class SummaryBlock(JsonRecord):
-    """A block of summary.json: analysis builds it, `written()` gives it back in the order its keys were given
-    (at construction, then as set), so the one writer (summary.write_summary) writes the bytes the dicts did."""
-
-    _order: tuple[str, ...] = PrivateAttr(default=())
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_order(cls, data: Any, handler) -> Any:
-        made = handler(data)
-        if isinstance(data, dict) and isinstance(made, SummaryBlock):
-            made._order = tuple(data)
-        return made
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if not name.startswith("_") and name not in self._order:
-            self._order = (*self._order, name)
-
-    @model_serializer(mode="wrap")
-    def _in_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out = handler(self)
-        rank = {k: i for i, k in enumerate(self._order)}
-        return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+from harness.analysis.saturation_summary import SaturationBlock
+from harness.analysis.summary_block import SummaryBlock
 
 
 class Divergence(SummaryBlock):
@@ -382,49 +355,6 @@ class SizeRule(SummaryBlock):
     matches: bool
     rule_picks: str | None = None
     tolerance: Num
-
-
-class SaturationSet(SummaryBlock):
-    """One fixed request set served flat out by one engine (harness/run/saturation_runs.py)."""
-
-    engine: str
-    repetition: Num
-    position: Num  # 0: the pair's first set, 1: its second (the order alternates: ABBA)
-    requests: Num
-    completed: Num
-    output_tokens: Num
-    wall_s: Num | None = None
-    output_tokens_per_s: Num | None = None
-    requests_per_s: Num | None = None
-    oom_total: Num = 0
-    preemptions: Num = 0
-
-
-class SaturationEngine(SummaryBlock):
-    """An engine's saturation throughput: the mean of its sets' figures, its OOMs and preemptions summed."""
-
-    output_tokens_per_s: Num | None = None
-    requests_per_s: Num | None = None
-    sets: Num = 0
-    failed_requests: Num = 0
-    oom_total: Num = 0
-    preemptions: Num = 0
-
-
-class SaturationBlock(SummaryBlock):
-    """summary.json's `saturation_throughput` (harness/analysis/saturation.py): beside the headline, never it."""
-
-    definition: str = ""
-    engine: str = ""
-    against: str = ""
-    requests: Num = 0
-    repeats: Num = 0
-    ratio: Num | None = None
-    ratio_ci: list[Num] | None = None
-    level: Num = 0.9
-    pairs: Num = 0
-    engines: dict[str, SaturationEngine] = {}
-    sets: list[SaturationSet] = []
 
 
 class Summary(SummaryBlock):

@@ -376,13 +376,13 @@ def brute_long_run(z: float, b: float, s: float, g: float = 0.0, loads=(0.0,), w
 @pytest.mark.parametrize("b,s,g", [(2.0, 0.3, 0.0), (8.0, 0.1, 1.0), (25.0, 0.2, 0.5), (25.0, 0.0, 1.0),
                                    (200.0, 0.05, 0.0), (200.0, 0.6, 1.5)])
 def test_the_long_run_crossing_is_where_a_direct_integral_meets_the_target(b, s, g):
-    """At the offset the fit solves, the curve averaged over u and x by a direct integral is the target (within
-    0.002: the two cut u's tails alike; the fit's nodes are exact elsewhere)."""
+    """At the offset the fit solves, the curve averaged over u and x by a direct integral (u cut where the fit cuts
+    it) is the target, within 2e-4 in attainment."""
     from harness.analysis.kneefit import long_run_offsets
 
     loads, weights = np.array([-0.2, 0.0, 0.1, 0.3]), np.array([0.1, 0.4, 0.3, 0.2])
     z = long_run_offsets(np.array([b]), np.array([s]), np.array([g]), loads, weights, 0.9)[0]
-    assert brute_long_run(z, b, s, g, loads, weights) == pytest.approx(0.9, abs=0.002)
+    assert brute_long_run(z, b, s, g, loads, weights) == pytest.approx(0.9, abs=2e-4)
 
 
 def test_with_no_spread_and_no_load_the_sustained_rate_is_the_knee_and_a_spread_moves_it_under():

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engines.kv_categories import CATEGORY_COLUMNS
 from engines.percentile import percentile
 from harness.analysis.alloc_settings_summary import settings_block
 from harness.analysis.allocator_summary import allocator_block
@@ -50,6 +49,14 @@ from harness.analysis.rundir import (
     spans,
     time_spent,
 )
+from harness.analysis.sample_figures import (
+    SHARE_COLUMNS,
+    counter_rise,
+    known,
+    memory_figures,
+    step_seconds,
+    waiting_for_memory,
+)
 from harness.analysis.saturation import add_saturation
 from harness.analysis.size_classes import run_rule
 from harness.analysis.steady import halves, knee_use
@@ -69,8 +76,6 @@ from harness.results import read_rows, whole_file, write_whole
 from workloads.outcome import UNFINISHED
 from workloads.streams import replication_of
 
-SHARE_COLUMNS = {f"{c}_share": column for c, column in CATEGORY_COLUMNS.items()}  # summary key -> samples column
-
 
 def pct(series: pd.Series, q: float) -> float | None:
     return percentile(pd.to_numeric(series, errors="coerce"), q)
@@ -87,29 +92,6 @@ def steady(smp: pd.DataFrame, meta: RunRecord, engine: str) -> pd.DataFrame:
     for w in windows:
         inside |= in_point(smp, w, meta).to_numpy()
     return smp[inside]
-
-
-def known(churn: pd.DataFrame, column: str) -> bool:
-    """Every sample has it: a server that does not export a figure (a target) leaves it unknown, not 0."""
-    return bool(len(churn)) and column in churn and bool(pd.to_numeric(churn[column], errors="coerce").notna().all())
-
-
-def memory_figures(churn: pd.DataFrame) -> dict:
-    cap = pd.to_numeric(churn.get("kv_capacity_bytes", pd.Series(dtype=float)), errors="coerce")
-    sized = known(churn, "kv_capacity_bytes")
-    out = {}
-    for share, col in SHARE_COLUMNS.items():
-        out[share] = float((churn[col].astype(float) / cap).mean()) if sized and known(churn, col) else None
-    if sized and known(churn, "allocated_bytes"):
-        out["allocated_share"] = float((churn.allocated_bytes.astype(float) / cap).mean())
-    elif known(churn, "kv_cache_usage_perc"):  # a target's own usage gauge (vllm:kv_cache_usage_perc, ...)
-        out["allocated_share"] = float(pd.to_numeric(churn.kv_cache_usage_perc).mean())
-    else:
-        out["allocated_share"] = None
-    out["mean_running"] = float(churn.running.astype(float).mean()) if len(churn) and churn.running.notna().any() \
-        else None
-    out["max_running"] = int(churn.running.max()) if len(churn) and churn.running.notna().any() else None
-    return out
 
 
 def judged_of(engine: str, req: pd.DataFrame, meta: RunRecord) -> tuple[pd.DataFrame, float] | None:
@@ -216,27 +198,6 @@ def point_figures(rows: pd.DataFrame, smp: pd.DataFrame, ev: pd.DataFrame, windo
     load = log_token_load(rows, judged_s, window.offered_rps, mean_tokens)
     point["log_token_load"] = round(load, 4)
     return point, Judged(window.offered_rps, window.key or f"{window.offered_rps:g}", met, index, use, load)
-
-
-def waiting_for_memory(smp: pd.DataFrame) -> float | None:
-    """Share of samples in which requests waited and memory alone held the queue's head back."""
-    col = pd.to_numeric(smp.get("waiting_for_memory", pd.Series(dtype=float)), errors="coerce").dropna()
-    return float((col > 0).mean()) if len(col) else None
-
-
-def step_seconds(smp: pd.DataFrame) -> float | None:
-    """Mean time per engine step over the samples: elapsed time over the steps counter's rise."""
-    steps = pd.to_numeric(smp.get("steps", pd.Series(dtype=float)), errors="coerce")
-    ok = steps.notna()
-    if ok.sum() < 2:
-        return None
-    rise = float(steps[ok].iloc[-1] - steps[ok].iloc[0])
-    return float(smp.t_s[ok].iloc[-1] - smp.t_s[ok].iloc[0]) / rise if rise > 0 else None
-
-
-def counter_rise(smp: pd.DataFrame, column: str) -> int:
-    values = pd.to_numeric(smp.get(column, pd.Series(dtype=float)), errors="coerce").dropna()
-    return int(values.diff().clip(lower=0).sum()) if len(values) else 0
 
 
 def budget_of(point: SweepPoint, default: str | None) -> str | None:

@@ -227,18 +227,18 @@ def test_two_engines_on_the_same_streams_share_their_load_and_the_fit_says_so():
 def test_one_outlier_stream_moves_the_knee_less_than_a_normal_spread_would():
     """A stream that met 19 % where the same rate's other streams met all (a fresh-clone run's paged did): with
     u heavy-tailed it is a rare stream, and the knee moves less than under a normal u of the same scale."""
-    from harness.analysis import kneefit
+    from harness.analysis import kneefit, kneelongrun
     rng = np.random.default_rng(23)
     base = [stream(rng, snap(3.0 * f), 3.0, rep=i + 1) for i, f in enumerate((0.8, 0.87, 0.93, 1.0, 1.07, 1.15,
                                                                               1.2, 0.9, 1.1))]
     outlier = Judged(snap(2.4), key_of(2.4, 40), (np.arange(60) < 11).astype(float), np.arange(60))
     moved = {}
     for df in (kneefit.TAIL_DF, 10**6):
-        old, kneefit.TAIL_DF = kneefit.TAIL_DF, df
+        old, kneefit.TAIL_DF, kneelongrun.TAIL_DF = kneefit.TAIL_DF, df, df  # the fit's u and the long run's
         try:
             alone, beside = fit({"paged": base}, 0.9), fit({"paged": [*base, outlier]}, 0.9)
         finally:
-            kneefit.TAIL_DF = old
+            kneefit.TAIL_DF = kneelongrun.TAIL_DF = old
         moved[df] = math.log(alone.estimates["paged"].rps / beside.estimates["paged"].rps)
     assert moved[kneefit.TAIL_DF] < moved[10**6], moved
 
@@ -378,7 +378,7 @@ def brute_long_run(z: float, b: float, s: float, g: float = 0.0, loads=(0.0,), w
 def test_the_long_run_crossing_is_where_a_direct_integral_meets_the_target(b, s, g):
     """At the offset the fit solves, the curve averaged over u and x by a direct integral (u cut where the fit cuts
     it) is the target, within 2e-4 in attainment."""
-    from harness.analysis.kneefit import long_run_offsets
+    from harness.analysis.kneelongrun import long_run_offsets
 
     loads, weights = np.array([-0.2, 0.0, 0.1, 0.3]), np.array([0.1, 0.4, 0.3, 0.2])
     z = long_run_offsets(np.array([b]), np.array([s]), np.array([g]), loads, weights, 0.9)[0]
@@ -391,7 +391,7 @@ def test_with_no_spread_and_no_load_the_sustained_rate_is_the_knee_and_a_spread_
     the old conditional figure (the knee) is the long-run one only without a spread."""
     from scipy.stats import t as student_t
 
-    from harness.analysis.kneefit import long_run_offsets
+    from harness.analysis.kneelongrun import long_run_offsets
 
     one, none = np.ones(1), np.zeros(1)
     assert long_run_offsets(25 * one, none, none, none, one, 0.9)[0] == pytest.approx(0.0, abs=1e-9)

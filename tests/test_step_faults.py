@@ -79,14 +79,15 @@ def test_a_burn_repeats_the_forward_exactly_f_minus_1_times_more_and_changes_no_
 
 @pytest.mark.parametrize("fault", [StepFault(slow=1.5), StepFault(burn=1.5)], ids=["slow", "burn"])
 def test_the_step_duration_and_tpot_grow_by_about_f(tiny_model, fault):
-    """Fault on against off, alternating three times on one warm engine pair: the steps' total duration_s and the
+    """Fault on against off, alternating five times on one warm engine pair: the steps' total duration_s and the
     requests' mean TPOT are each above 1.1x the plain engine's (about 1.5x expected; the burn repeats the forward in
-    every other step, most but not all of a step's time) and under 4x."""
+    every other step, most but not all of a step's time) and under 4x. Five, not three: under make test's three
+    workers one round of three read 0.91, 2.30 and 1.05 (the others' load lands on either side of a pair)."""
     plain, faulty = engine_with(tiny_model, StepFault()), engine_with(tiny_model, fault)
     serve_all(plain)
     serve_all(faulty)  # warm both: first calls load and compile
     ratios_step, ratios_tpot = [], []
-    for _ in range(3):
+    for _ in range(5):
         _, d0, t0 = serve_all(plain)
         _, d1, t1 = serve_all(faulty)
         ratios_step.append(sum(d1) / sum(d0))

@@ -117,19 +117,25 @@ def attention_temporaries_bytes(num_heads: int, num_kv_heads: int, head_dim: int
     kv_row = 2 * num_kv_heads * head_dim * dtype_bytes  # one token's K and V as the store holds them
     expanded_row = 2 * num_heads * head_dim * dtype_bytes if num_heads != num_kv_heads else 0
     mask_entry = 1 + dtype_bytes  # the bool mask and SDPA's additive copy of it
-    decode = int(BUCKET_RATIO * pool_tokens) * (kv_row + expanded_row + mask_entry)
+    decode = decode_gather_rows(pool_tokens) * (kv_row + expanded_row + mask_entry)
     prefill = max_seq_len * (kv_row + expanded_row) + batched_tokens * max_seq_len * mask_entry
     whole_chunk = batched_tokens * expanded_row
     return decode + max(prefill, whole_chunk)  # buckets and a chunk may be live in one step's layer
 
 
-def decode_gather_rows(pool_tokens: int, max_num_seqs: int, max_seq_len: int) -> int:
-    """The most context rows one decode bucket gathers (padded) at once: the pool's tokens, never more than
-    max_num_seqs max-length sequences, with BUCKET_RATIO's padding. Blocks shared by forks or the prefix cache are
-    gathered once per sequence that reads them, so a step's contexts can add up to more than the pool holds: the
-    runner splits a bucket at this many rows (engines/scheduled/model.py), and the headroom counts this many
-    (attention_temporaries_bytes), so no sharing takes a forward past what the cap left (docs/method.md)."""
-    return int(BUCKET_RATIO * min(pool_tokens, max_num_seqs * max_seq_len))
+def live_decode_tokens(pool_tokens: int, max_num_seqs: int, max_seq_len: int) -> int:
+    """The context tokens the decodes of one step are sized for: the KV pool's, never more than max_num_seqs
+    max-length sequences."""
+    return min(pool_tokens, max_num_seqs * max_seq_len)
+
+
+def decode_gather_rows(live_tokens: int) -> int:
+    """The most context rows one decode bucket gathers (padded) at once: `live_tokens` (live_decode_tokens) with
+    BUCKET_RATIO's padding. Blocks shared by forks or the prefix cache are gathered once per sequence that reads
+    them, so a step's contexts can add up to more than the pool holds: the runner splits a bucket at this many rows
+    (engines/scheduled/model.py), and the headroom counts this many (attention_temporaries_bytes), so no sharing
+    takes a forward past what the cap left (docs/method.md)."""
+    return int(BUCKET_RATIO * live_tokens)
 
 
 def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: int, max_num_seqs: int,
@@ -138,10 +144,10 @@ def forward_headroom_bytes(shape: ModelShape, dtype_bytes: int, batched_tokens: 
     temporaries (engines/scheduled/model.py) for the decodes that can be live at once, the KV pool's tokens but
     never more than max_num_seqs max-length sequences. Under --memory cuda the cap leaves room for both; the plan
     (harness/plan.py) leaves the same beside its budget: the one rule of both."""
-    live_decode_tokens = min(pool_tokens, max_num_seqs * max_seq_len)
     return shape.activation_bytes(dtype_bytes, batched_tokens, max_num_seqs) + \
         attention_temporaries_bytes(shape.num_heads, shape.num_kv_heads, shape.head_dim, dtype_bytes,
-                                    live_decode_tokens, max_seq_len, batched_tokens)
+                                    live_decode_tokens(pool_tokens, max_num_seqs, max_seq_len), max_seq_len,
+                                    batched_tokens)
 
 
 def preset_names() -> list[str]:

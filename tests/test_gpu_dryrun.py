@@ -7,6 +7,7 @@ what it cannot show."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -48,32 +49,27 @@ def device(monkeypatch):
     import engines.scheduled.model as runner_module
 
     peaks: list[tuple[int, int]] = []  # (forward's peak above what lived before it, chunks)
-    opened = []
+    with contextlib.ExitStack() as opened:
 
-    def enter(total_bytes: int, config: dict, dtype: torch.dtype):
-        ctx = fake_cuda.fake_cuda(total_bytes)
-        tally = ctx.__enter__()
-        opened.append(ctx)
-        monkeypatch.setattr(runner_module, "load_hf_model", fake_cuda.patched_loader(config, dtype))
-        return tally
+        def enter(total_bytes: int, config: dict, dtype: torch.dtype):
+            monkeypatch.setattr(runner_module, "load_hf_model", fake_cuda.patched_loader(config, dtype))
+            return opened.enter_context(fake_cuda.fake_cuda(total_bytes))
 
-    yield enter, peaks
-    for ctx in reversed(opened):
-        ctx.__exit__(None, None, None)
+        yield enter, peaks
 
 
 def measured(engine, tally, peaks) -> None:
     """Each forward of the engine records its peak of live fake bytes above what lived when it began."""
     forward = engine.runner.forward
 
-    def timed(chunks, *rest):
+    def peaked(chunks, *rest):
         base = tally.reset_peak()
         try:
             return forward(chunks, *rest)
         finally:
             peaks.append((tally.peak_bytes - base, len(chunks)))
 
-    engine.runner.forward = timed
+    engine.runner.forward = peaked
 
 
 def headroom_of(spec: EngineSpec, cfg: dict, dtype: str) -> int:

@@ -10,13 +10,13 @@ import torch
 
 from engines.engine import BlockPoolStats, Engine, EngineStats, Request
 from engines.kv import KVPolicy, PagedKV
-from engines.memory.arena import DeviceMemory, OutOfMemory
+from engines.memory.arena import DeviceMemory, OOMEvent, OutOfMemory
 from engines.oom import oom_context, segment_asked
 from engines.scheduled.model import ModelRunner
 from engines.scheduled.scheduler import Scheduler, SchedulerConfig
 from engines.scheduled.steps import StepRecorder, StepRow
 from engines.sequence import FinishReason, Sequence
-from engines.shapes import decode_gather_rows
+from engines.shapes import decode_gather_rows, live_decode_tokens
 from engines.step_faults import StepFault
 from engines.token_sampling import make_generator, process, prompt_logprobs, sample
 
@@ -32,8 +32,8 @@ class ScheduledEngine(Engine):
         self.scheduler = Scheduler(kv, config)
         self.oom_events = self.scheduler.oom_events
         self.fragmentation_maps = self.scheduler.fragmentation_maps
-        pool_tokens = kv.memory.capacity_bytes // kv.kv_bytes_per_token
-        self.runner = ModelRunner(hf_model, kv, decode_gather_rows(pool_tokens, config.max_num_seqs, max_seq_len))
+        live = live_decode_tokens(kv.memory.capacity_bytes // kv.kv_bytes_per_token, config.max_num_seqs, max_seq_len)
+        self.runner = ModelRunner(hf_model, kv, decode_gather_rows(live))  # the bound the headroom counts
         self.generators: dict[str, torch.Generator | None] = {}
         self.pending_forks: dict[str, Request] = {}  # parent seq id -> request still to fork
         self.step_recorder: StepRecorder | None = None  # serve --step-log: every step's row
@@ -134,7 +134,7 @@ class ScheduledEngine(Engine):
             out += prompt_logprobs(logits, seq.prompt_ids, chunk.start + at, seq.params.prompt_logprobs)
         return out
 
-    def _forward_oom(self, plan, err: Exception, event) -> None:
+    def _forward_oom(self, plan, err: Exception, event: OOMEvent) -> None:
         """An OOM event (the device's, under the activations, not the KV budget's) and a smaller step at once: the
         sequence cap comes down to half of what this step held (and its batched tokens to half, where it
         prefilled), and the step's prefills and every running sequence past the new cap are preempted and

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import statistics
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from engines.sequence import SamplingParams, Sequence
@@ -70,3 +74,14 @@ def benchmark_module(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in HTTP server on a free loopback port, in a thread, for as long as the block runs: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

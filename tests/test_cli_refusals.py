@@ -8,8 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +16,7 @@ import pytest
 
 from engines.procs import free_port
 from tests.conftest import ROOT, run_cli
+from tests.helpers import serving
 
 
 def one_line(r: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -145,10 +145,8 @@ class FailingServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def failing_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(FailingServer) as url:
+        yield url
 
 
 def test_load_to_nothing_listening_exits_2_before_the_run(tmp_path):
@@ -220,14 +218,9 @@ class FailingVllm(FailingServer):
 
 
 def test_a_bench_whose_every_request_failed_exits_1(tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingVllm)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        r = run_cli("bench", "--engines", "", "--target", f"t=http://127.0.0.1:{server.server_address[1]}",
-                    "--duration", "3", "--grace", "1", "--out", str(tmp_path), "--reports", str(tmp_path / "rep"),
-                    "--run-id", "r")
-    finally:
-        server.shutdown()
+    with serving(FailingVllm) as url:
+        r = run_cli("bench", "--engines", "", "--target", f"t={url}", "--duration", "3", "--grace", "1",
+                    "--out", str(tmp_path), "--reports", str(tmp_path / "rep"), "--run-id", "r")
     assert r.returncode == 1, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("fragbench: error: the run measured nothing: t: all ") and "broken on purpose" in last

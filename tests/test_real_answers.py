@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pandas as pd
 import pytest
 
 from tests.conftest import run_cli
+from tests.helpers import serving
 
 # (a whole answer's body, a stream's body, the reason its row gives): whole answers take them one after another,
 # and so do streams, each kind counted apart
@@ -52,10 +52,8 @@ class GarbageServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def garbage_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), GarbageServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(GarbageServer) as url:
+        yield url
 
 
 # half the requests streamed, half whole answers, 24 of them at once: every garbage reaches both kinds

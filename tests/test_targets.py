@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from harness.run.servers import start_server
 from harness.run.telemetry import FAMILIES, detect
 from harness.views.history import read_runs
 from tests.conftest import run_cli
+from tests.helpers import serving
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -64,10 +64,8 @@ class Fake(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(Fake) as url:
+        yield url
 
 
 def bench(*args: str, timeout: float = 600):
@@ -177,13 +175,8 @@ class FakeVllm(BaseHTTPRequestHandler):
 def test_an_opened_target_records_the_networks_round_trip():
     from harness.run.targets import Target, open_targets
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(FakeVllm) as url:
         target = open_targets([f"t={url}"], [], [])["t"]
-    finally:
-        server.shutdown()
     described = target.describe()
     assert described.family == "vllm" and 0 < described.network_rtt_s < 5
     assert json.loads(json.dumps(described.written()))["network_rtt_s"] == described.network_rtt_s  # run.json's

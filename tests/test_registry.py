@@ -199,8 +199,11 @@ def test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept(do
     points = capacity["points"]
     assert [p["offered_rps"] for p in points] == list(rates), points
     assert all(p["judged"] > 0 and p["slo_attainment"] >= 0.5 for p in points), points
-    # every rate met: the knee lies past the last one (a bound, within the search's step of it)
-    assert capacity["sustained_where"] == "beyond" and rates[-1] <= capacity["sustained_rps"] <= 1.6 * rates[-1]
+    # every rate met: the knee lies past the last one, and the bound says so at the last rate met. The fitted figure
+    # beyond it is an extrapolation from two points: under the long-run definition (3cf7cfe) it read 3.28 req/s in
+    # one fresh-clone run, past the old conditional knee's x1.6 of the last rate, so only its side is checked here
+    assert capacity["sustained_where"] == "beyond" and rates[-1] <= capacity["sustained_rps"]
+    assert capacity["sustained_bound"]["where"] == "beyond" and capacity["sustained_bound"]["rps"] == rates[-1]
 
 
 def test_a_throwaway_peer_added_through_the_table_alone_is_served_behind_the_proxy(double, tiny_model, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from harness.analysis.ab import (
@@ -362,17 +363,20 @@ def ab_json(out: Path) -> dict:
     return json.loads(found.read_text())
 
 
-def test_new_crashing_mid_pair_fails_its_engine_and_the_verdict_is_written(tmp_path, tiny_model):
-    """Real servers: NEW's paged raises an engine error at its 20th step, inside its first block; the knee turn
-    (given time, as the nightly's default gives it) skips the dead engine instead of benching it (exit 2 before)."""
+def test_new_crashing_mid_block_fails_its_engine_and_the_verdict_is_written(tmp_path, tiny_model):
+    """Real servers: NEW's paged killed outright (SIGKILL, as a segfault ends it) at its 20th step, inside its first
+    block; the knee turn at its default time (the nightly's) skips the dead engine instead of benching it (exit 2
+    before issue 87), and no process of the run is left."""
     out = tmp_path / "ab"
-    r = run_cli("ab", "HEAD", "--engines", "paged", "--new-engine-args", "paged=--fail-at-step 20", "--time", "60",
-                "--knee-time", "20", "--model", str(tiny_model), "--out", str(out), timeout=600)
+    r = run_cli("ab", "HEAD", "--engines", "paged", "--new-engine-args", "paged=--crash-after 20", "--time", "60",
+                "--model", str(tiny_model), "--out", str(out), timeout=600)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
     record = ab_json(out)
     assert record["verdict"] == "FAIL" and record["engines"] == {"paged": "FAIL"} and record["passed"] is None
     crash = next(f for f in record["figures"] if f["figure"] == "crash")
-    assert "paged.new" in crash["why"] and "injected engine error at step 20" in crash["why"]
+    assert "paged.new" in crash["why"] and "(-9)" in crash["why"] and "injected-crash at step 20" in crash["why"]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     assert any("knee turn skipped" in n for n in record["notes"]) and Path(record["page"]).is_file()
     assert record["base"]["sha"] and record["new"]["sha"] and record["base"]["label"] == "HEAD"
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -48,6 +49,13 @@ class InjectedFault(RuntimeError):
     """`serve --fail-at-step N`: an engine-wide error on purpose, to test supervisors (bench, systemd)."""
 
 
+def injected_crash(step: int) -> None:
+    """`serve --crash-after N`: the process killed at once, as a segfault or the kernel's OOM killer ends it: no
+    request is answered, no exit handler runs; one line on stderr says it was on purpose."""
+    print(f"fragbench-injected-crash at step {step}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 @dataclass
 class Stream:
     """Per-request state on the HTTP side; events arrive from the engine thread."""
@@ -58,7 +66,8 @@ class Stream:
 
 class EngineThread:
     def __init__(self, engine: Engine, on_crash: Callable[[EngineCrash], None], on_fatal: Callable[[str], None],
-                 fail_at_step: int | None = None, oom_snapshot: Path | None = None, slow_step: float = 1.0):
+                 fail_at_step: int | None = None, oom_snapshot: Path | None = None, slow_step: float = 1.0,
+                 crash_after: int | None = None):
         self.engine = engine
         # serve --slow-step for an engine whose step is not fragbench's (hf, hf-cb): a sleep after it; a scheduled
         # engine sleeps inside its own step instead (engines/step_faults.py), and serve gives this 1 then
@@ -67,6 +76,7 @@ class EngineThread:
         self.on_crash = on_crash
         self.on_fatal = on_fatal
         self.fail_at_step = fail_at_step
+        self.crash_after = crash_after
         self.failure: str | None = None  # set once the engine cannot serve
         self.last_stats = StatsPayload()
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -118,6 +128,8 @@ class EngineThread:
                     self.save_oom_snapshot()
                     if self.fail_at_step is not None and self.engine.steps >= self.fail_at_step:
                         raise InjectedFault(f"injected engine error at step {self.engine.steps}")
+                    if self.crash_after is not None and self.engine.steps >= self.crash_after:
+                        injected_crash(self.engine.steps)
                 else:
                     try:
                         self._handle(self.commands.get(timeout=0.05))
@@ -225,7 +237,7 @@ class EngineThread:
 class CompletionServer:
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
                  fail_at_step: int | None = None, model_root: str | None = None, oom_snapshot: Path | None = None,
-                 slow_step: float = 1.0):
+                 slow_step: float = 1.0, crash_after: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -233,7 +245,8 @@ class CompletionServer:
         self.created = int(time.time())
         self.routes = OpenAIRoutes(self)
         self.api_key = api_key
-        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot, slow_step)
+        self.thread = EngineThread(engine, self._crashed, self._failed, fail_at_step, oom_snapshot, slow_step,
+                                   crash_after)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: asyncio.Event | None = None  # set on the loop when the engine fails
         self.metrics = MetricsCollector(self.routes.ignored, engine)

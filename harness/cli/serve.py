@@ -28,6 +28,9 @@ def register(sub) -> None:
     srv.add_argument("--fail-at-step", type=positive_int, metavar="N",
                      help="fault injection: an engine-wide error after N engine steps (the server fails its "
                           "open requests and exits with code 71; default: none)")
+    srv.add_argument("--crash-after", type=positive_int, metavar="N",
+                     help="fault injection: the process killed (SIGKILL) after N engine steps, answering nothing, as "
+                          "a segfault or the OOM killer ends it (default: none)")
     srv.add_argument("--slow-step", type=slow_factor, default=1.0, metavar="F",
                      help="fault injection, to test a regression gate: every engine step takes F times its wall time, "
                           "asleep (a scheduled engine sleeps (F - 1) x its step's time inside the step, after its "
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     server = CompletionServer(engine, AutoTokenizer.from_pretrained(args.model), args.served_model_name or args.model,
                               args.api_key, args.fail_at_step, model_root=str(Path(args.model).resolve()),
                               oom_snapshot=Path(args.oom_snapshot) if args.oom_snapshot else None,
-                              slow_step=after_step)
+                              slow_step=after_step, crash_after=args.crash_after)
 
     def ready(port: int) -> None:
         print(f"fragbench serve: {args.engine} on http://{args.host}:{port}", flush=True)

@@ -42,10 +42,16 @@ def figure_line(f: ABFigure) -> str:
     return f"  {f.engine:<14}{f.figure:<21}{fmt(f.ratio):>9} {ci:<17}{f.pairs:>6}  {f.verdict}{tail}"
 
 
+def at_rate(engine: str, measured) -> str:
+    """Where an engine's pairs ran: its rate, or none where it stopped before its rate was set (NEW failed first)."""
+    rate = measured.rates.get(engine)
+    return f" at {rate:g} req/s" if rate is not None else " (stopped before its rate was set)"
+
+
 def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate | None,
                 threshold: float, measured) -> str:
     lines = [f"ab: {verdict}"]
-    lines += [f"  {e}: {v} at {measured.rates.get(e, 0):g} req/s" for e, v in engines.items()]
+    lines += [f"  {e}: {v}{at_rate(e, measured)}" for e, v in engines.items()]
     lines += [f"  {n}" for n in measured.notes]
     lines += [f"rule: {rule(threshold)}",
               f"  {'engine':<14}{'figure':<21}{'ratio':>9} {'90 %':<17}{'pairs':>6}  verdict"]
@@ -57,7 +63,7 @@ def render_text(verdict: str, engines: dict[str, str], figures: list[ABFigure], 
 
 def write_page(verdict: str, engines: dict[str, str], figures: list[ABFigure], memory: MemoryGate | None,
                labels: tuple[str, str], measured, threshold: float, out: Path) -> Path:
-    verdicts = "".join(f"<li><b>{escape(e)}</b>: {v} at {measured.rates.get(e, 0):g} req/s</li>"
+    verdicts = "".join(f"<li><b>{escape(e)}</b>: {v}{escape(at_rate(e, measured))}</li>"
                        for e, v in engines.items()) + "".join(f"<li>{escape(n)}</li>" for n in measured.notes)
     rows = "".join(
         f"<tr class='{f.verdict.lower()}'><td>{escape(f.engine)}</td><td>{escape(f.figure)}</td>"

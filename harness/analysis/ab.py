@@ -1,6 +1,6 @@
 """The A/B gate's figures and verdicts (`fragbench ab`): BASE's build against NEW's, decided as the field's gates
 decide (Firecracker's A/B runs, Chromium's Pinpoint, asv): many short replicated pairs, a FAIL only where a
-regression is both significant and past an effect floor and fresh pairs confirm it, a PASS on non-inferiority.
+regression is significantly past an effect floor, a PASS on non-inferiority, both at planned looks.
 
 The unit is the pair. Per engine, both builds' servers run side by side (harness/run/ab_runs.py); pair k is one
 fresh stream (its own key), sent at one fixed rate well under both builds' knees to one build and then the other,
@@ -18,8 +18,8 @@ the order alternating (AB, BA, AB, ...). Each build judges about 30 requests of 
   reported beside them, never gated: a capacity collapse shows as NEW missing the SLO at a rate BASE sustains, and
   `history` keeps the slow drifts.
 
-The rule on a figure's pair values (a FAIL sighted, then confirmed on fresh pairs; a PASS on non-inferiority) is
-harness/analysis/ab_rule.py's.
+The rule on a figure's pair values (a group sequential test: FAIL past the floor, PASS on non-inferiority, each
+at planned looks with its error spent over them) is harness/analysis/ab_rule.py's.
 An engine's verdict is the worst of its gated figures' (harness/analysis/gate_verdict.worst: FAIL, ERROR, INCONCLUSIVE,
 PASS), a crash of NEW's build a FAIL; the gate's is the worst of its engines' and the memory gate's.
 benchmarks/ab_study.py measures the rule's false FAIL rate and its power (docs/method.md, Nightly)."""
@@ -34,12 +34,13 @@ import pandas as pd
 
 # the rule's; a name imported as itself is re-exported: importers read it here, where it lived before ab_rule.py
 from harness.analysis.ab_rule import ALPHA as ALPHA
-from harness.analysis.ab_rule import CONFIRM_ALPHA as CONFIRM_ALPHA
-from harness.analysis.ab_rule import CONFIRM_PAIRS as CONFIRM_PAIRS
+from harness.analysis.ab_rule import MIN_LOOK_PAIRS as MIN_LOOK_PAIRS
 from harness.analysis.ab_rule import MISS_MARGIN as MISS_MARGIN
 from harness.analysis.ab_rule import PASS_LOOK_EVERY as PASS_LOOK_EVERY
 from harness.analysis.ab_rule import PASS_LOOKS as PASS_LOOKS
 from harness.analysis.ab_rule import Decision, decide, decide_misses, fit_pairs
+from harness.analysis.ab_rule import fail_alpha as fail_alpha
+from harness.analysis.ab_rule import fail_looks as fail_looks
 from harness.analysis.ab_rule import pass_confidence as pass_confidence
 from harness.analysis.gate_verdict import GateVerdict, passed_or_failed, worst
 from harness.analysis.knee import Judged
@@ -193,16 +194,14 @@ def decision_figure(engine: str, name: str, d: Decision, verdict: str | None = N
 
 @dataclass
 class EngineGate:
-    """One engine's pairs and where its decision stands; `sighted` carries a FAIL's first sighting per figure. The
-    decisions are made once a pair, at `add` (or `add_figures`, the study's way in: the same code from the pair's
-    figures on)."""
+    """One engine's pairs and where its decision stands. The decisions are made once a pair, at `add` (or
+    `add_figures`, the study's way in: the same code from the pair's figures on)."""
 
     engine: str
     threshold: float
     min_pairs: int
     pairs: list[Pair] = field(default_factory=list)
     measured: list[PairFigures] = field(default_factory=list)
-    sighted: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(("tpot_p50_s", *SHARES)))
     instructions: ABFigure | None = None
     crashed: str | None = None  # NEW's server died during a pair: what its log said
     decided: dict[str, Decision] | None = None
@@ -214,8 +213,6 @@ class EngineGate:
     def add_figures(self, figures: PairFigures) -> None:
         self.measured.append(figures)
         self.decided = None
-        for name, d in self.decisions().items():
-            self.sighted[name] = d.sighted_at
 
     def series(self, name: str) -> tuple[list[float], list[int]]:
         """A figure's values over the pairs that measured it, and their orders."""
@@ -225,10 +222,9 @@ class EngineGate:
     def decisions(self) -> dict[str, Decision]:
         if self.decided is None:
             y, order = self.series("tpot")
-            self.decided = {"tpot_p50_s": decide(y, order, self.threshold, self.min_pairs, self.sighted["tpot_p50_s"])}
+            self.decided = {"tpot_p50_s": decide(y, order, self.threshold, self.min_pairs)}
             for name, attr in SHARES.items():
-                self.decided[name] = decide_misses(*self.series(attr), self.min_pairs, self.sighted[name],
-                                                   errors=attr == "errors")
+                self.decided[name] = decide_misses(*self.series(attr), self.min_pairs, errors=attr == "errors")
         return self.decided
 
     def verdict(self) -> GateVerdict:
@@ -239,8 +235,10 @@ class EngineGate:
         return worst(verdicts + ([self.instructions.verdict] if self.instructions is not None else []))
 
     def settled(self) -> bool:
-        """No more pairs would change it: a confirmed FAIL, a crash, or a PASS of every figure measured so far."""
-        return self.crashed is not None or self.verdict() != GateVerdict.INCONCLUSIVE
+        """No more pairs would change it: a FAIL, a crash, a PASS of every figure measured so far, or no look left
+        to any figure (past the night's last planned look)."""
+        return self.crashed is not None or self.verdict() != GateVerdict.INCONCLUSIVE or \
+            all(d.final for d in self.decisions().values())
 
     def figures(self) -> list[ABFigure]:
         d = self.decisions()

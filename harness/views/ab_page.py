@@ -8,7 +8,7 @@ import statistics
 from html import escape
 from pathlib import Path
 
-from harness.analysis.ab import ALPHA, CONFIRM_ALPHA, CONFIRM_PAIRS, PASS_LOOKS, ABFigure, pass_confidence
+from harness.analysis.ab import ALPHA, MIN_LOOK_PAIRS, PASS_LOOKS, ABFigure, pass_confidence
 from harness.analysis.memory_gate import MemoryGate
 from harness.views.memory_gate_section import render_html as memory_html
 from harness.views.memory_gate_section import render_text as memory_text
@@ -19,11 +19,11 @@ def fmt(x: float | None) -> str:
 
 
 def rule(threshold: float) -> str:
-    return (f"per engine, pairs of blocks at one fixed rate (AB, BA, ...), one paired log ratio a pair; FAIL: "
-            f"sighted past {1 + threshold:g} at one-sided p < {ALPHA:g}, then {CONFIRM_PAIRS} fresh pairs alone past "
-            f"{1 + threshold:g} and worse than 1 at p < {CONFIRM_ALPHA:g}; PASS: at {PASS_LOOKS} planned looks, the "
-            f"upper one-sided {pass_confidence():.2%} bound under {1 + threshold:g}; SLO misses and errors by block, "
-            "the same rule; reported figures never gate")
+    return (f"per engine, pairs of blocks at one fixed rate (AB, BA, ...), one paired log ratio a pair; FAIL: at "
+            f"every look from {MIN_LOOK_PAIRS} pairs to the last PASS look, past {1 + threshold:g} at one-sided "
+            f"p < {ALPHA:g} spent equally over those looks; PASS: at {PASS_LOOKS} planned looks, the upper one-sided "
+            f"{pass_confidence():.2%} bound under {1 + threshold:g}; SLO misses and errors by block, the same rule; "
+            "reported figures never gate")
 
 
 def speed_line(speed: list[dict]) -> str:

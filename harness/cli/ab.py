@@ -126,7 +126,9 @@ def gated(args: argparse.Namespace) -> int:
     with usage_errors(TreeError):  # an unknown revision: nothing ran, nothing to write
         base, new = tree_of(args.base), tree_of(args.new)
     if base.sha is not None and base.sha == new.sha and not new.dirty:
-        say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): an A/A run")
+        flags = plan.new_engine_args or plan.base_engine_args
+        what = "the builds differ by their serve flags alone" if flags else "an A/A run"
+        say(f"ab: BASE and NEW are one commit ({base.sha[:12]}): {what}")
     measured, memory = Measured(), None
     try:
         memory = memory_gate(base, new, args.new_engine_args, margin)

@@ -22,8 +22,8 @@ def rule(threshold: float) -> str:
     return (f"per engine, pairs of blocks at one fixed rate (AB, BA, ...), one paired log ratio a pair; FAIL: at "
             f"every look from {MIN_LOOK_PAIRS} pairs to the last PASS look, past {1 + threshold:g} at one-sided "
             f"p < {ALPHA:g} spent equally over those looks; PASS: at {PASS_LOOKS} planned looks, the upper one-sided "
-            f"{pass_confidence():.2%} bound under {1 + threshold:g}; SLO misses and errors by block, the same rule; "
-            "reported figures never gate")
+            f"{pass_confidence():.2%} bound under {1 + threshold:g}; SLO misses and errors by block, FAIL by the "
+            "pairs' sign test at the same looks; reported figures never gate")
 
 
 def speed_line(speed: list[dict]) -> str:

@@ -203,7 +203,8 @@ def _anchored(data, folder: Path):
         return data
     if isinstance(data.get("trace"), dict):
         anchor(data["trace"], "path")
-    for cls in data.get("classes") or []:
+    classes = data.get("classes")
+    for cls in classes if isinstance(classes, list) else []:  # another type: the schema names it, line and field
         for part in ("prompt", "output"):
             if isinstance(cls, dict) and isinstance(cls.get(part), dict):
                 anchor(cls[part], "trace")

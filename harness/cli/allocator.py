@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.cli.args import size_arg, usage_errors
 from harness.cli.engine_flags import alloc_conf_arg
+from harness.cli.user_paths import file_out
 from harness.units import format_bytes
 
 
@@ -30,7 +31,7 @@ def register(sub) -> None:
                         help="a PYTORCH_CUDA_ALLOC_CONF setting, e.g. expandable_segments:True; repeat to compare "
                              "several (default: PyTorch's defaults alone)")
     replay.add_argument("--json", action="store_true", help="print a JSON list, one object per setting")
-    replay.add_argument("--dump", metavar="FILE", type=Path,
+    replay.add_argument("--dump", metavar="FILE", type=file_out,
                         help="write the final state as a snapshot pickle that python -m torch.cuda._memory_viz stats "
                              "reads (FILE-1, FILE-2... with several settings) (default: none)")
     replay.set_defaults(func=run)
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     with usage_errors(SnapshotError):
         trace = load_trace(args.snapshot)
     confs = [parse_alloc_conf(text) for text in (args.alloc_conf or [""])]
-    dumps = dump_paths(args.dump, len(confs)) if args.dump else [None] * len(confs)
+    dumps = dump_paths(Path(args.dump), len(confs)) if args.dump else [None] * len(confs)
     results = [replay(trace, args.capacity, conf, dump, args.device_memory)
                for conf, dump in zip(confs, dumps, strict=True)]
     if args.json:

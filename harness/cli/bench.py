@@ -23,7 +23,7 @@ from harness.cli.args import (
 from harness.cli.engine_flags import alloc_conf_arg, engine_args, refuse_cuda_memory_settings, served_model
 from harness.cli.kv_budget import add_kv_budget, add_kv_budgets
 from harness.cli.partial_run import stopping_says_where
-from harness.cli.run_folder import add_place_flags, claimed, run_place
+from harness.cli.run_folder import add_place_flags, claimed, report_page, run_place
 from harness.cli.seeds import seed_arg
 from harness.cli.sweep_flags import check_sweep_args, saturation_flag, sweep_group
 from harness.cli.user_paths import user_path, user_workload
@@ -135,7 +135,7 @@ def config(args: argparse.Namespace):
     with usage_errors(UnknownName):
         engines = [] if args.target and not args.engines.strip() else pick(args.engines, SERVED, "--engines",
                                                                            "engines")
-    run_place(engines, user_path(args.out), args.run_id, user_path(args.reports))
+    run_place(engines, user_path(args.out), args.run_id)
     extra_args = engine_args(args.engine_args, engines)  # the flag's own syntax first: it needs nothing loaded
     with usage_errors(TargetRefused):  # before any load is sent
         targets = open_targets(args.target, args.metrics_url, engines, args.api_key)
@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         raise MeasuredNothing(f"the run measured nothing: {bench.failure} (run: {run_dir})")
     summary = read_summary_record(run_dir)  # the one record the report reads: the same verdict, warnings, figures
     print(console_opening(run_dir, summary) + "\n" + engine_table(summary), flush=True)
-    report = render(run_dir, user_path(args.reports) / f"{cfg.run_id}.html")
+    page, apart = report_page(user_path(args.reports), run_dir)  # never over another run's page of its run id
+    report = render(run_dir, page)
+    print(f"{apart}\n" if apart else "", end="")
     print(f"results: {run_dir} (summary.json, engines.csv, requests.parquet)\nreport:  {report}")
     return 0

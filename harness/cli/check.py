@@ -20,6 +20,7 @@ from harness.cli.args import (
     workload_checked,
 )
 from harness.cli.gpu_flags import add_gpu_flags, gpu_of
+from harness.cli.user_paths import file_out
 
 
 def register(sub) -> None:
@@ -37,7 +38,7 @@ def register(sub) -> None:
     chk.add_argument("--capacity-time", type=nonneg_float, default=60.0,
                      help="seconds of arrivals the ninth question's knee search may spend (0 skips it)")
     chk.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
-    chk.add_argument("--report", metavar="FILE", help="also write the answers as an HTML page to FILE")
+    chk.add_argument("--report", metavar="FILE", type=file_out, help="also write the answers as an HTML page to FILE")
     add_api_flag(chk)
     chk.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.args import UsageError, nonneg_float, run_dir
+from harness.cli.user_paths import file_out, writable_file
 
 
 def register(sub) -> None:
@@ -19,8 +20,8 @@ def register(sub) -> None:
     cmp_.add_argument("--threshold", type=nonneg_float, default=10.0,
                       help="percent a gated figure whose intervals separate may worsen before it counts as a "
                            "regression (default: %(default)s)")
-    cmp_.add_argument("--out", metavar="FILE", help="write the comparison as an HTML page to FILE (default: "
-                                                    "reports/compare-BASE-vs-NEW.html)")
+    cmp_.add_argument("--out", metavar="FILE", type=file_out,
+                      help="write the comparison as an HTML page to FILE (default: reports/compare-BASE-vs-NEW.html)")
     cmp_.set_defaults(func=run)
 
 
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     dirs = [run_dir(args.base), run_dir(args.new)]
+    out = writable_file(Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), "--out")
     base, new = (load_summary(d) for d in dirs)
     machine = agreement(*(load_probe(d) for d in dirs))
     rows = compare(base, new, args.threshold, machine)
@@ -46,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("the two runs share no engine")
     differ = run_differences(*dirs)  # said first, a line each: two runs of different settings still compare
     print(render_text(rows, args.threshold, machine, differ))
-    out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold,
-                      Path(args.out or f"reports/compare-{dirs[0].name}-vs-{dirs[1].name}.html"), machine, differ)
+    out = render_html(rows, dirs[0].name, dirs[1].name, args.threshold, out, machine, differ)
     print(f"report: {out}")
     return EXIT[compare_verdict(rows)]  # 1 where a gated figure regressed, else 0

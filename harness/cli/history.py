@@ -10,13 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.cli.args import number_in, usage_errors
+from harness.cli.user_paths import file_out
 
 
 def register(sub) -> None:
     hist = sub.add_parser("history", help="every run of a results folder over time, and the change points of each "
                                           "engine's sustained rate and of the headline ratio (Apache Otava)")
     hist.add_argument("results", help="a results folder (results/ for make bench)")
-    hist.add_argument("--out", default="reports/history.html", help="the HTML page written (default: %(default)s)")
+    hist.add_argument("--out", type=file_out, default="reports/history.html", metavar="FILE",
+                      help="the HTML page written (default: %(default)s)")
     hist.add_argument("--json", action="store_true", help="print the runs and change points as JSON (default: text)")
     hist.add_argument("--pvalue", type=pvalue_arg, default=0.001,
                       help="the t-test's p-value a change point must be under (Otava's default: %(default)s)")

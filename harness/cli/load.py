@@ -12,8 +12,9 @@ from harness.cli.args import (
     positive_int,
     workload_checked,
 )
+from harness.cli.bounds import vocab_size_arg
 from harness.cli.seeds import seed_arg
-from harness.cli.user_paths import user_path, user_workload
+from harness.cli.user_paths import folder_out, user_path, user_workload
 from harness.fetch import SERVER_PATHS, bearer, round_trip_s
 
 
@@ -25,11 +26,12 @@ def register(sub) -> None:
     load.add_argument("--duration", type=positive_float, default=60.0, help="seconds of the trace's arrivals replayed")
     load.add_argument("--workers", type=positive_int, default=1,
                       help="load-generator processes on this machine, sharing the trace")
-    load.add_argument("--out", default="results/load", help="directory requests.jsonl and requests.parquet go to")
+    load.add_argument("--out", type=folder_out, default="results/load", metavar="DIR",
+                      help="directory requests.jsonl and requests.parquet go to")
     load.add_argument("--seed", type=seed_arg, default=0, help="the workload's seed")
     load.add_argument("--max-seq-len", type=positive_int, default=2048,
                       help="tokens per request (prompt + output) the trace is cut to")
-    load.add_argument("--vocab-size", type=positive_int, default=4096,
+    load.add_argument("--vocab-size", type=vocab_size_arg, default=4096,
                       help="token ids of synthetic prompts are drawn below this")
     load.add_argument("--engine-label", default="target", help="the engine column of the rows written")
     load.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' (default: none)")

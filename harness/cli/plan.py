@@ -8,6 +8,7 @@ import sys
 
 from engines.shapes import DTYPE_BYTES
 from harness.cli.args import fraction_arg, positive_int, shape_of, trace_of
+from harness.cli.bounds import block_fits
 from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 
 
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     shape = shape_of(args.model)
     gpu_mem = gpu_of(args).memory_bytes
     mix = SHAREGPT_MIX
+    block_fits(args.block_size, args.max_seq_len or shape.max_seq_len)
     if args.workload:
         max_seq_len = args.max_seq_len or shape.max_seq_len
         mix = workload_mix(trace_of(args.workload, 0, max_seq_len, shape.vocab_size).requests, args.workload,

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from harness.cli.args import UsageError, run_dir
-from harness.cli.run_folder import writable_folder
+from harness.cli.run_folder import report_page
+from harness.cli.user_paths import writable_file, writable_folder
 
 FORMATS = ("html", "csv", "json", "text")
 
@@ -25,8 +26,9 @@ def register(sub) -> None:
                              "(ttft_s, sustained_rps), their dtypes in tables.json; text: the per-engine table bench "
                              "ends with, on stdout")
     report.add_argument("--out", metavar="PATH",
-                        help="html: the page written (default: reports/RUN_ID.html); csv, json: the folder the "
-                             "tables are written to (default: reports/RUN_ID/; never the run's own folder)")
+                        help="html: the page written (default: reports/RUN_ID.html, numbered -2, -3... where that is "
+                             "another run's page); csv, json: the folder the tables are written to (default: "
+                             "reports/RUN_ID/; never the run's own folder); text prints to stdout and takes none")
     report.set_defaults(func=run)
 
 
@@ -69,6 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
     directory = run_dir(args.run_dir)
     tables = tables_out(directory, args.out) if args.format in ("csv", "json") else None  # refused before any work
+    if args.format == "text" and args.out:
+        raise UsageError("--out goes with --format html, csv or json: text prints to stdout (redirect it: > FILE)")
+    if args.format == "html" and args.out:
+        writable_file(Path(args.out), "--out")
+    elif args.format == "html":  # the default page's folder
+        writable_folder(Path("reports"), "--out's default")
     before = directory / "summary.json"
     simulated = before.is_file() and "twin" in read_json(before)
     # a partial run gets its parquet files and summary from what it wrote; a complete one that bench finished
@@ -81,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if args.format != "html" and (mark := run_mark(RunRecord.read(directory),
                                                           pd.read_parquet(directory / "requests.parquet"))):
         print(mark)  # a partial or failed run says so at the top of every format
-    if args.format == "text":
+    if args.format == "text":  # what bench's console ends with: the report's opening lines, then the table
         from harness.views.engine_table import engine_table  # rich's table alone: no plotly
+        from harness.views.opening import console_opening  # its sentences alone: no plotly
 
-        print(engine_table(summary))
+        print(console_opening(directory, summary) + "\n" + engine_table(summary))
         return 0
     if args.format in ("csv", "json"):
         for path in export_tables(directory, summary, tables, args.format):
@@ -93,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from harness.views.report import render  # plotly and its page: html alone
 
     phase(t0, "drawing the report")
-    out = Path(args.out) if args.out else Path("reports") / f"{directory.name}.html"
+    out, apart = (Path(args.out), None) if args.out else report_page(Path("reports"), directory)
+    if apart:
+        print(apart, file=sys.stderr)
     print(render(directory, out))
     phase(t0, "done")
     return 0

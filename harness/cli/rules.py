@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.args import fraction_arg, positive_float, positive_int, size_arg, usage_errors
+from harness.cli.user_paths import file_out
 
 FAMILIES = ("fragbench", "vllm", "sglang")
 
@@ -39,7 +40,7 @@ def register(sub) -> None:
                    help="growth of reserved memory over the window that counts as retention")
     p.add_argument("--window", default="5m", help="what rates and averages look back over (a Prometheus duration)")
     p.add_argument("--for", dest="hold", default="2m", help="how long a condition holds before its alert fires")
-    p.add_argument("--out", metavar="FILE", type=Path, help="write the rules to FILE (default: print them)")
+    p.add_argument("--out", metavar="FILE", type=file_out, help="write the rules to FILE (default: print them)")
     p.set_defaults(func=run)
 
 
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         print(text, end="")
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
     print(f"rules: {args.out}")
     return 0

@@ -5,20 +5,23 @@ folder). Bench's own claim of the folder (harness/run/record.claim_run_dir) sett
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from harness.cli.args import UsageError, usage_errors
+from harness.cli.user_paths import folder_out
 
 T = TypeVar("T")
 
 
 def add_place_flags(parser: argparse.ArgumentParser) -> None:
     """--out, --reports and --run-id: where a bench run's files go."""
-    parser.add_argument("--out", default="results", help="directory the run's folder is written under")
-    parser.add_argument("--reports", default="reports", help="directory the HTML report is written to")
+    parser.add_argument("--out", type=folder_out, default="results", metavar="DIR",
+                        help="directory the run's folder is written under")
+    parser.add_argument("--reports", type=folder_out, default="reports", metavar="DIR",
+                        help="directory the HTML report is written to (reports/RUN_ID.html; another run's page of "
+                             "that name is kept, this one numbered -2, -3...)")
     parser.add_argument("--run-id", type=run_id_arg,
                         help="the run's folder's name under --out, a new one: a run is never merged into another or "
                              "overwritten (default: the start time and the workload, numbered -2, -3... if taken)")
@@ -35,28 +38,14 @@ def run_id_arg(text: str) -> str:
     return text
 
 
-def writable_folder(path: Path, flag: str) -> Path:
-    """A folder the verb will write into: the folder itself, or the nearest of its parents that exists (the rest
-    made on the way), must be a folder this user may write in."""
-    there = path
-    while not there.exists() and there.parent != there:
-        there = there.parent
-    if not there.is_dir():
-        raise UsageError(f"{flag} {path}: {there} is a file, not a folder")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {there} cannot be written (permission denied)")
-    return path
-
-
-def run_place(engines: list[str], out: Path, run_id: str | None, reports: Path) -> None:
-    """Every engine once, --out and --reports writable, a given run id not taken: refused before anything loads."""
+def run_place(engines: list[str], out: Path, run_id: str | None) -> None:
+    """Every engine once, a given run id not taken: refused before anything loads (--out and --reports, writable
+    folders, are checked as they are parsed: user_paths.folder_out)."""
     if twice := sorted({e for e in engines if engines.count(e) > 1}):
         raise UsageError(f"--engines names {', '.join(twice)} more than once: each engine runs once per run")
-    writable_folder(out, "--out")
     if run_id and (out / run_id).exists():
         raise UsageError(f"--run-id {run_id}: {out / run_id} already exists (a run is never merged into another or "
                          f"overwritten): give another --run-id or --out")
-    writable_folder(reports, "--reports")  # not found unwritable after the measuring
 
 
 def claimed(make: Callable[[], T]) -> T:
@@ -66,3 +55,20 @@ def claimed(make: Callable[[], T]) -> T:
 
     with usage_errors(RunFolderRefused):
         return make()
+
+
+def report_page(reports: Path, run_dir: Path) -> tuple[Path, str | None]:
+    """The run's page under `reports`: RUN_ID.html, unless that is another run's page (one of the same run id under
+    another --out), kept, this one numbered -2, -3... A page is the run's where it holds the run's start time to the
+    microsecond (the page quotes its run.json). With the line that says so where it was numbered apart."""
+    from harness.analysis.records import RunRecord  # imported when the page is written: `fragbench --help` loads less
+
+    meta = RunRecord.read(run_dir)
+    run_id, started = meta.run_id or run_dir.name, meta.started
+    for n in range(1, 1000):
+        page = reports / (f"{run_id}.html" if n == 1 else f"{run_id}-{n}.html")
+        if not page.exists() or (started and started in page.read_text(errors="replace")):
+            said = None if n == 1 else (f"{reports / f'{run_id}.html'} is another run's page (kept): this run's is "
+                                        f"{page}")
+            return page, said
+    raise UsageError(f"--reports {reports}: {run_id}.html and 998 numbered after it are other runs' pages")

@@ -15,6 +15,7 @@ from harness.cli.engine_flags import (
     refuse_cuda_memory_settings,
     use_real_alloc_conf,
 )
+from harness.cli.user_paths import file_out
 
 
 def register(sub) -> None:
@@ -46,13 +47,13 @@ def register(sub) -> None:
                      help="fault injection, to test a KV-integrity check: early-free hands each paged sequence's "
                           "next-to-last block back to the pool while the sequence still reads it; to test the memory "
                           "gate: leak-block keeps each finished paged sequence's tail block for good (default: none)")
-    srv.add_argument("--step-log", metavar="FILE",
+    srv.add_argument("--step-log", metavar="FILE", type=file_out,
                      help="scheduled engines: append every step's duration and what it computed to FILE (CSV), "
                           "the rows `simulate --step-model` fits (default: none)")
-    srv.add_argument("--oom-snapshot", metavar="FILE",
+    srv.add_argument("--oom-snapshot", metavar="FILE", type=file_out,
                      help="--memory cuda: write the CUDA allocator's segments at the engine's first OOM to FILE "
                           "(JSON), before a crashing engine goes down (default: none; GET /memory_snapshot has it)")
-    srv.add_argument("--record-memory-history", metavar="FILE",
+    srv.add_argument("--record-memory-history", metavar="FILE", type=file_out,
                      help="an engine on CUDA: record every action of PyTorch's caching allocator from before the "
                           "model loads (torch.cuda.memory._record_memory_history, no stack traces) and write the "
                           "snapshot pickle, with the cap and PYTORCH_CUDA_ALLOC_CONF it ran under, to FILE when "

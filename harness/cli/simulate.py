@@ -18,10 +18,12 @@ from harness.cli.args import (
     usage_errors,
     workload_checked,
 )
+from harness.cli.bounds import block_fits
 from harness.cli.engine_flags import alloc_conf_arg
 from harness.cli.gpu_flags import add_gpu_flags, gpu_of
 from harness.cli.seeds import seed_arg
 from harness.cli.sweep_flags import check_sweep_args, sweep_group
+from harness.cli.user_paths import file_out, folder_out
 
 
 def register(sub) -> None:
@@ -60,7 +62,7 @@ def register(sub) -> None:
                           "a --step-log CSV) or saved as JSON, instead of the GPU's roofline")
     sim.add_argument("--step-engine", help="with a RUN_DIR: fit on this engine's steps alone (default: all of them)")
     sim.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    sim.add_argument("--report", metavar="FILE",
+    sim.add_argument("--report", metavar="FILE", type=file_out,
                      help="write an HTML page with the breakdown over time to FILE; with several --alloc-conf, a page "
                           "per setting, its name before FILE's suffix (default: none)")
     sim.add_argument("--jobs", type=positive_int,
@@ -70,8 +72,8 @@ def register(sub) -> None:
                       help="simulate the product of the file's models, GPUs, budgets, policies, block sizes, "
                            "allocator settings and workloads, a knee search at the SLO each; writes grid.parquet and "
                            "grid.html to --out, resuming from the rows already there (default: none)")
-    grid.add_argument("--out", metavar="DIR", help="with --grid: the directory written (default: results/grid/ and "
-                                                   "the grid file's name)")
+    grid.add_argument("--out", metavar="DIR", type=folder_out,
+                      help="with --grid: the directory written (default: results/grid/ and the grid file's name)")
     grid.add_argument("--ray", action="store_true",
                       help="with --grid: run its simulations as Ray tasks on a local Ray started for the run (the "
                            "`ray` extra), --jobs CPUs")
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = gpu_of(args)
     spec = workload_checked(args.workload)  # its trace file read and checked, its requests not drawn
     max_seq_len = args.max_seq_len or spec.max_seq_len or shape.max_seq_len
+    block_fits(args.block_size, max_seq_len)
     with usage_errors(PlanRefused):
         plan = fitting_plan(shape, gpu.name, gpu.memory_bytes, args.dtype, args.gpu_util, max_seq_len, args.block_size)
     check_sweep_args(args, spec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from harness.cli.args import fraction_arg, positive_float, positive_int, rate_list, usage_errors
+from harness.cli.bounds import nonneg_int
 
 
 def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
@@ -29,7 +30,7 @@ def sweep_group(parser: argparse.ArgumentParser, per: str, points: int):
 
 def saturation_flag(group):
     """bench's saturation throughput beside the headline (harness/analysis/saturation.py); the group, given back."""
-    group.add_argument("--throughput-repeats", type=int, default=None, metavar="N",
+    group.add_argument("--throughput-repeats", type=nonneg_int, default=None, metavar="N",
                        help="pairs of saturation-throughput sets (one fixed request set offered all at once to each "
                             "headline engine, ABBA) after the decision; default by rule from --time, 0 disables")
     return group

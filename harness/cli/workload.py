@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.args import Parser, UsageError, positive_int, spec_of, trace_of
+from harness.cli.args import Parser, positive_int, spec_of, trace_of
+from harness.cli.bounds import vocab_size_arg
 from harness.cli.seeds import seed_arg
+from harness.cli.user_paths import file_out
 
 
 def register(sub) -> None:
@@ -19,10 +21,10 @@ def register(sub) -> None:
         w.add_argument("name", help="preset, spec file (.yaml) or trace file (.csv, .jsonl)")
         w.add_argument("--seed", type=seed_arg, default=0, required=verb == "trace", help="the workload's seed")
         w.add_argument("--max-seq-len", type=positive_int, default=2048, help="the model's context")
-        w.add_argument("--vocab-size", type=positive_int, default=4096,
+        w.add_argument("--vocab-size", type=vocab_size_arg, default=4096,
                        help="token ids of synthetic prompts are drawn below this")
         if verb == "trace":
-            w.add_argument("--out", required=True, help="the JSONL trace written")
+            w.add_argument("--out", type=file_out, required=True, metavar="FILE", help="the JSONL trace written")
         w.set_defaults(func=run_show if verb == "show" else run_trace)
 
 
@@ -47,8 +49,7 @@ def run_show(args: argparse.Namespace) -> int:
 def run_trace(args: argparse.Namespace) -> int:
     t = trace_of(args.name, args.seed, args.max_seq_len, args.vocab_size)
     out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"--out directory does not exist: {out.parent}")
+    out.parent.mkdir(parents=True, exist_ok=True)  # file_out found the nearest folder there writable
     with open(out, "w") as f:
         for req in t.requests:
             f.write(req.to_json() + "\n")

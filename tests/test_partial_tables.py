@@ -70,13 +70,61 @@ def test_the_tables_go_where_told_never_into_the_runs_own_folder(tmp_path, capsy
     assert (tmp_path / "reports" / "r" / "engines.json").is_file() and not (run / "engines.json").exists()
 
 
-@pytest.mark.parametrize("fmt", ["text", "json"])
-def test_text_and_json_open_with_the_partial_mark(tmp_path, capsys, fmt):
+def test_json_opens_with_the_partial_mark(tmp_path, capsys):
     run = partial_run(tmp_path / "p")
-    assert main(["report", str(run), "--format", fmt, "--out", str(tmp_path / "o")]) == 0
+    assert main(["report", str(run), "--format", "json", "--out", str(tmp_path / "o")]) == 0
     assert capsys.readouterr().out.startswith("PARTIAL RUN: stopped by Ctrl-C; kept: engines finished: paged")
-    if fmt == "json":
-        assert json.loads((tmp_path / "o" / "tables.json").read_text())["mark"].startswith("PARTIAL RUN")
+    assert json.loads((tmp_path / "o" / "tables.json").read_text())["mark"].startswith("PARTIAL RUN")
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_text_opens_as_the_console_and_the_page_do(tmp_path, capsys, partial):
+    """The partial mark (a partial run), then the verdict and warnings bench's console and the page open with
+    (views/opening.py, from the one Summary), then the engine table."""
+    from harness.analysis.records import RunRecord
+    from harness.analysis.summary import read_summary_record
+    from harness.views.opening import console_opening, opening_lines
+
+    run = partial_run(tmp_path / "p") if partial else write_run(tmp_path / "w", {"paged": FAST, "static-max": SLOW},
+                                                                duration_s=4)
+    assert main(["report", str(run), "--format", "text"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    summary = read_summary_record(run)
+    opening = console_opening(run, summary).splitlines()
+    if partial:
+        assert out[0].startswith("PARTIAL RUN: stopped by Ctrl-C; kept: engines finished: paged")
+        out = out[1:]
+    assert out[:len(opening)] == opening and opening[0].startswith("verdict: Goodput at the workload's own rate")
+    lines = opening_lines(summary, RunRecord.read(run))
+    assert any(line.startswith("WARNING: static-max's median TTFT") for line in lines), lines
+    assert any(line.startswith("WARNING: static-max's median TTFT") for line in out), out
+    assert "static-max" in "\n".join(out[len(opening):])  # the table after
+
+
+def test_text_takes_no_out(tmp_path, capsys):
+    run = write_run(tmp_path / "w", {"paged": FAST}, duration_s=4)
+    assert main(["report", str(run), "--format", "text", "--out", str(tmp_path / "t.txt")]) == 2
+    assert "--out goes with --format html, csv or json" in capsys.readouterr().err
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_an_all_empty_column_keeps_its_dtype_where_another_run_filled_it(tmp_path, capsys):
+    """A whole run where a request failed (its `error` filled) and a partial run where none did: read with
+    tables.json's dtypes and no converters, the same dtypes; read with none, pandas types a column it finds all empty
+    as float64 (docs/verbs.md says so), which is why tables.json names each."""
+    whole = write_run(tmp_path / "whole", {"paged": FAST, "static-max": SLOW}, duration_s=4)
+    journal = whole / "engines" / "paged" / "requests.jsonl"
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    rows[0].update(status="error", error="HTTP 500: the server answered an error body", output_tokens=0)
+    journal.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    _, a = csv_of(whole, tmp_path / "a", capsys)
+    _, b = csv_of(partial_run(tmp_path / "part"), tmp_path / "b", capsys)
+    assert a["requests.csv"].error.notna().sum() == 1 and b["requests.csv"].error.isna().all()
+    for name in a:
+        assert a[name].dtypes.equals(b[name].dtypes), name
+    assert str(a["requests.csv"].error.dtype) == "string"
+    plain = [pd.read_csv(tmp_path / x / "requests.csv") for x in "ab"]
+    assert plain[1].error.dtype == "float64" and plain[0].error.dtype != "float64"  # str (pandas 3) or object
 
 
 def test_a_failed_runs_page_opens_with_its_cause(tmp_path):

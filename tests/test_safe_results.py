@@ -54,7 +54,7 @@ def test_an_out_or_reports_that_cannot_take_the_run_is_refused_before_it(tmp_pat
     (tmp_path / "file").write_text("x")
     assert "is a file" in refused(capsys, *bench(tmp_path, "--run-id", "r")[:-2], "--out", str(tmp_path / "file"))
     line = refused(capsys, *bench(tmp_path, "--run-id", "r"), "--reports", str(tmp_path / "file" / "reports"))
-    assert line.startswith("fragbench: error: --reports ") and "is a file" in line, line
+    assert line.startswith("fragbench: error: argument --reports: ") and "is a file" in line, line
     assert not (tmp_path / "out").exists()
 
 

@@ -153,3 +153,17 @@ def test_two_runs_of_one_run_id_keep_a_report_page_each(tmp_path, capsys, monkey
     assert capsys.readouterr().out.strip().splitlines()[-1] == "reports/conc.html"
     assert sorted(p.name for p in Path("reports").iterdir()) == ["conc-2.html", "conc.html"]
     assert json.loads((second / "run.json").read_text())["run_id"] == "conc"
+
+
+def test_a_grid_files_negative_seed_is_one_line_and_its_overlong_block_an_unfit_point(tmp_path, capsys):
+    from harness.sim.grid import evaluate, load_grid
+
+    grid = tmp_path / "g.yaml"
+    axes = "model: [llama-3-8b]\ngpu: [h100-80gb]\npolicy: [paged]\nworkload: [mixed-churn]\nrequests: 10\n"
+    grid.write_text(axes + "seed: -1\n")
+    line = refused(capsys, "simulate", "--grid", str(grid), "--out", str(tmp_path / "out"))
+    assert "key 'seed': a whole number from 0 to 2**63 - 1, not -1" in line, line
+    grid.write_text(axes + "block_size: [16, 1000000000]\n")
+    rows = [evaluate(p) for p in load_grid(grid).points if p.block_size > 16]
+    assert [(r["fits"], r["reason"]) for r in rows] == [
+        (False, "a KV block of 1000000000 tokens is longer than one 8192-token sequence")]

@@ -195,9 +195,9 @@ def _scalar(key: str, value, path):
     if key in ("requests", "max_seq_len", "max_num_seqs"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise bad(f"a positive integer, not {value!r}")
-    elif key == "seed":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad(f"an integer, not {value!r}")
+    elif key == "seed":  # as `--seed` takes it (harness/cli/seeds.py): numpy refuses a negative one
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**63 - 1:
+            raise bad(f"a whole number from 0 to 2**63 - 1, not {value!r}")
     else:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
             raise bad(f"a positive finite number, not {value!r}")
@@ -226,6 +226,10 @@ def point_plan(p: GridPoint):
     """The point's model, GPU, workload and plan; the plan's `fits` and `reason` say whether it can serve."""
     shape, gpu, spec = load_shape(p.model), gpu_preset(p.gpu), load_spec(p.workload)
     max_seq_len = p.max_seq_len or spec.max_seq_len or shape.max_seq_len
+    if p.block_size > max_seq_len:  # never filled, its bytes past any budget (as the CLI's bounds.block_fits says)
+        plan = make_plan(shape, gpu.memory_bytes, p.dtype, p.gpu_util or 1.0, max_seq_len, p.block_size)
+        return shape, gpu, spec, replace(plan, fits=False, reason=f"a KV block of {p.block_size} tokens is longer "
+                                         f"than one {max_seq_len}-token sequence")
     if p.kv_budget is None:
         return shape, gpu, spec, make_plan(shape, gpu.memory_bytes, p.dtype, p.gpu_util, max_seq_len, p.block_size)
     budget = parse_size(p.kv_budget)

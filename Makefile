@@ -29,7 +29,7 @@ WHEELS ?=
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach links,$(PIP_LINKS),--find-links $(links))
 
-.PHONY: setup wheels test lint model vllm bench bench-quick nightly stress clean gpu-check gpu-dryrun
+.PHONY: setup wheels test test-all lint model vllm bench bench-quick nightly stress clean gpu-check gpu-dryrun
 
 setup: $(STAMP)
 
@@ -233,12 +233,27 @@ else
 	$(BIN)/pip install -q $(if $(WHEELS),--no-index --find-links '$(WHEELS)') '$(RAY)' && touch $@ \
 		|| echo "make test: ray could not be installed here: simulate --ray's tests skip"
 endif
+# make test leaves out the tests marked `slow`; make test-all runs the whole suite, those included, in one session.
+# The rule for `slow` (checked by tests/test_scheduling.py): a test that makes a build of minutes (a folder of
+# wheels and a set-up from it offline, a bench sweep, a whole bench) in a unit of work measured over SLOW_S
+# seconds (tests/scheduling.py), and every other test of that build marked too, so that make test never makes it.
+# A test of a few seconds stays in make test, however many there are. CI (.ci/run) runs make test-all alone: one
+# session deals the slow units out beside the rest, longest first, where make test and then the slow tests would
+# run the slow units last, in series, with workers idle beside the longest; and make test's tests would run twice.
 TEST_WORKERS ?= 3
-test: setup $(RAY_STAMP)
+PYTEST_SUITE = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40
+define TEST_PREPARE
 	@command -v promtool >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null 2>&1 \
 		|| echo "prometheus could not be installed: the rules' tests will skip"
 	$(BIN)/python -m compileall -q engines workloads harness >/dev/null
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40
+endef
+test: setup $(RAY_STAMP)
+	$(TEST_PREPARE)
+	$(PYTEST_SUITE) -m 'not slow'
+
+test-all: setup $(RAY_STAMP)
+	$(TEST_PREPARE)
+	$(PYTEST_SUITE)
 
 lint: setup
 	$(BIN)/ruff check engines workloads harness tests benchmarks scripts

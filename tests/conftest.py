@@ -28,6 +28,9 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "valgrind: counts an engine's step in instructions under valgrind's callgrind "
                                        "(harness/run/ab_instr_probes.py): CPU minutes; skipped without valgrind, and "
                                        "unless FRAGBENCH_VALGRIND_TESTS=1")
+    config.addinivalue_line("markers", "slow: a build of minutes (wheels and an offline set-up, a bench sweep, a "
+                                       "whole bench) in a unit measured over tests/scheduling.SLOW_S: make test "
+                                       "leaves it out, make test-all (and CI) runs it")
 
 
 # The suite runs on pytest-xdist's workers (make test: -n 3 --dist loadfile): a file's tests stay on one worker, so

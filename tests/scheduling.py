@@ -87,20 +87,27 @@ SECONDS: dict[str, float] = {
     "test_setup.py::test_make_wheels_fills_a_folder_that_make_setup_installs_from_with_the_network_off": 130,
 }
 SECONDS_PER_TEST = 0.5
+# make test leaves out the tests marked `slow` (make test-all runs them with the rest; the Makefile says why): a
+# test may carry the mark only where its unit is measured over SLOW_S here, and the build it makes or reads (a
+# folder of wheels and a set-up from it, a bench sweep, a whole bench) is made by no test left in make test
+# (tests/test_scheduling.py checks both). SLOW_S: a sixth of make test's budget (600 s on 3 workers); a unit over
+# it made of tests of seconds each (the servers', the Ray grids') stays in make test.
+SLOW_S = 100
 
 
 # this session's collection_rows where it collected the whole suite (tests/conftest.py keeps them)
 WHOLE_SUITE = pytest.StashKey[list]()
 
 
-def collection_rows(items) -> list[tuple[str, str, list[str], list[str]]]:
+def collection_rows(items) -> list[tuple[str, str, list[str], list[str], bool]]:
     """What tests/test_scheduling.py checks the units against, for each collected test: its file, its name (without
-    parameters), the fixtures it uses (its closure: those its fixtures use too) and those of them scoped to its
-    module."""
+    parameters), the fixtures it uses (its closure: those its fixtures use too), those of them scoped to its
+    module, and whether it is marked `slow` (make test-all's alone)."""
     def module_scoped(item) -> list[str]:
         return sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
 
-    return [(item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item)) for item in items]
+    return [(item.path.name, item.originalname, sorted(item.fixturenames), module_scoped(item),
+             item.get_closest_marker("slow") is not None) for item in items]
 
 
 def group_of(nodeid: str) -> str:

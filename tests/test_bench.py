@@ -39,6 +39,7 @@ def run(tiny_model, tmp_path_factory):
     return out / "results" / "t1", out / "reports" / "t1.html"
 
 
+@pytest.mark.slow  # reads the module's bench of three engines: make test-all
 def test_bench_writes_every_result_file(run):
     run_dir, report = run
     for name in ("run.json", "requests.parquet", "samples.parquet", "events.parquet", "summary.json"):
@@ -68,6 +69,7 @@ def packing(samples: pd.DataFrame) -> tuple[float, int, int]:
     return float(held.token_states_bytes.sum() / max(held.allocated_bytes.sum(), 1)), len(held), int(held.running.max())
 
 
+@pytest.mark.slow  # reads the module's bench of three engines: make test-all
 def test_paged_packs_memory_and_naive_engines_oom(run):
     run_dir, _ = run
     engines = json.loads((run_dir / "summary.json").read_text())["engines"]
@@ -88,6 +90,7 @@ def test_paged_packs_memory_and_naive_engines_oom(run):
     assert engines["hf"]["oom_total"] + engines["static"]["oom_total"] == len(ooms)
 
 
+@pytest.mark.slow  # reads the module's bench of three engines: make test-all
 def test_report_shows_the_summary_numbers(run):
     run_dir, report = run
     html = report.read_text()
@@ -103,6 +106,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+@pytest.mark.slow  # reads the module's bench of three engines: make test-all
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it with apt)")
 def test_report_renders_offline_in_headless_chromium(run, tmp_path):
     _, report = run

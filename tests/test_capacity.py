@@ -89,6 +89,7 @@ def test_a_sweep_that_cannot_be_run_exits_2_with_one_line(flags, says, tiny_mode
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_bench_sweep_writes_the_capacity_block_and_tags_its_rows(swept):
     run_dir, report = swept
     cap = json.loads((run_dir / "summary.json").read_text())["capacity"]
@@ -113,6 +114,7 @@ def resting(points: list[dict]) -> int:
     return sum(kept) if kept else sum(p["judged"] for p in points)
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_every_point_says_what_it_judged_at_steady_state_and_no_request_is_judged_twice(swept):
     run_dir, report = swept
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -180,6 +182,7 @@ def test_a_request_cut_off_by_the_window_is_judged_on_what_it_showed():
     assert m["goodput_rps"] == pytest.approx(0.1)  # goodput counts completed requests only
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_every_capacity_block_has_its_interval_and_the_constraint_that_bound_it(swept):
     run_dir, report = swept
     summary = json.loads((run_dir / "summary.json").read_text())

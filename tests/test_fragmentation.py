@@ -17,6 +17,7 @@ def run(swept):
     return swept
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_variable_size_reservations_fail_with_memory_free_and_blocks_do_not(run):
     run_dir, _ = run
     engines = json.loads((run_dir / "summary.json").read_text())["engines"]
@@ -28,6 +29,7 @@ def test_variable_size_reservations_fail_with_memory_free_and_blocks_do_not(run)
     assert (frag.requested_bytes > frag.largest_free_bytes).all()
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it with apt)")
 def test_the_report_draws_the_memory_map_of_a_fragmentation_oom(run, tmp_path):
     run_dir, report = run

@@ -25,6 +25,7 @@ from tests.scheduling import (
     SECONDS,
     SECONDS_PER_TEST,
     SHARED_BUILDS,
+    SLOW_S,
     WHOLE_SUITE,
     group_of,
     longest,
@@ -60,13 +61,14 @@ def session_fixtures(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def collected(request, tmp_path_factory) -> list[tuple[str, str, list[str], list[str]]]:
+def collected(request, tmp_path_factory) -> list[tuple[str, str, list[str], list[str], bool]]:
     """Each test of the whole suite, as pytest collects it: (file, test, its fixtures, those scoped to its
-    module). This session's collection where it was the whole suite's (make test's, on each worker: conftest keeps
-    it before any deselection), else a collection in a process of its own."""
+    module, whether it is marked slow). This session's collection where it was the whole suite's (make test's and
+    make test-all's, on each worker: conftest keeps it before any deselection, make test's `-m 'not slow'`
+    included), else a collection in a process of its own."""
     whole = request.config.stash.get(WHOLE_SUITE, None)
     if whole is not None:
-        return [(file, name, list(fixtures), list(module)) for file, name, fixtures, module in whole]
+        return [(file, name, list(fixtures), list(module), slow) for file, name, fixtures, module, slow in whole]
     folder = tmp_path_factory.mktemp("collect")
     (folder / "fixture_users_plugin.py").write_text(PLUGIN)
     out = folder / "users.json"
@@ -90,7 +92,7 @@ def test_a_whole_suites_collection_is_kept_and_a_partial_one_is_not(request, col
 def users(collected) -> dict[str, set[str]]:
     """fixture -> the test files whose collected tests use it, from a collection of the whole suite."""
     found: dict[str, set[str]] = {}
-    for file, _, fixtures, _ in collected:
+    for file, _, fixtures, *_ in collected:
         for name in fixtures:
             found.setdefault(name, set()).add(file)
     return found
@@ -121,12 +123,32 @@ def test_a_test_dealt_out_apart_from_its_file_needs_nothing_built_there(collecte
     built twice), and is its own unit with its parameters together."""
     for test in sorted(APART):
         file, name = test.split("::")
-        rows = [(fixtures, module) for f, n, fixtures, module in collected if (f, n) == (file, name)]
+        rows = [(fixtures, module) for f, n, fixtures, module, _ in collected if (f, n) == (file, name)]
         assert rows, f"{test}: no such test"
         for fixtures, module in rows:
             assert not set(fixtures) & set(SHARED_BUILDS) and not module, (test, fixtures, module)
         assert group_of(f"tests/{test}[a::b]") == group_of(f"tests/{test}") == f"tests/{test}"
     assert group_of("tests/test_verdict.py::test_other") == "swept"
+
+
+def test_a_test_marked_slow_is_of_a_unit_measured_long_and_shares_no_build_with_make_tests(collected):
+    """make test leaves out the tests marked `slow` (make test-all runs them with the rest): each is of a unit
+    measured over SLOW_S (SECONDS), and a build (a session's in SHARED_BUILDS, a fixture of a module) is used by
+    slow tests alone or by none, so that what the mark leaves out of make test is the build itself, not a few of
+    its readers while make test still makes it."""
+    marked = [(file, name) for file, name, *_, slow in collected if slow]
+    assert ("test_setup.py", "test_make_wheels_fills_a_folder_that_make_setup_installs_from_with_the_network_off") \
+        in marked  # the reading finds the marks known
+    for file, name in marked:
+        unit = group_of(f"tests/{file}::{name}").rsplit("/", 1)[-1]
+        assert SECONDS.get(unit, 0) > SLOW_S, f"{file}::{name} is marked slow, but its unit {unit} is not measured " \
+                                              f"over {SLOW_S} s (tests/scheduling.py's SECONDS)"
+    flags: dict[str, set[bool]] = {}
+    for file, _, fixtures, module, slow in collected:
+        for build in [*(set(fixtures) & set(SHARED_BUILDS)), *(f"{file}::{m}" for m in module)]:
+            flags.setdefault(build, set()).add(slow)
+    assert not [build for build, marks in flags.items() if len(marks) > 1], \
+        f"builds used by slow tests and by others: {sorted(b for b, m in flags.items() if len(m) > 1)}"
 
 
 def test_every_unit_measured_long_is_one_the_suite_has(collected):

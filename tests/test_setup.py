@@ -210,6 +210,7 @@ def isolates_network() -> bool:
     return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # a folder of wheels filled and a set-up from it: make test-all
 @pytest.mark.offline_setup
 @pytest.mark.timeout(900)
 def test_make_wheels_fills_a_folder_that_make_setup_installs_from_with_the_network_off(tmp_path):

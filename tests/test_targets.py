@@ -91,6 +91,7 @@ def test_bad_targets_exit_2_with_one_line_before_any_load(tiny_model, fake_url):
     assert not Path("/nonexistent-never-written").exists()
 
 
+@pytest.mark.slow  # a bench sweep of two engines, one a --target: make test-all
 def test_a_target_is_one_more_engine_of_the_run(tiny_model, tmp_path):
     """The contract: a separately started static-oracle beside the in-house paged, one report with both."""
     with start_server("static-oracle", str(tiny_model), "16MiB", tmp_path / "s.log") as srv:

@@ -100,6 +100,7 @@ def test_the_budget_an_engine_needs_is_read_off_its_curve():
     assert needed_budget(curve, 0.0) == 4 and needed_budget(curve, 5.0) is None
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_a_sweep_records_steps_and_simulates_its_twin(swept):
     run_dir, report = swept
     steps = pd.read_parquet(run_dir / "steps.parquet")
@@ -119,6 +120,7 @@ def test_a_sweep_records_steps_and_simulates_its_twin(swept):
     assert 'id="twin"' in report.read_text() and "Point by point" in report.read_text()
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_simulate_fits_a_step_model_from_a_run(swept, tmp_path):
     run_dir, _ = swept
     args = ("simulate", "--model", "tiny-llama", "--gpu-mem", "1GiB", "--workload", "mixed-churn", "--policy",

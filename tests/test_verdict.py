@@ -65,6 +65,7 @@ def test_no_knee_rests_on_an_unsteady_point_and_one_over_its_knee_is_a_miss():
 
 
 # -- one computation
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_the_runs_verdict_is_summary_jsons_headline_and_the_decision_line_prints_it(swept):
     """The headline is read off summary.json's own capacity block (the ratio of the two sustained rates, decided
     only where the interval excludes 1.0 and each engine has a rate that met the SLO under one that missed it,
@@ -102,6 +103,7 @@ def test_the_runs_verdict_is_summary_jsons_headline_and_the_decision_line_prints
     assert "Latency is timed from each request's due time" in html or "WARNING: the load generator" in html
 
 
+@pytest.mark.slow  # reads the session's sweep (conftest.swept): make test-all
 def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept):
     run_dir, _ = swept
     meta = json.loads((run_dir / "run.json").read_text())
@@ -121,6 +123,7 @@ def test_a_request_still_in_flight_is_judged_by_the_summarys_cut_off_rule(swept)
     assert after.figure("missed") == before["missed"] + 1
 
 
+@pytest.mark.slow  # a whole bench (--sweep --time 75): make test-all
 @pytest.mark.timeout(900)
 def test_the_consoles_last_decision_line_is_summary_jsons_headline(tiny_model, tmp_path):
     """Whatever the little time measured, headline or none: the console's last `decision:` line is the one

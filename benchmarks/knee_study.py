@@ -63,9 +63,10 @@ import numpy as np
 from harness.analysis import kneefit, placement, stream_priors
 from harness.analysis.design import TURN_SHARE
 from harness.analysis.headline import rival_of
-from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect
-from harness.analysis.kneefit import KneeFit, fit
+from harness.analysis.knee import CONFIDENCE, Judged, KneeSearch, central, design_effect, knee_points
+from harness.analysis.kneefit import KneeEstimate, KneeFit, fit
 from harness.analysis.kneejoint import joint_fit
+from harness.analysis.kneepaired import PairedRatio, paired_ratio
 from harness.analysis.ruled_out import evidence_of, rulings
 from harness.analysis.steady import wilson
 from harness.analysis.stream_priors import SpreadPrior
@@ -74,6 +75,9 @@ from workloads.streams import STEPS_PER_OCTAVE, grid_index, grid_rate
 PAGED, STATIC = "paged", "static-oracle"
 SCREENED = "hf"  # a third contiguous engine, screened by one point (the rival check: `rival_check`)
 ABBA = (PAGED, STATIC, STATIC, PAGED)  # the decision's turn order, repeated
+# the paired estimator's readings of each run's final points (kneepaired.paired_ratio): each engine its own slope
+# (sep, p: in the table) or one slope for both (shared, q:)
+PAIRED_SLOPES = {"sep": False, "shared": True}
 TARGET = 0.9
 RATIOS = (1.0, 1.3, 1.7)
 PRECISION = 1.5  # the headline's hi / lo asked (the bench's default --precision)
@@ -150,6 +154,8 @@ class Params:
     spread_exponent: float = 0.0
     spread_judged_ref: int = 50
     long_run_streams: int = 0  # the long-run check's streams per long run (0: not run)
+    placer: str = "fit"  # what places the decision's turns and stops it: fit (the bench's), paired (`placing`)
+    placer_shared: bool = False  # the paired placer's slope: one for both engines
 
     def length_factor(self, judged: int) -> float:
         """How much a stream's shift (and its offered load's spread) a point of `judged` requests keeps, against
@@ -341,17 +347,17 @@ def headline(kf: KneeFit, decide_confidence: float = CONFIDENCE) -> tuple[float,
     return ratio, lo, hi, both and not d_lo <= 1.0 <= d_hi, hi <= PRECISION * lo
 
 
-def turn_rate(kf: KneeFit, engine: str, searches: dict[str, KneeSearch], turns: dict[str, int],
+def turn_rate(estimates: dict[str, KneeEstimate], engine: str, searches: dict[str, KneeSearch], turns: dict[str, int],
               points: list[Judged]) -> float:
     """An engine's next rate: its search's next while its knee is not bracketed (the bench brackets first),
     else placement's, alternating sides around the fitted knee, kept where its points leave the crossing in
     doubt (placement.reach)."""
-    if not kf.estimates[engine].bracketed:
+    if not estimates[engine].bracketed:
         ks = replace(searches[engine], max_points=10**6)
         rate = ks.next_rate()
         if rate is not None:
             return rate
-    rate = placement.next_rate(kf.estimates[engine], turns[engine], *placement.reach(points, TARGET))
+    rate = placement.next_rate(estimates[engine], turns[engine], *placement.reach(points, TARGET))
     turns[engine] += 1
     return rate
 
@@ -379,6 +385,26 @@ def twin_priors(prm: Params, engines: dict[str, Engine]) -> dict[str, SpreadPrio
     return out
 
 
+def placing(run: Run, prm: Params, priors: dict[str, SpreadPrior] | None
+            ) -> tuple[dict[str, KneeEstimate], bool, bool]:
+    """What the next turn reads: (each engine's estimate, decided, precise). `placer` fit: the bench's (the joint
+    fit's knees, its headline); paired: kneepaired's (each engine's long-run rate and its jackknife interval, the
+    paired ratio's interval for the stop), a fit taking milliseconds where the joint fit takes seconds, so that a
+    study of a few hundred runs fits in an hour; the joint fit is then made once, on the final points."""
+    if prm.placer == "paired":
+        pr = paired_ratio(run.points, PAGED, STATIC, TARGET, shared=prm.placer_shared)
+        if pr is not None:
+            pts = {e: knee_points(run.points[e]) for e in (PAGED, STATIC)}
+            est = {e: KneeEstimate(e, pr.rates_rps[e], pr.rates_ci[e], sum(map(kneefit.informs, pts[e])),
+                                   len({p.key for p in pts[e]}), int(sum(len(p.met) for p in pts[e])),
+                                   kneefit.bracketed(pts[e], TARGET)) for e in (PAGED, STATIC)}
+            both = all(e.bracketed for e in est.values())
+            return est, both and not pr.ci[0] <= 1.0 <= pr.ci[1], pr.ci[1] <= PRECISION * pr.ci[0]
+    kf = joint_fit(run.points, TARGET, {(PAGED, STATIC): prm.fit_rho}, priors=priors)
+    _, _, _, decided, precise = headline(kf, prm.decide_confidence)
+    return kf.estimates, decided, precise
+
+
 def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch],
            priors: dict[str, SpreadPrior] | None = None) -> tuple[KneeFit, str, float]:
     """The decision's turns (ABBA), refitting after each, until placement.done or the time is spent: the last
@@ -387,17 +413,20 @@ def decide(run: Run, engines: dict[str, Engine], searches: dict[str, KneeSearch]
     prm = run.prm
     left_s, turns, turn, last = prm.decision_s, {PAGED: 0, STATIC: 0}, 0, None
     served = {PAGED: 0, STATIC: 0}  # decision turns each engine has had: its next paired stream
+
+    def final() -> KneeFit:
+        return joint_fit(run.points, TARGET, {(PAGED, STATIC): prm.fit_rho}, priors=priors)
+
     while True:
-        kf = joint_fit(run.points, TARGET, {(PAGED, STATIC): prm.fit_rho}, priors=priors)
-        _, _, _, decided, precise = headline(kf, prm.decide_confidence)
-        counts = {e: kf.estimates[e].points for e in (PAGED, STATIC)}
+        estimates, decided, precise = placing(run, prm, priors)
+        counts = {e: estimates[e].points for e in (PAGED, STATIC)}
         if stops(prm.stop, decided, precise, counts):
-            return kf, "precise", prm.decision_s - left_s
+            return final(), "precise", prm.decision_s - left_s
         engine = ABBA[turn % len(ABBA)]
-        rate = turn_rate(kf, engine, searches, turns, run.points[engine])
+        rate = turn_rate(estimates, engine, searches, turns, run.points[engine])
         switch_s = prm.switch_s if last not in (None, engine) else 0.0
         if not fits(prm, rate, left_s - switch_s - prm.drain_s, prm.judged):
-            return kf, "time spent", prm.decision_s - left_s
+            return final(), "time spent", prm.decision_s - left_s
         key = f"p{served[engine]}" if prm.paired else None  # paired: each engine's n-th turn reads stream n
         run.visit[engine] = 1 + served[engine] // 2  # visit 0 is the search's
         # a turn's judged arrivals take at most TURN_SHARE of the time left, as the bench's do
@@ -443,6 +472,9 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
     after_search = list(run.points[STATIC])
     kf, stop, used_s = decide(run, engines, searches, twin_priors(prm, engines))
     ratio, lo, hi, decided, precise = headline(kf, prm.decide_confidence)
+    both = all(kf.estimates[e].bracketed for e in (PAGED, STATIC))
+    readings = {tag: paired_of(paired_ratio(run.points, PAGED, STATIC, TARGET, shared=shared), true_ratio, both)
+                for tag, shared in PAIRED_SLOPES.items()}
     rival = rival_check(prm, np.random.default_rng([seed, ratio_key, index, 79]), engines[STATIC], after_search,
                         run.points[STATIC], kf)
     best = STATIC if prm.screened_knee < 1 else SCREENED  # the contiguous engine with the highest true knee
@@ -453,7 +485,19 @@ def one_run(prm: Params, true_ratio: float, seed: int, index: int) -> dict:
             "spread_s_fit": float(np.mean(list(kf.spread_s.values()))),
             "knee_covered": {e: kf.estimates[e].ci[0] <= engines[e].sustained_rps <= kf.estimates[e].ci[1]
                              for e in (PAGED, STATIC)}, "rival_is_best": rival == best,
-            "long_run": long_run_checks(prm, np.random.default_rng([seed, ratio_key, index, 86]), engines, kf)}
+            "long_run": long_run_checks(prm, np.random.default_rng([seed, ratio_key, index, 86]), engines, kf),
+            "kneepaired": readings}
+
+
+def paired_of(pr: PairedRatio | None, true_ratio: float, bracketed: bool) -> dict:
+    """The paired estimator's reading of the run's final points (kneepaired.py), beside the fit's: its ratio,
+    interval, whether it covers the truth, decides (excludes 1.0, both knees bracketed) and is precise. Where it
+    gives none (fewer than three streams) it reads as undecided, uncovered and infinitely wide."""
+    if pr is None:  # fewer than three streams
+        return {"ratio": math.nan, "lo": 0.0, "hi": math.inf, "covered": False, "decided": False, "precise": False}
+    lo, hi = pr.ci
+    return {"ratio": pr.ratio, "lo": lo, "hi": hi, "covered": lo <= true_ratio <= hi,
+            "decided": bracketed and not lo <= 1.0 <= hi, "precise": hi <= PRECISION * lo}
 
 
 def long_run_checks(prm: Params, rng: np.random.Generator, engines: dict[str, Engine], kf: KneeFit) -> dict:
@@ -471,13 +515,14 @@ def long_run_checks(prm: Params, rng: np.random.Generator, engines: dict[str, En
 
 
 # what tells one cell's rows from another's
-CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor", "fit_rho", "judged", "spread_exponent")
+CELL = ("spread", "paired", "slope_ratio", "drift_sd", "prior_factor", "fit_rho", "judged", "spread_exponent",
+        "residual_rho")
 
 
 def cell_of(prm: Params) -> dict:
     return {"spread": prm.spread_s, "paired": prm.paired, "slope_ratio": prm.slope_ratio, "drift_sd": prm.drift_sd,
             "prior_factor": prm.prior_factor, "fit_rho": prm.fit_rho, "judged": prm.judged,
-            "spread_exponent": prm.spread_exponent}
+            "spread_exponent": prm.spread_exponent, "residual_rho": prm.residual_rho}
 
 
 def _task(args: tuple) -> dict:
@@ -506,7 +551,27 @@ def summarize(true_ratio: float, runs: list[dict]) -> dict:
             "median_spread_s_fit": round(float(np.median([r["spread_s_fit"] for r in runs])), 4),
             "median_decision_used_s": round(float(np.median([r["decision_used_s"] for r in runs])), 1),
             # issue 79: the share of runs whose headline rival is the contiguous engine with the highest true knee
-            "rival_best_share": round(sum(r["rival_is_best"] for r in runs) / n, 4), **long_run_row(runs)}
+            "rival_best_share": round(sum(r["rival_is_best"] for r in runs) / n, 4), **long_run_row(runs),
+            **paired_row(true_ratio, runs)}
+
+
+def paired_row(true_ratio: float, runs: list[dict]) -> dict:
+    """The paired estimator's columns, each slope setting's (`PAIRED_SLOPES`), on the same runs' points as the
+    fit's (kneepaired.py)."""
+    out, n = {}, len(runs)
+    for tag in PAIRED_SLOPES:
+        pr = [r["kneepaired"][tag] for r in runs]
+        cover = sum(p["covered"] for p in pr) / n
+        out.update({
+            f"{tag}_coverage": round(cover, 4), f"{tag}_coverage_se": round(math.sqrt(cover * (1 - cover) / n), 4),
+            f"{tag}_median_hi_lo": round(float(np.median([p["hi"] / p["lo"] if p["lo"] > 0 else math.inf
+                                                          for p in pr])), 4),
+            f"{tag}_decided_share": round(sum(p["decided"] for p in pr) / n, 4),
+            f"{tag}_precise_share": round(sum(p["precise"] for p in pr) / n, 4),
+            f"{tag}_median_ratio": round(float(np.nanmedian([p["ratio"] for p in pr])), 4),
+            f"{tag}_miss_below": round(sum(p["hi"] < true_ratio for p in pr) / n, 4),
+            f"{tag}_miss_above": round(sum(p["lo"] > true_ratio for p in pr) / n, 4)})
+    return out
 
 
 def long_run_row(runs: list[dict]) -> dict:
@@ -586,14 +651,21 @@ def progress_to(partial_path: str | None, ratios: tuple[float, ...]):
 
 COLUMNS = [("spread", "spread", "{:.2f}"), ("paired", "paired", "{!s}"), ("slope_ratio", "slope x", "{:.2f}"),
            ("drift_sd", "drift", "{:.2f}"), ("prior_factor", "prior", "{!s}"), ("fit_rho", "fit rho", "{:.2f}"),
-           ("judged", "judged", "{:d}"), ("spread_exponent", "s exp", "{:.2f}"), ("true_ratio", "true", "{:.2f}"),
+           ("judged", "judged", "{:d}"), ("spread_exponent", "s exp", "{:.2f}"), ("residual_rho", "rho", "{:.2f}"),
+           ("true_ratio", "true", "{:.2f}"),
            ("runs", "runs", "{:d}"), ("coverage", "coverage", "{:.3f}"),
            ("coverage_se", "+-se", "{:.3f}"), ("median_hi_lo", "hi/lo", "{:.3f}"),
            ("decided_share", "decided", "{:.3f}"), ("precise_stop_share", "stop:precise", "{:.3f}"),
            ("time_spent_share", "stop:time", "{:.3f}"), ("median_points_paged", "pts paged", "{:.1f}"),
            ("median_points_static", "pts static", "{:.1f}"), ("median_ratio", "med ratio", "{:.3f}"),
            ("miss_below", "miss<", "{:.3f}"), ("miss_above", "miss>", "{:.3f}"),
-           ("median_spread_s_fit", "s fit", "{:.3f}"), ("rival_best_share", "rival ok", "{:.3f}")]
+           ("median_spread_s_fit", "s fit", "{:.3f}"), ("rival_best_share", "rival ok", "{:.3f}"),
+           *[col for tag, short in (("sep", "p"), ("shared", "q")) for col in (
+               (f"{tag}_coverage", f"{short}:cover", "{:.3f}"), (f"{tag}_coverage_se", "+-se", "{:.3f}"),
+               (f"{tag}_median_hi_lo", f"{short}:hi/lo", "{:.3f}"),
+               (f"{tag}_decided_share", f"{short}:decided", "{:.3f}"),
+               (f"{tag}_median_ratio", f"{short}:med", "{:.3f}"),
+               (f"{tag}_miss_below", f"{short}:miss<", "{:.3f}"), (f"{tag}_miss_above", f"{short}:miss>", "{:.3f}"))]]
 LONG_RUN_COLUMNS = [("long_run_true", "lr@true", "{:.4f}"), ("long_run_true_se", "+-se", "{:.4f}"),
                     ("long_run_true_z", "z", "{:.2f}"), ("long_run_at_rps_paged", "lr@rps pg", "{:.3f}"),
                     ("long_run_met_paged", "met pg", "{:.2f}"), ("long_run_straddle_paged", "strad pg", "{:.2f}"),
@@ -641,8 +713,9 @@ def parser() -> argparse.ArgumentParser:
                          "every point a stream of its own; both: a row for each")
     ap.add_argument("--explained", type=float, default=d.explained,
                     help="the share of a stream's shift its offered token load explains (known to the fit)")
-    ap.add_argument("--residual-rho", type=float, default=d.residual_rho,
-                    help="the correlation between two engines' leftover shifts on one stream")
+    ap.add_argument("--residual-rho", default=str(d.residual_rho),
+                    help="the correlation between two engines' leftover shifts on one stream (comma-separated: a "
+                         "row for each)")
     ap.add_argument("--fit-rho", default="0",
                     help="the residual correlation the fit is told, comma-separated for a row each (the bench tells "
                          "it the twins' lower bound; 0: each engine fitted alone)")
@@ -681,6 +754,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-run", type=int, default=d.long_run_streams,
                     help="the long-run check: streams in each long simulated run at the true and the reported rates "
                          "(0: not run)")
+    ap.add_argument("--placer", choices=("fit", "paired"), default=d.placer,
+                    help="what places the decision's turns and reads its stop: fit, the joint fit (the bench's, "
+                         "seconds a turn); paired, kneepaired's estimates (milliseconds a turn; the joint fit made "
+                         "once on the final points, so both estimators read the same points)")
     ap.add_argument("--partial", default=None, help="a file the rows so far are written to every 5 runs")
     ap.add_argument("--stop", choices=("rule", "time", "decided"), default="rule",
                     help="rule: placement.done stops the decision; time: it runs until its time is spent (no "
@@ -697,20 +774,23 @@ def params_of(a: argparse.Namespace) -> list[Params]:
     factors = [None if x.strip() == "none" else float(x) for x in a.prior_factors.split(",")]
     rhos = [float(x) for x in a.fit_rho.split(",")]
     judged = [int(x) for x in a.judged.split(",")]
-    return [replace(one, spread_s=s, paired=p, prior_factor=f, fit_rho=r, judged=n) for s in spreads
-            for p in pairings for f in factors for r in rhos for n in judged]
+    residual = [float(x) for x in a.residual_rho.split(",")]
+    return [replace(one, spread_s=s, paired=p, prior_factor=f, fit_rho=r, judged=n, residual_rho=q) for s in spreads
+            for p in pairings for f in factors for r in rhos for n in judged for q in residual]
 
 
 def one_params(a: argparse.Namespace) -> Params:
     return Params(k_static_rps=a.k_static, slope_b=a.slope, spread_s=a.spread, slope_ratio=a.slope_ratio,
-                  spread_ratio=a.spread_ratio, explained=a.explained, residual_rho=a.residual_rho, load_sd=a.load_sd,
+                  spread_ratio=a.spread_ratio, explained=a.explained,
+                  residual_rho=float(a.residual_rho.split(",")[0]), load_sd=a.load_sd,
                   judged=int(a.judged.split(",")[0]), spread_exponent=a.spread_exponent,
                   spread_judged_ref=a.spread_judged_ref, early_judged=a.early_judged, burst_mean=a.burst_mean,
                   warmup_s=a.warmup_s,
                   drain_s=a.drain_s, switch_s=a.switch_s, search_s=a.search_s, decision_s=a.decision_s,
                   calibration_sd=a.calibration_sd, stop=a.stop, screened_knee=a.screened_knee, drift_sd=a.drift_sd,
                   prior_below=float(a.prior_width.split(",")[0]), prior_above=float(a.prior_width.split(",")[1]),
-                  decide_confidence=a.decide_confidence, long_run_streams=a.long_run)
+                  decide_confidence=a.decide_confidence, long_run_streams=a.long_run,
+                  placer=a.placer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,14 +47,15 @@ def test_the_pairs_cancel_what_both_engines_share():
 
 
 def test_a_point_all_met_or_all_missed_still_informs():
-    """Every request met at 2 req/s and none at 3: the crossing lies between them, at the steepest slope allowed;
-    a third point at 100 % above 2 moves it up."""
+    """Every request met at 2 req/s and none at 3: the crossing lies between them, the slope finite (Firth's
+    penalty); a third point at 100 % at 2.6 moves it up, past 2.6, and one at 0 % at 2.2 down, under 2.2."""
     met, missed = np.ones(40), np.zeros(40)
     two = [Judged(2.0, "a", met, np.arange(40)), Judged(3.0, "b", missed, np.arange(40))]
     log_r, b = curve_fit(two, 0.9)
-    assert 2.0 < math.exp(log_r) < 3.0 and b > 100
-    log_r2, _ = curve_fit([*two, Judged(2.6, "c", met, np.arange(40))], 0.9)
-    assert 2.6 < math.exp(log_r2) < 3.0
+    assert 2.0 < math.exp(log_r) < 3.0 and 0 < b < 200
+    up, _ = curve_fit([*two, Judged(2.6, "c", met, np.arange(40))], 0.9)
+    down, _ = curve_fit([*two, Judged(2.2, "c", missed, np.arange(40))], 0.9)
+    assert 2.6 < math.exp(up) < 3.0 and 2.0 < math.exp(down) < 2.2
 
 
 def test_nothing_to_resample_gives_no_ratio():

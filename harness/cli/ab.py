@@ -31,8 +31,9 @@ def register(sub) -> None:
                          "time remains (default: %(default)g; a pair of paged takes about 40 s here, of "
                          "static-oracle about 55 s)")
     ab.add_argument("--pairs", type=int, default=10, metavar="N",
-                    help="pairs an engine needs before it can PASS (default: %(default)s, from the rule's study, "
-                         "docs/method.md); a FAIL may come from 6 pairs on, once 4 fresh pairs confirm it")
+                    help="pairs an engine needs before it can PASS, the first of its 4 looks, then every 4 pairs "
+                         "(default: %(default)s, from the rule's study, docs/method.md); a FAIL may come at any look "
+                         "from 6 pairs on")
     ab.add_argument("--knee-time", type=nonneg_float, default=300.0, metavar="S",
                     help="seconds for one knee search of each build after the pairs, reported beside the gate and "
                          "never gating it; 0 skips it (default: %(default)g)")
@@ -42,8 +43,9 @@ def register(sub) -> None:
                          "engine on this machine)")
     ab.add_argument("--threshold", type=nonneg_float, default=10.0, metavar="PCT",
                     help="the effect floor: a figure FAILs when NEW is worse than 1 + PCT %% times BASE, "
-                         "significantly (one-sided p < 0.01) and confirmed by fresh pairs; PASSes when the upper "
-                         "one-sided 95 %% bound of NEW / BASE lies under 1 + PCT %% (default: %(default)g)")
+                         "significantly (one-sided p < 0.01, shared over the FAIL's looks); PASSes when the upper "
+                         "one-sided bound of NEW / BASE (95 %%, shared over 4 looks) lies under 1 + PCT %% "
+                         "(default: %(default)g)")
     ab.add_argument("--out", default="results/ab", metavar="DIR",
                     help="where the run goes: DIR/gate-<run id> (pairs.jsonl, a line a pair as it is measured; the "
                          "blocks' requests; ab.json), each build's knee search (DIR/base, DIR/new: results folders "

@@ -8,10 +8,10 @@ import pytest
 
 from harness.analysis.records import RunRecord
 from harness.analysis.summary import finalize
-from harness.analysis.summary_records import Summary
+from harness.analysis.summary_records import EngineFigures, Summary
 from harness.run.synthetic import write_run
 from harness.views.report import render
-from harness.views.verdict import verdict_sentences
+from harness.views.verdict import diagnosis, verdict_sentences
 from tests.conftest import run_cli
 from tests.helpers import scaled
 from tests.test_bench import chromium
@@ -39,6 +39,13 @@ def test_the_verdict_names_this_runs_engines_and_numbers_and_turns_with_the_outc
     assert f"{100 * first.engines['paged'].token_states_share:.1f} %" in said(a, "Where the memory went")
     assert "static-max: 5 capacity and 5 fragmentation OOMs" in said(a, "Failures:")
     assert any("static-max, diagnosis" in s for s in a)
+
+
+def test_a_crash_no_oom_explains_gets_no_oom_runbook():
+    """A target's server killed outright (fragbench ab's knee turn over a NEW that crashed): crashes counted, no OOM
+    figures at all; the OOM runbook says nothing (it compared the two missing counts and raised TypeError)."""
+    assert diagnosis(EngineFigures(crashes=1), pd.DataFrame()) is None
+    assert "fragmentation" in diagnosis(EngineFigures(crashes=1, oom_fragmentation=3, oom_capacity=1), pd.DataFrame())
 
 
 def test_a_run_with_5000_oom_events_gets_a_summary_and_20_rows(tmp_path):

@@ -30,7 +30,9 @@ def diagnosis(s: EngineFigures, ooms: pd.DataFrame) -> str | None:
     """The OOM runbook's line for one engine, from its own failures and where its memory went."""
     if not len(ooms) and not s.crashes:
         return None
-    if s.oom_fragmentation > s.oom_capacity:
+    if not len(ooms) and not (s.oom_total or s.oom_fragmentation or s.oom_capacity):
+        return None  # a crash no OOM explains (a segfault, a kill, a target that died): the runbook is for OOMs
+    if (s.oom_fragmentation or 0) > (s.oom_capacity or 0):
         return RUNBOOK["fragmentation"]
     if (s.reservation_share or 0) + (s.internal_fragmentation_share or 0) > (s.token_states_share or 0):
         return RUNBOOK["reservation"]

@@ -48,9 +48,15 @@ APART: frozenset[str] = frozenset({
     # a folder of wheels filled from the registry, then a set-up from it offline: the network and the disk more than
     # the cores, so it starts early beside the benches rather than last in its file's unit
     "test_setup.py::test_make_wheels_fills_a_folder_that_make_setup_installs_from_with_the_network_off",
+    # make test-all's (marked slow), apart from their files' tests of seconds, which make test runs
+    "test_targets.py::test_a_target_is_one_more_engine_of_the_run",  # a bench sweep beside a --target
+    "test_registry.py::test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept",  # a bench sweep
 })
 
-# The units measured long (seconds, whole unit, `pytest --durations=0` on the shared 2-core machine), dealt out
+# The units measured long (seconds, whole unit, `pytest --durations=0` on the shared 2-core machine; those of
+# test_gpu_dryrun, test_simulate, test_ab, test_workloads, test_cli_refusals, test_kneefit, test_knee_study and
+# test_engines from a suite run under a load of 11 on the 2 cores, 3,632 s of pytest, divided by 3.6, its ratio to
+# the 1,000 s of make test's pytest on the shared machine: dealing needs only their order), dealt out
 # before the rest, the longest first: xdist deals units out by their count of tests, and a long unit of few tests
 # went last, one worker running it while the other had nothing left. A unit not named here counts
 # SECONDS_PER_TEST a test. Keys: a shared build's fixture, a file, or an APART test.
@@ -73,14 +79,22 @@ SECONDS: dict[str, float] = {
     "test_bench.py::test_compare_does_not_gate_a_sustained_rate_that_is_a_bound": 34,
     "test_prometheus_e2e.py": 97,  # one test: Prometheus scraping two churning servers until the alert fires
     "test_distributed_load.py": 81,  # a Locust master and two workers against a server
-    "test_knee_study.py": 38,  # the knee study's runs
+    "test_knee_study.py": 136,  # the knee study's runs
     "test_simulate_grid.py": 217,  # grids serial, in a pool, resumed, on a local Ray and on a two-node cluster
-    "test_targets.py": 170,  # a bench of an engine beside the same server as a --target (161 s)
+    "test_targets.py": 25,  # metrics pages, refusals, a target that stops answering
+    "test_targets.py::test_a_target_is_one_more_engine_of_the_run": 140,  # of the file's 161 s
     "test_allocator_results.py": 155,  # a bench on the caching allocator (the module's run, 129 s)
-    "test_registry.py": 140,  # a throwaway policy's server, swept at two rates (121 s)
-    "test_engines.py": 110,  # each engine's tokens against transformers' generate, parallel samples
+    "test_registry.py": 20,  # a throwaway peer's server, the table's lists
+    "test_registry.py::test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept": 121,
+    "test_engines.py": 157,  # each engine's tokens against transformers' generate, parallel samples
     "test_integrity.py": 80,  # a churn with a block freed early, and one without
     "test_operating.py": 16,
+    "test_gpu_dryrun.py": 240,  # every engine on fake CUDA, the 70B shapes' forwards on the CPU
+    "test_simulate.py": 153,  # the simulator's recorded JSONs, the paper's figure
+    "test_ab.py": 122,  # fragbench ab's builds and pairs
+    "test_workloads.py": 114,  # presets' traces, mooncake's hashes, a cancel storm against a server
+    "test_cli_refusals.py": 74,
+    "test_kneefit.py": 61,
     "test_setup.py": 15,  # make -n, a dozen times
     # 127 to 155 s in the last five suites with bytecode; without, 182 s in a suite on a machine loaded by other
     # work (where the other units took 1.3 to 2 times their figures here), 67 to 126 s alone (190 s with bytecode)

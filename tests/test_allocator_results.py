@@ -154,6 +154,7 @@ def caching_run(tiny_model, tmp_path_factory):
     return out / "c"
 
 
+@pytest.mark.slow  # reads the module's bench on the caching allocator: make test-all
 def test_a_caching_bench_records_the_allocator_in_samples_summary_and_oom_events(caching_run):
     smp = pd.read_parquet(caching_run / "samples.parquet")
     smp = smp[smp.engine == "static-oracle"]
@@ -178,6 +179,7 @@ def test_a_caching_bench_records_the_allocator_in_samples_summary_and_oom_events
     assert sum(s["total_size"] for s in snap["segments"]) <= 16 * MiB
 
 
+@pytest.mark.slow  # reads the module's bench on the caching allocator: make test-all
 def test_a_compared_setting_is_a_run_of_its_own_and_the_summary_reads_its_figures_back(caching_run):
     summary = json.loads((caching_run / "summary.json").read_text())
     first, other = summary["alloc_settings"]

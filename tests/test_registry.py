@@ -113,9 +113,12 @@ REGISTRY["echo"] = EngineEntry("echo", Kind.PEER, "blocks", "a server that echoe
 '''
 
 
-@pytest.fixture(scope="module")
-def plugin(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("throwaway")
+@pytest.fixture
+def plugin(tmp_path) -> Path:
+    """The throwaway modules, written for each test (three small files): a fixture of the module would tie the
+    sweep's test (make test-all's alone) to its file's unit of work (tests/scheduling.py's APART)."""
+    folder = tmp_path / "throwaway"
+    folder.mkdir()
     (folder / "throwaway_kv.py").write_text(POLICY_MODULE)
     (folder / "throwaway_peer.py").write_text(PEER_MODULE)
     (folder / "sitecustomize.py").write_text(ENTRY + PEER_ENTRY)
@@ -179,6 +182,7 @@ def test_a_throwaway_policy_added_through_the_table_alone_is_simulated(double):
     assert double_["internal_fragmentation_share"] > oracle["internal_fragmentation_share"] + 0.1
 
 
+@pytest.mark.slow  # a bench sweep of the throwaway policy at two rates: make test-all
 def test_a_throwaway_policy_added_through_the_table_alone_is_served_and_swept(double, tiny_model, tmp_path):
     """bench starts `fragbench serve --engine double` and measures it at two offered rates. The rates are given
     (--rates: a knee search in a few seconds may find no point on a busy machine), and the SLO is one every

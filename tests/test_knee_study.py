@@ -137,3 +137,15 @@ def test_the_truth_is_the_long_run_rate_and_a_long_run_there_meets_the_target(kn
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert abs(row["long_run_true"] - 0.9) <= 3 * row["long_run_true_se"]
     assert 0.0 <= row["long_run_straddle_paged"] <= 1.0 and 0.0 < row["long_run_at_rps_paged"] <= 1.0
+
+
+def test_the_paired_ratio_is_read_beside_the_fit_and_can_place_the_turns(knee_study, capsys):
+    """Each row carries the paired estimator's columns (kneepaired.py, each slope setting) on the same runs' points;
+    `--placer paired` places the turns with it, and a clearly faster engine still comes out above 1."""
+    assert knee_study.main(["--runs", "2", "--ratios", "2.5", "--json", "--decision-s", "240", "--seed", "5",
+                            "--placer", "paired"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    for tag in knee_study.PAIRED_SLOPES:
+        assert 0.0 <= row[f"{tag}_coverage"] <= 1.0 and row[f"{tag}_median_hi_lo"] >= 1.0
+        assert row[f"{tag}_median_ratio"] > 1.2
+    assert row["runs"] == 2 and row["median_ratio"] > 1.2

@@ -508,6 +508,33 @@ def test_both_builds_are_warmed_alike_and_restarted_every_few_pairs_the_first_to
     assert [p["serving"] for p in lines] == [k // ab_runs.RESTART_PAIRS for k in range(n)]
 
 
+def test_a_restarted_server_is_found_by_its_own_url_not_the_stopped_one_s(monkeypatch, tmp_path):
+    """A server's log is appended to at each restart: the start reads the URL the new process prints, not the first
+    the log names (the stopped server's, never healthy again: a real run's NEW 'not healthy after 300 s' at its
+    first restart, FAILing an A/A night)."""
+    from types import SimpleNamespace
+
+    import harness.run.ab_runs as ab_runs
+    import harness.run.servers as servers
+    from harness.run.trees import ROOT, Tree
+
+    logs = tmp_path / "servers"
+    logs.mkdir()
+    (logs / "paged.new.log").write_text("fragbench serve: paged on http://127.0.0.1:1111\n")  # the first serving's
+
+    def spawn(cmd, stdout, **kw):
+        stdout.write(b"fragbench serve: paged on http://127.0.0.1:2222\n")
+        stdout.flush()
+        return SimpleNamespace(poll=lambda: None)
+
+    monkeypatch.setattr(ab_runs, "spawn", spawn)
+    monkeypatch.setattr(servers, "healthy", lambda url: url.endswith(":2222"))
+    monkeypatch.setattr(ab_runs, "SERVE_TIMEOUT_S", 3)
+    plan = ab_runs.ABPlan(["paged"], 60, 0.10, tmp_path, "m", "1", {}, {})
+    _, url, _ = ab_runs.start(Tree("HEAD", ROOT, "0" * 40, "python"), "paged", "new", plan, logs)
+    assert url == "http://127.0.0.1:2222"
+
+
 def test_new_that_fails_its_restart_fails_its_engine(monkeypatch, tmp_path):
     from harness.run import ab_runs
     from harness.run.ab_blocks import Crashed

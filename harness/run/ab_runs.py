@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from engines.procs import spawn, stop
+from engines.procs import spawn
 from engines.registry import Kind, entry
 from harness.analysis.ab import (
     SIDES,
@@ -44,7 +44,7 @@ from harness.run.ab_blocks import BlockServer, Crashed, close_server, open_serve
 from harness.run.ab_instr_probes import InstrProbeError, instructions
 from harness.run.ab_plan import ABPlan, BaseFailed, Measured, engine_args, step_log
 from harness.run.loadargs import LoadArgs
-from harness.run.servers import READY, ServerFailed, healthy, tail
+from harness.run.servers import ServerFailed, ready_url, tail
 from harness.run.speed_probes import reading
 from harness.run.stats_poller import fetch_stats
 from harness.run.trees import ROOT, Tree, run_child
@@ -100,23 +100,17 @@ def start(tree: Tree, engine: str, side: str, plan: ABPlan, logs: Path) -> tuple
     cmd = [tree.python, "-m", "harness.cli", "serve", "--engine", engine, "--model", model, "--kv-budget",
            plan.kv_budget, "--port", "0", "--host", "127.0.0.1", "--threads", "2", *engine_args(plan, engine, side),
            *(["--step-log", str(steps)] if steps else [])]
-    log_path = logs / f"{side_name(engine, side)}.log"
+    name = side_name(engine, side)
+    log_path = logs / f"{name}.log"  # one log a server, its restarts appended
     logs.mkdir(parents=True, exist_ok=True)
     env = {**tree.env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "ab") as log:
+        since = log_path.stat().st_size  # a restart reads its own URL, not the stopped server's before it
         proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree.path)
-    deadline = time.monotonic() + SERVE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Crashed(side_name(engine, side), side,
-                          f"{side_name(engine, side)} did not start (exit {proc.returncode}): {tail(log_path)}")
-        found = READY.search(log_path.read_text(errors="replace"))
-        if found and healthy(found.group(1)):
-            return proc, found.group(1), log_path
-        time.sleep(0.3)
-    stop(proc)
-    raise Crashed(side_name(engine, side), side,
-                  f"{side_name(engine, side)} not healthy after {SERVE_TIMEOUT_S} s: {tail(log_path)}")
+    try:
+        return proc, ready_url(proc, log_path, since, SERVE_TIMEOUT_S), log_path
+    except ServerFailed as e:
+        raise Crashed(name, side, f"{name} did not start: {e}") from None
 
 
 def holding(url: str) -> bool:

@@ -68,19 +68,29 @@ def start_server(
     log = open(log_path, "ab")
     since = log_path.stat().st_size  # an earlier server's lines (a restart, a calibration) are not this one's
     proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        return ServerProcess(proc, ready_url(proc, log_path, since, timeout_s), log_path)
+    except ServerFailed as e:
+        raise ServerFailed(f"{engine} server {e}") from None
+
+
+def ready_url(proc: subprocess.Popen, log_path: Path, since: int, timeout_s: float) -> str:
+    """A started server's URL, read from its log's lines after byte `since` (its own: a log appended to by every
+    start, a restart's, names the earlier servers' URLs first), once it answers /health. ServerFailed, its message
+    to follow the server's name, where it exits first (its own last words) or is not healthy in time (stopped)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:  # its own last words (serve's one-line error), not an earlier server's
             said = tail(log_path, since=since).removeprefix("fragbench: error: ")
-            raise ServerFailed(f"{engine} server exited with {proc.returncode}: {said}")
+            raise ServerFailed(f"exited with {proc.returncode}: {said}")
         with open(log_path, "rb") as f:
             f.seek(since)
             m = READY.search(f.read().decode(errors="replace"))
         if m and healthy(m.group(1)):
-            return ServerProcess(proc, m.group(1), log_path)
+            return m.group(1)
         time.sleep(0.2)
     stop_process(proc)
-    raise ServerFailed(f"{engine} server not healthy after {timeout_s:.0f} s: {tail(log_path, since=since)}")
+    raise ServerFailed(f"not healthy after {timeout_s:.0f} s: {tail(log_path, since=since)}")
 
 
 def healthy(url: str) -> bool:

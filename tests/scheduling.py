@@ -1,7 +1,7 @@
-"""How `make test` deals the suite out to pytest-xdist's workers: a file at a time (as `--dist loadfile`), except
-that the files sharing one session-scoped build are dealt out together, so that the build is made once, and that
-a long test that needs nothing built for its file (APART) is dealt out alone, to run beside it. The units measured
-long go out first, the longest first.
+"""How `make test` and `make test-all` deal the suite out to pytest-xdist's workers: a file at a time (as `--dist
+loadfile`), except that the files sharing one session-scoped build are dealt out together, so that the build is
+made once, and that a long test that needs nothing built for its file (APART) is dealt out alone, to run beside
+it. The units measured long go out first, the longest first.
 
 A session fixture is built once per worker: with loadfile alone, the session's sweep (conftest.swept, two minutes)
 was built on both workers, and each worker started its own server per engine. xdist's own `--dist loadgroup` would

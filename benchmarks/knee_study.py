@@ -13,6 +13,11 @@ reported one; its pooled attainment and Monte Carlo error (`long_run`). At the t
 within that error (the truth and the fit read one definition); at the reported rate it is the target as often
 above as below, and the interval's ends straddle it as often as the interval covers.
 
+The paired ratio (harness/analysis/kneepaired.py, issue 86 parts 2-3) is read on each run's final points beside
+the joint fit (columns p: each engine its own slope, q: one slope for both; same seeds, same points), so that the
+two are compared on one set of runs; `--placer paired` lets it place the turns and read the stop instead, the
+joint fit then made once, on the final points (docs/performance.md, "The paired ratio").
+
 Each synthetic run has two engines, paged and static-oracle, with true knees k_paged = true_ratio x k_static.
 An engine's requests meet the SLO with probability
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from engines.registry import IN_HOUSE, names
 from harness.analysis.gate_verdict import EXIT, GateVerdict, worst
 from harness.analysis.memory_gate import DEFAULT_SHARE_MARGIN
-from harness.cli.args import UsageError, nonneg_float, positive_float, usage_errors
+from harness.cli.args import UsageError, nonneg_float, positive_float, positive_int, usage_errors
 from harness.cli.kv_budget import add_kv_budget
 from harness.cli.memory_gate import add_gate_flags, add_sides, checked_engine_args, margin_of
 from harness.cli.user_paths import user_path
@@ -30,7 +30,7 @@ def register(sub) -> None:
                     help="seconds for the pairs, all engines together: pairs go on while an engine is undecided and "
                          "time remains (default: %(default)g; a pair of paged takes about 40 s here, of "
                          "static-oracle about 55 s)")
-    ab.add_argument("--pairs", type=int, default=10, metavar="N",
+    ab.add_argument("--pairs", type=positive_int, default=10, metavar="N",
                     help="pairs an engine needs before it can PASS, the first of its 4 looks, then every 4 pairs "
                          "(default: %(default)s, from the rule's study, docs/method.md); a FAIL may come at any look "
                          "from 6 pairs on")

@@ -203,7 +203,7 @@ class EngineGate:
     pairs: list[Pair] = field(default_factory=list)
     measured: list[PairFigures] = field(default_factory=list)
     instructions: ABFigure | None = None
-    crashed: str | None = None  # NEW's server died during a pair: what its log said
+    crashed: str | None = None  # NEW failed during a pair (its server died, hung or never started): what its log or the block said
     decided: dict[str, Decision] | None = None
 
     def add(self, pair: Pair) -> None:
@@ -244,7 +244,7 @@ class EngineGate:
         d = self.decisions()
         out = [decision_figure(self.engine, name, d[name]) for name in ("tpot_p50_s", *SHARES)]
         if self.crashed:
-            died = f"NEW's server died: {self.crashed}"
+            died = f"NEW failed: {self.crashed}"
             out.append(ABFigure(self.engine, "crash", None, None, GateVerdict.FAIL, died))
         if self.instructions is not None:
             out.append(self.instructions)

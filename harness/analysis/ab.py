@@ -203,7 +203,7 @@ class EngineGate:
     pairs: list[Pair] = field(default_factory=list)
     measured: list[PairFigures] = field(default_factory=list)
     instructions: ABFigure | None = None
-    crashed: str | None = None  # NEW failed during a pair (its server died, hung or never started): what its log or the block said
+    crashed: str | None = None  # NEW failed in a pair (died, hung, never started): why
     decided: dict[str, Decision] | None = None
 
     def add(self, pair: Pair) -> None:

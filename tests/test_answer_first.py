@@ -56,6 +56,29 @@ def test_the_table_gives_each_engines_rate_interval_failures_and_latency_with_un
             "rate pooled) within TTFT <= 2 s and TPOT <= 0.25 s reaches 90 %") in flat  # the run's SLO, long-run
 
 
+def test_a_knee_past_the_rates_measured_is_shown_as_its_bound_and_the_fit_only_as_its_extrapolation():
+    """A fitted engine that met the SLO at every rate (or at none) has a bound, not a figure: the table and the
+    page lead with the rate measured (knee.bound_of), never the fit's figure past it as if it were the bound."""
+    from harness.views.capacity_section import rate_words  # views read here only for this one sentence
+
+    summary = swept_summary()
+    beyond = summary.capacity["static-max"].model_copy(update={
+        "sustained_rps": 3.28, "sustained_rps_ci": [2.1, 5.0], "sustained_where": "beyond",
+        "sustained_bound": {"where": "beyond", "rps": 2.0, "attainment": 0.95}})
+    below = summary.capacity["static-max"].model_copy(update={
+        "sustained_rps": 0.41, "sustained_rps_ci": [0.2, 0.8], "sustained_where": "below",
+        "sustained_bound": {"where": "below", "rps": 0.5, "highest_attainment": 0.84, "highest_at_rps": 0.5}})
+    for block, cell, words in ((beyond, ">= 2.00", "at least 2.00 req/s (every rate measured met the SLO)"),
+                               (below, "< 0.50", "under 0.50 req/s (a bound")):
+        s = summary.model_copy(update={"capacity": {**summary.capacity, "static-max": block}})
+        row = next(r for r in engine_rows(s) if r.engine == "static-max")
+        assert row.sustained_lo_rps is None and row.sustained_hi_rps is None
+        static = next(line for line in engine_table(s).splitlines() if line.startswith("static-max"))
+        assert cell in static and "3.28" not in static and "0.41" not in static
+        said = rate_words(block, " req/s")
+        assert said.startswith(words) and "the fit, past the rates measured, reads" in said
+
+
 def test_finalize_writes_engines_csv_beside_the_summary_with_units_in_its_header(tmp_path):
     run = write_run(tmp_path / "a", {"paged": FAST, "static-max": SLOW}, duration_s=20, ooms=6)
     summary = finalize(run)

@@ -74,10 +74,13 @@ def engine_rows(summary: Summary) -> list[EngineRow]:
     for e in names:
         s, c = summary.engines.get(e), cap.get(e)
         ci = c.sustained_rps_ci if c is not None and c.sustained_rps_ci else None
+        # a knee not bracketed is the bound the rates measured give (knee.bound_of), not the fit's extrapolation
+        bound = c.sustained_bound if c is not None and c.sustained_where in ("beyond", "below") else None
+        ci = None if bound else ci
         failed = 0 if s is None else int(s.requests_oom + s.requests_rejected + s.requests_error
                                          + s.requests_crashed)
         rows.append(EngineRow(
-            engine=e, sustained_rps=number(c.sustained_rps) if c else None,
+            engine=e, sustained_rps=number(bound["rps"] if bound else c.sustained_rps) if c else None,
             sustained_lo_rps=number(ci[0]) if ci else None, sustained_hi_rps=number(ci[1]) if ci else None,
             sustained_where=c.sustained_where if c else None, bound=c.bound if c else None,
             served_rps=number(s.requests_per_s) if s else None,

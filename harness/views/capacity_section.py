@@ -21,19 +21,27 @@ def where_words(c: CapacityBlock) -> str:
     b = c.sustained_bound or {}
     if c.sustained_where == "below" and "highest_attainment" in b:
         return (f" (a bound: the attainment, streams pooled, stayed under the target at every rate swept, at most "
-                f"{100 * b['highest_attainment']:.0f} % at {b['highest_at_rps']:.2f} req/s; "
-                f"under {b['rps']:.2f} req/s)")
+                f"{100 * b['highest_attainment']:.0f} % at {b['highest_at_rps']:.2f} req/s)")
+    if b and c.sustained_where == "beyond":
+        return " (every rate measured met the SLO)"
     return {"beyond": " or more (every rate met the SLO)", "below": " (under the lowest rate swept)"}.get(
         c.sustained_where, "")
 
 
 def rate_words(c: CapacityBlock, unit: str = "") -> str:
-    """The rate, its interval, its unit (where a sentence needs it, beside the numbers), then what bounds it."""
+    """The rate, its interval, its unit (where a sentence needs it, beside the numbers), then what bounds it. A knee
+    not bracketed leads with its bound (knee.bound_of: the rates measured); the fit's figure past them follows as
+    the extrapolation it is."""
     ci = c.sustained_rps_ci
     unsettled = " (on unsteady points alone: none settled before its time ran out)" if c.rests_on_unsteady \
         else ""
-    return (f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + unit + where_words(c)
-            + unsettled)
+    fitted = f"{c.sustained_rps:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    b = c.sustained_bound
+    if b and c.sustained_where in ("beyond", "below"):
+        side = "at least" if c.sustained_where == "beyond" else "under"
+        return (f"{side} {b['rps']:.2f}{unit}{where_words(c)}; the fit, past the rates measured, reads {fitted}"
+                + unsettled)
+    return fitted + unit + where_words(c) + unsettled
 
 
 def rival_in(summary: Summary) -> str | None:

@@ -22,8 +22,7 @@ class MeasuredNothing(Exception):
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
-    """Every flag's help ends with its default, unless the help already says it (a size or a rule reads
-    better in words than as argparse's value)."""
+    """Every flag's help ends with its default, unless the help says it (a size or a rule reads better in words)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -70,14 +69,17 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def positive_int(text: str) -> int:
+def int_at_least(text: str, least: int = 1) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}: {text!r}")
     return value
+
+
+positive_int = int_at_least  # a count of things: at least 1
 
 
 def number_in(text: str, ok, says: str) -> float:
@@ -104,11 +106,8 @@ def above_one(text: str) -> float:
 
 def port_arg(text: str) -> int:
     """A TCP port: 0 (the system picks a free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
+    value = int_at_least(text, 0)
+    if value > 65535:
         raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to 65535, not {text}")
     return value
 

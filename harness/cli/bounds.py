@@ -1,25 +1,19 @@
 """Numbers out of range, refused in one line where they are read (issue 88): a KV block longer than a sequence
 may grow (`simulate --block-size 1000000000` ended in the paged pool's traceback), a vocabulary past the token ids
-a model or numpy's draw can hold, a negative count."""
+a model or numpy's draw can hold."""
 
 from __future__ import annotations
 
 import argparse
 
-from harness.cli.args import UsageError, positive_int
+from harness.cli.args import UsageError, int_at_least, positive_int
 
 TOKEN_ID_MAX = 2**31 - 1  # token ids are int32 in the servers' tensors and tokenizers; numpy's draw stops at int64
 
 
 def nonneg_int(text: str) -> int:
-    """A count where 0 means none: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+    """A count where 0 means none."""
+    return int_at_least(text, 0)
 
 
 def vocab_size_arg(text: str) -> int:
